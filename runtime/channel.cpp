@@ -1,0 +1,154 @@
+#include "runtime/channel.h"
+
+#include <capnp/serialize.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "runtime/errors.h"
+
+namespace baton {
+
+namespace {
+
+constexpr size_t kMaxFdsPerRead = 253;  // SCM_MAX_FD
+constexpr size_t kReadChunk = 256 * 1024;
+
+void wait_fd(int fd, short events) {
+  pollfd p{fd, events, 0};
+  while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+Channel::Channel(int fd) : fd_(fd) {
+  int flags = fcntl(fd_, F_GETFL);
+  fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
+  buf_.resize(kReadChunk / sizeof(capnp::word));
+}
+
+Channel::~Channel() {
+  close(fd_);
+  for (int fd : fds_) close(fd);
+}
+
+bool Channel::send(kj::ArrayPtr<const capnp::word> message, const std::vector<int>& fds) {
+  const char* p = reinterpret_cast<const char*>(message.begin());
+  size_t left = message.size() * sizeof(capnp::word);
+  bool fds_sent = fds.empty();
+  std::lock_guard<std::mutex> lock(send_mu_);
+  while (left > 0) {
+    iovec iov{const_cast<char*>(p), left};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    std::vector<char> control;
+    if (!fds_sent) {
+      control.resize(CMSG_SPACE(sizeof(int) * fds.size()));
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        wait_fd(fd_, POLLOUT);
+        continue;
+      }
+      return false;  // EPIPE, ECONNRESET: the peer is gone
+    }
+    fds_sent = true;
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+Channel::ReadStatus Channel::read_available() {
+  bool got = false;
+  for (;;) {
+    // Keep at least one chunk of room after end_.
+    size_t cap = buf_.size() * sizeof(capnp::word);
+    if (cap - end_ < kReadChunk) {
+      if (begin_ > 0) {
+        // Move the unconsumed tail to the front (word-aligned: begin_ is a
+        // message boundary, so a multiple of 8).
+        auto* bytes = reinterpret_cast<char*>(buf_.data());
+        std::memmove(bytes, bytes + begin_, end_ - begin_);
+        end_ -= begin_;
+        begin_ = 0;
+      }
+      if (cap - end_ < kReadChunk) buf_.resize((end_ + 2 * kReadChunk) / sizeof(capnp::word));
+    }
+    auto* bytes = reinterpret_cast<char*>(buf_.data());
+    size_t room = buf_.size() * sizeof(capnp::word) - end_;
+    iovec iov{bytes + end_, room};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return got ? ReadStatus::kData : ReadStatus::kWouldBlock;
+      return ReadStatus::kClosed;
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const auto* fds = reinterpret_cast<const int*>(CMSG_DATA(c));
+      for (size_t i = 0; i < count; ++i) fds_.push_back(fds[i]);
+    }
+    if (n == 0) return got ? ReadStatus::kData : ReadStatus::kClosed;
+    end_ += static_cast<size_t>(n);
+    got = true;
+    if (static_cast<size_t>(n) < room) return ReadStatus::kData;
+  }
+}
+
+Channel::ReadStatus Channel::read_blocking() {
+  for (;;) {
+    ReadStatus s = read_available();
+    if (s != ReadStatus::kWouldBlock) return s;
+    wait_fd(fd_, POLLIN);
+  }
+}
+
+void Channel::drain(const Handler& handle) {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = uint64_t{1} << 32;
+  options.nestingLimit = 128;
+  for (;;) {
+    size_t avail_words = (end_ - begin_) / sizeof(capnp::word);
+    if (avail_words == 0) break;
+    kj::ArrayPtr<const capnp::word> avail(buf_.data() + begin_ / sizeof(capnp::word), avail_words);
+    size_t need = capnp::expectedSizeInWordsFromPrefix(avail);
+    if (need > avail_words) break;
+    capnp::FlatArrayMessageReader reader(avail.slice(0, need), options);
+    auto env = reader.getRoot<wire::Envelope>();
+    uint32_t nfds = env.getFdCount();
+    if (nfds > fds_.size()) {
+      throw Error("channel: a message announces " + std::to_string(nfds) +
+                  " file descriptors but only " + std::to_string(fds_.size()) + " arrived");
+    }
+    std::vector<int> fds(fds_.begin(), fds_.begin() + nfds);
+    fds_.erase(fds_.begin(), fds_.begin() + nfds);
+    begin_ += need * sizeof(capnp::word);
+    handle(env, std::move(fds));
+  }
+  if (begin_ == end_) begin_ = end_ = 0;
+}
+
+}  // namespace baton

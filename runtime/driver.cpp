@@ -1,0 +1,49 @@
+#include "runtime/driver.h"
+
+#include <unistd.h>
+
+#include <climits>
+
+#include "runtime/errors.h"
+
+namespace baton {
+
+Driver& Driver::get() {
+  // Never destroyed: worker handles may outlive static destruction order.
+  static Driver* driver = new Driver();
+  return *driver;
+}
+
+Driver::Driver()
+    : work_(std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
+          io_.get_executor())) {
+  char path[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n > 0) exe_.assign(path, static_cast<size_t>(n));
+  args_ = {exe_};
+  io_thread_ = std::thread([this] { io_.run(); });
+}
+
+void Driver::set_command_line(int argc, char** argv) {
+  args_.clear();
+  for (int i = 0; i < argc; ++i) args_.emplace_back(argv[i]);
+  if (args_.empty()) args_ = {exe_};
+}
+
+void Driver::add_group_hook(GroupHook hook) {
+  std::lock_guard<std::mutex> lock(hooks_mu_);
+  hooks_.push_back(std::move(hook));
+}
+
+void Driver::shutdown_all() {
+  std::vector<GroupHook> hooks;
+  {
+    std::lock_guard<std::mutex> lock(hooks_mu_);
+    hooks.swap(hooks_);
+  }
+  for (auto& weak : hooks) {
+    if (auto hook = weak.lock()) (*hook)();
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,61 @@
+// Exceptions thrown at baton's user API. Inside the runtime, failures travel as
+// these same types wrapped in std::exception_ptr inside futures.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace baton {
+
+// Base of every baton error.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A Value accessed as the wrong kind.
+class TypeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The call was rejected before anything ran: unknown method, wrong number or
+// types of arguments, per-rank arguments of the wrong length.
+class CallError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The method ran and threw; what() names class, rank, method and the message.
+// The worker is still usable.
+class RemoteError : public Error {
+ public:
+  RemoteError(std::string worker_class, int rank, std::string method, std::string message);
+  const std::string& worker_class() const { return worker_class_; }
+  int rank() const { return rank_; }
+  const std::string& method() const { return method_; }
+  const std::string& remote_message() const { return message_; }
+
+ private:
+  std::string worker_class_;
+  int rank_;
+  std::string method_;
+  std::string message_;
+};
+
+// A worker process died (or its group was shut down because a peer died).
+class WorkerDiedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A call exceeded its per-call timeout, or Future::get(timeout) ran out.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Describes a wait(2) status: "exited with status 3", "killed by signal 9 (SIGKILL)".
+std::string describe_exit_status(int wait_status);
+
+}  // namespace baton

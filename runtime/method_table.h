@@ -1,0 +1,163 @@
+// Registration of worker classes and their methods, with typed arguments and
+// results (see value_traits.h for the supported C++ types).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "runtime/errors.h"
+#include "runtime/value.h"
+#include "runtime/worker.h"
+
+namespace baton {
+
+// Names of the built-in dispatch modes. The dispatch layer registers more.
+namespace dispatch_mode {
+inline constexpr const char* kOneToAll = "ONE_TO_ALL";  // same arguments to every worker
+inline constexpr const char* kAllToAll = "ALL_TO_ALL";  // argument i is a list, rank r gets element r
+}  // namespace dispatch_mode
+
+enum class Execute {
+  kAll,       // every worker runs the method
+  kRankZero,  // only rank 0 runs it
+};
+
+// How a registered method is called by WorkerGroup::call.
+//
+// Example:
+//   t.def("shard", &W::shard, MethodOptions().dispatch(dispatch_mode::kAllToAll));
+struct MethodOptions {
+  std::string dispatch_mode = dispatch_mode::kOneToAll;
+  Execute execute_mode = Execute::kAll;
+
+  MethodOptions& dispatch(std::string mode) {
+    dispatch_mode = std::move(mode);
+    return *this;
+  }
+  MethodOptions& execute(Execute mode) {
+    execute_mode = mode;
+    return *this;
+  }
+};
+
+// A registered method, type-erased.
+struct MethodSpec {
+  std::string name;
+  std::vector<TypeSpec> params;
+  TypeSpec result;
+  MethodOptions options;
+  std::function<Value(Worker&, const List&)> invoke;
+
+  // "add(int, list<float>) -> tensor"
+  std::string signature() const;
+  // Throws CallError naming the method, the parameter and the mismatch.
+  void check_args(const std::string& class_name, const List& args) const;
+};
+
+struct WorkerClassSpec {
+  std::string name;
+  std::function<std::unique_ptr<Worker>(const List& init_args)> factory;
+  std::map<std::string, MethodSpec> methods;
+
+  // Throws CallError listing the available methods if `method` is unknown.
+  const MethodSpec& method(const std::string& method) const;
+};
+
+// Process-wide registry of worker classes, filled by BATON_WORKER at static
+// initialisation. Thread-safe for lookups after main() starts.
+class WorkerRegistry {
+ public:
+  static WorkerRegistry& global();
+  void add(WorkerClassSpec spec);
+  // Throws CallError naming the class if it was never registered.
+  const WorkerClassSpec& get(const std::string& class_name) const;
+
+ private:
+  std::map<std::string, WorkerClassSpec> classes_;
+};
+
+template <class W>
+class MethodTable {
+ public:
+  explicit MethodTable(WorkerClassSpec& spec) : spec_(spec) {}
+
+  template <class R, class... A>
+  MethodTable& def(const std::string& name, R (W::*fn)(A...), MethodOptions options = {}) {
+    return def_impl<R, A...>(name, [fn](W& w, auto&&... a) -> R { return (w.*fn)(a...); },
+                             std::move(options));
+  }
+  template <class R, class... A>
+  MethodTable& def(const std::string& name, R (W::*fn)(A...) const, MethodOptions options = {}) {
+    return def_impl<R, A...>(name, [fn](W& w, auto&&... a) -> R { return (w.*fn)(a...); },
+                             std::move(options));
+  }
+
+ private:
+  template <class R, class... A, class F>
+  MethodTable& def_impl(const std::string& name, F call, MethodOptions options) {
+    MethodSpec m;
+    m.name = name;
+    m.params = {ValueTraits<std::decay_t<A>>::spec()...};
+    if constexpr (std::is_void_v<R>) {
+      m.result = TypeSpec::of(ValueKind::kNone);
+    } else {
+      m.result = ValueTraits<std::decay_t<R>>::spec();
+    }
+    m.options = std::move(options);
+    m.invoke = [call](Worker& w, const List& args) -> Value {
+      return invoke_with<R, A...>(static_cast<W&>(w), call, args,
+                                  std::index_sequence_for<A...>{});
+    };
+    spec_.methods[name] = std::move(m);
+    return *this;
+  }
+
+  template <class R, class... A, class F, size_t... I>
+  static Value invoke_with(W& w, const F& call, const List& args, std::index_sequence<I...>) {
+    if constexpr (std::is_void_v<R>) {
+      call(w, ValueTraits<std::decay_t<A>>::from_value(args[I])...);
+      return Value();
+    } else {
+      return ValueTraits<std::decay_t<R>>::to_value(
+          call(w, ValueTraits<std::decay_t<A>>::from_value(args[I])...));
+    }
+  }
+
+  WorkerClassSpec& spec_;
+};
+
+template <class W>
+bool register_worker_class(const std::string& name) {
+  static_assert(std::is_base_of_v<Worker, W>, "a worker class must derive from baton::Worker");
+  WorkerClassSpec spec;
+  spec.name = name;
+  spec.factory = [name](const List& init_args) -> std::unique_ptr<Worker> {
+    if constexpr (std::is_constructible_v<W, const List&>) {
+      return std::make_unique<W>(init_args);
+    } else {
+      static_assert(std::is_default_constructible_v<W>,
+                    "a worker class needs W(const baton::List&) or W()");
+      if (!init_args.empty()) {
+        throw CallError("worker class " + name + " takes no init arguments, " +
+                        std::to_string(init_args.size()) + " given");
+      }
+      return std::make_unique<W>();
+    }
+  };
+  MethodTable<W> table(spec);
+  W::register_methods(table);
+  WorkerRegistry::global().add(std::move(spec));
+  return true;
+}
+
+}  // namespace baton
+
+// Registers a worker class under its own name. Use at namespace scope in a
+// .cpp file linked into the driver executable.
+#define BATON_WORKER(Class) \
+  static const bool baton_worker_registered_##Class = ::baton::register_worker_class<Class>(#Class)

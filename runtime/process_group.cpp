@@ -1,0 +1,29 @@
+#include "runtime/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "runtime/errors.h"
+
+namespace baton {
+
+c10::intrusive_ptr<c10d::Store> rendezvous_store(const WorkerInfo& info, const std::string& tag) {
+  if (info.master_port == 0) throw Error("rendezvous: this worker has no rendezvous address");
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(info.master_port);
+  options.isServer = false;
+  options.waitWorkers = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
+  return c10::make_intrusive<c10d::PrefixStore>(info.group_name + "/" + tag, store);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo_group(const WorkerInfo& info,
+                                                           const std::string& tag,
+                                                           std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(info.master_addr));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(rendezvous_store(info, tag), info.rank,
+                                                     info.world_size, options);
+}
+
+}  // namespace baton

@@ -1,0 +1,31 @@
+// Collectives among the workers of one group (worker side). The driver hosts
+// the rendezvous store and hands its address to every worker (WorkerInfo);
+// it never joins a collective itself.
+//
+// Example, inside a worker method:
+//   auto pg = baton::make_gloo_group(info());
+//   std::vector<at::Tensor> ts{t};
+//   pg->allreduce(ts)->wait();
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "runtime/worker.h"
+
+namespace baton {
+
+// A client of the group's rendezvous store, its keys prefixed with the group
+// name and `tag` so that several process groups can share it.
+c10::intrusive_ptr<c10d::Store> rendezvous_store(const WorkerInfo& info, const std::string& tag);
+
+// A Gloo process group over all ranks of this worker's group, on loopback.
+// Every rank must call it with the same `tag`. Blocks until all ranks joined.
+c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo_group(
+    const WorkerInfo& info, const std::string& tag = "world",
+    std::chrono::milliseconds timeout = std::chrono::minutes(5));
+
+}  // namespace baton

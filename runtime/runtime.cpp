@@ -1,0 +1,40 @@
+#include "runtime/runtime.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "runtime/driver.h"
+#include "runtime/worker.h"
+#include "runtime/worker_host.h"
+
+namespace baton {
+
+namespace {
+
+thread_local WorkerInfo pending_info;
+
+}  // namespace
+
+namespace detail {
+void set_pending_worker_info(WorkerInfo info) { pending_info = std::move(info); }
+}  // namespace detail
+
+Worker::Worker() : info_(pending_info) {}
+
+bool is_worker_process() { return std::getenv("BATON_WORKER_FD") != nullptr; }
+
+void init(int argc, char** argv) {
+  if (const char* fd = std::getenv("BATON_WORKER_FD")) run_worker_host(std::atoi(fd));
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    Driver::get().set_command_line(argc, argv);
+    std::atexit([] { shutdown(); });
+  });
+}
+
+void shutdown() {
+  if (is_worker_process()) return;
+  Driver::get().shutdown_all();
+}
+
+}  // namespace baton

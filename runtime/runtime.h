@@ -1,0 +1,25 @@
+// The runtime's entry point. Call baton::init(argc, argv) first thing in
+// main(): in the driver it returns at once; in a worker process (the runtime
+// starts workers by re-executing the driver's own executable) it runs the
+// worker and never returns, so the user's worker classes need no extra build.
+//
+// Example:
+//   int main(int argc, char** argv) {
+//     baton::init(argc, argv);
+//     baton::ResourcePool pool = baton::ResourcePool::cpu(4);
+//     auto group = baton::WorkerGroup::spawn("Adder", pool);
+//     ...
+//   }
+#pragma once
+
+namespace baton {
+
+void init(int argc, char** argv);
+
+// True in a worker process (inside worker constructors and methods).
+bool is_worker_process();
+
+// Shuts down every live worker group. Runs by itself at exit.
+void shutdown();
+
+}  // namespace baton

@@ -1,0 +1,192 @@
+#include "runtime/value_codec.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "runtime/errors.h"
+
+namespace baton {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+size_t tensor_bytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
+
+bool goes_shared(const at::Tensor& t) { return tensor_bytes(t) >= kInlineTensorBytes; }
+
+at::Tensor cpu_contiguous(const at::Tensor& t) {
+  at::Tensor c = t.device().is_cpu() ? t : t.cpu();
+  return c.contiguous();
+}
+
+}  // namespace
+
+void ValueEncoder::plan(const Value& v) {
+  switch (v.kind()) {
+    case ValueKind::kTensor: {
+      const at::Tensor& t = v.as_tensor();
+      if (goes_shared(t)) planned_ += align_up(tensor_bytes(t));
+      break;
+    }
+    case ValueKind::kList:
+      for (const Value& x : v.as_list()) plan(x);
+      break;
+    case ValueKind::kDict:
+      for (const auto& [k, x] : v.as_dict()) plan(x);
+      break;
+    default:
+      break;
+  }
+}
+
+void ValueEncoder::encode(const List& vs, capnp::List<wire::Value>::Builder out) {
+  for (size_t i = 0; i < vs.size(); ++i) encode(vs[i], out[static_cast<unsigned>(i)]);
+}
+
+void ValueEncoder::encode(const Value& v, wire::Value::Builder out) {
+  switch (v.kind()) {
+    case ValueKind::kNone: out.setNone(); break;
+    case ValueKind::kBool: out.setBool(v.as_bool()); break;
+    case ValueKind::kInt: out.setInt(v.as_int()); break;
+    case ValueKind::kFloat: out.setFloat(v.as_float()); break;
+    case ValueKind::kString: out.setString(v.as_string()); break;
+    case ValueKind::kList: encode(v.as_list(), out.initList(static_cast<unsigned>(v.as_list().size()))); break;
+    case ValueKind::kDict: {
+      const Dict& d = v.as_dict();
+      auto entries = out.initDict(static_cast<unsigned>(d.size()));
+      for (size_t i = 0; i < d.size(); ++i) {
+        entries[static_cast<unsigned>(i)].setKey(d[i].first);
+        encode(d[i].second, entries[static_cast<unsigned>(i)].initValue());
+      }
+      break;
+    }
+    case ValueKind::kTensor: {
+      const at::Tensor& t = v.as_tensor();
+      auto wt = out.initTensor();
+      wt.setDtype(static_cast<int8_t>(t.scalar_type()));
+      auto shape = wt.initShape(static_cast<unsigned>(t.dim()));
+      for (int64_t i = 0; i < t.dim(); ++i) shape.set(static_cast<unsigned>(i), t.size(i));
+      size_t nbytes = tensor_bytes(t);
+      if (!goes_shared(t)) {
+        at::Tensor c = cpu_contiguous(t);
+        auto data = wt.initInline(static_cast<unsigned>(nbytes));
+        if (nbytes > 0) std::memcpy(data.begin(), c.data_ptr(), nbytes);
+        break;
+      }
+      if (!seg_) {
+        if (planned_ == 0) throw Error("ValueEncoder: encode() of a large tensor without plan()");
+        seg_ = pool_.acquire(planned_);
+      }
+      if (used_ + align_up(nbytes) > seg_->capacity) {
+        throw Error("ValueEncoder: more tensor bytes encoded than planned");
+      }
+      // copy_ handles strides and device-to-host in one pass.
+      at::Tensor dst = at::from_blob(seg_->data + used_, t.sizes(), t.options().device(at::kCPU));
+      dst.copy_(t);
+      auto shared = wt.initShared();
+      shared.setSegment(seg_->id);
+      shared.setFdIndex(0);
+      shared.setOffset(used_);
+      shared.setLength(nbytes);
+      used_ += align_up(nbytes);
+      break;
+    }
+  }
+}
+
+std::vector<int> ValueEncoder::finish(wire::Envelope::Builder env) const {
+  if (!seg_) {
+    env.setFdCount(0);
+    return {};
+  }
+  env.setFdCount(1);
+  env.setSharedBytes(used_);
+  return {seg_->fd};
+}
+
+std::optional<SegmentId> ValueEncoder::segment() const {
+  if (!seg_) return std::nullopt;
+  return seg_->id;
+}
+
+ValueDecoder::ValueDecoder(std::vector<int> fds, uint64_t shared_bytes,
+                           std::function<void(SegmentId)> on_release)
+    : fds_(std::move(fds)), shared_bytes_(shared_bytes), on_release_(std::move(on_release)) {}
+
+ValueDecoder::~ValueDecoder() {
+  for (int fd : fds_) close(fd);
+}
+
+std::shared_ptr<ShmMapping> ValueDecoder::mapping(SegmentId segment) {
+  if (!mapping_) {
+    if (fds_.empty()) throw Error("malformed message: a shared tensor but no segment was passed");
+    mapping_ = std::make_shared<ShmMapping>(fds_[0], shared_bytes_, segment, on_release_);
+  }
+  return mapping_;
+}
+
+List ValueDecoder::decode(capnp::List<wire::Value>::Reader in) {
+  List out;
+  out.reserve(in.size());
+  for (auto v : in) out.push_back(decode(v));
+  return out;
+}
+
+Value ValueDecoder::decode(wire::Value::Reader in) {
+  switch (in.which()) {
+    case wire::Value::NONE: return Value();
+    case wire::Value::BOOL: return Value(in.getBool());
+    case wire::Value::INT: return Value(static_cast<int64_t>(in.getInt()));
+    case wire::Value::FLOAT: return Value(in.getFloat());
+    case wire::Value::STRING: return Value(std::string(in.getString().cStr()));
+    case wire::Value::LIST: return Value(decode(in.getList()));
+    case wire::Value::DICT: {
+      Dict d;
+      d.reserve(in.getDict().size());
+      for (auto e : in.getDict()) d.emplace_back(std::string(e.getKey().cStr()), decode(e.getValue()));
+      return Value(std::move(d));
+    }
+    case wire::Value::TENSOR: {
+      auto wt = in.getTensor();
+      int dtype = wt.getDtype();
+      if (dtype < 0 || dtype >= static_cast<int>(at::ScalarType::NumOptions)) {
+        throw Error("malformed message: unknown tensor dtype code " + std::to_string(dtype));
+      }
+      std::vector<int64_t> shape;
+      int64_t numel = 1;
+      for (int64_t s : wt.getShape()) {
+        if (s < 0) throw Error("malformed message: negative tensor dimension");
+        shape.push_back(s);
+        numel *= s;
+      }
+      auto options = at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype));
+      size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(static_cast<at::ScalarType>(dtype));
+      if (wt.isInline()) {
+        auto data = wt.getInline();
+        if (data.size() != nbytes) {
+          throw Error("malformed message: tensor of " + std::to_string(nbytes) + " bytes carries " +
+                      std::to_string(data.size()));
+        }
+        at::Tensor t = at::empty(shape, options);
+        if (nbytes > 0) std::memcpy(t.data_ptr(), data.begin(), nbytes);
+        return Value(std::move(t));
+      }
+      auto shared = wt.getShared();
+      if (shared.getLength() != nbytes || shared.getOffset() + nbytes > shared_bytes_) {
+        throw Error("malformed message: shared tensor bytes out of range");
+      }
+      std::shared_ptr<ShmMapping> m = mapping(shared.getSegment());
+      return Value(at::from_blob(
+          m->data() + shared.getOffset(), shape, [m](void*) mutable { m.reset(); }, options));
+    }
+  }
+  throw Error("malformed message: unknown value kind");
+}
+
+}  // namespace baton

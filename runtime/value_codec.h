@@ -1,0 +1,73 @@
+// Value <-> Cap'n Proto (internal to the runtime).
+//
+// Tensors of at least kInlineTensorBytes are copied into one shared-memory
+// segment per message (so a message carries at most one fd); smaller ones
+// travel inline. Non-contiguous tensors are made contiguous on the way.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "runtime/shm_pool.h"
+#include "runtime/value.h"
+#include "runtime/wire.capnp.h"
+
+namespace baton {
+
+inline constexpr size_t kInlineTensorBytes = 64 * 1024;
+
+class ValueEncoder {
+ public:
+  // `pool` supplies the segment for large tensors; it must outlive the encoder.
+  explicit ValueEncoder(ShmPool& pool) : pool_(pool) {}
+
+  // Call for every value the message will carry, before any encode(): sizes
+  // the message's segment.
+  void plan(const Value& v);
+  void plan(const List& vs) {
+    for (const Value& v : vs) plan(v);
+  }
+
+  void encode(const Value& v, wire::Value::Builder out);
+  void encode(const List& vs, capnp::List<wire::Value>::Builder out);
+
+  // Fills fdCount and sharedBytes of `env` and returns the fds to pass.
+  std::vector<int> finish(wire::Envelope::Builder env) const;
+
+  // The segment used, if any; held by kSelfPeer until the caller releases it.
+  std::optional<SegmentId> segment() const;
+
+ private:
+  ShmPool& pool_;
+  size_t planned_ = 0;
+  size_t used_ = 0;
+  std::optional<ShmPool::Segment> seg_;
+};
+
+class ValueDecoder {
+ public:
+  // `fds`: those passed with the message (the decoder closes them).
+  // `on_release(segment)` runs when the last tensor decoded from the message's
+  // segment is destroyed, possibly on another thread and long after.
+  ValueDecoder(std::vector<int> fds, uint64_t shared_bytes,
+               std::function<void(SegmentId)> on_release);
+  ~ValueDecoder();
+  ValueDecoder(const ValueDecoder&) = delete;
+  ValueDecoder& operator=(const ValueDecoder&) = delete;
+
+  // Throws baton::Error for a malformed value (bad dtype, sizes that do not add up).
+  Value decode(wire::Value::Reader in);
+  List decode(capnp::List<wire::Value>::Reader in);
+
+ private:
+  std::shared_ptr<ShmMapping> mapping(SegmentId segment);
+
+  std::vector<int> fds_;
+  uint64_t shared_bytes_;
+  std::function<void(SegmentId)> on_release_;
+  std::shared_ptr<ShmMapping> mapping_;
+};
+
+}  // namespace baton

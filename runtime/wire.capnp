@@ -1,0 +1,92 @@
+# Messages between the driver and its workers. Every message on a channel is one
+# Envelope, framed by Cap'n Proto's standard stream framing. Tensors above
+# kInlineTensorBytes travel in shared memory: a memfd passed with SCM_RIGHTS
+# alongside the message that first needs it (see shm_pool.h).
+@0xd4c1b7a9e2f30a11;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("baton::wire");
+
+struct Value {
+  union {
+    none @0 :Void;
+    bool @1 :Bool;
+    int @2 :Int64;
+    float @3 :Float64;
+    string @4 :Text;
+    list @5 :List(Value);
+    dict @6 :List(Entry);
+    tensor @7 :Tensor;
+  }
+}
+
+struct Entry {
+  key @0 :Text;
+  value @1 :Value;
+}
+
+struct Tensor {
+  dtype @0 :Int8;          # c10::ScalarType
+  shape @1 :List(Int64);
+  union {
+    inline @2 :Data;       # small tensors: the bytes themselves
+    shared @3 :SharedBytes;
+  }
+}
+
+# Bytes in a shared-memory segment owned by the sender. The receiver maps the
+# segment, and when it no longer needs the bytes it lists the segment id in
+# the `released` field of a later message to the sender.
+struct SharedBytes {
+  segment @0 :UInt64;      # sender-unique id
+  fdIndex @1 :Int32;       # index into this message's passed fds
+  offset @2 :UInt64;
+  length @3 :UInt64;
+}
+
+struct Init {
+  className @0 :Text;
+  initArgs @1 :List(Value);
+}
+
+struct Call {
+  callId @0 :UInt64;
+  method @1 :Text;
+  args @2 :List(Value);
+}
+
+struct Error {
+  kind @0 :ErrorKind;
+  message @1 :Text;
+}
+
+enum ErrorKind {
+  exception @0;     # the method threw
+  badCall @1;       # unknown method or arguments that do not match
+  initFailed @2;    # the worker's constructor threw
+}
+
+struct Result {
+  callId @0 :UInt64;
+  union {
+    value @1 :Value;
+    error @2 :Error;
+  }
+}
+
+struct Envelope {
+  # Segments of the receiver's that the sender no longer uses.
+  released @0 :List(UInt64);
+  # How many file descriptors travel with this message (0 or 1: every large
+  # tensor of a message shares one segment).
+  fdCount @1 :UInt32;
+  # Bytes of that segment the message uses; the receiver maps just these.
+  sharedBytes @2 :UInt64;
+  union {
+    init @3 :Init;
+    call @4 :Call;
+    result @5 :Result;
+    shutdown @6 :Void;
+    release @7 :Void;   # carries only `released`
+  }
+}

@@ -1,0 +1,68 @@
+// Worker: the base class of every user worker. A worker lives in its own
+// process, owns one device slot, and runs its registered methods one at a
+// time, in the order the driver submitted them.
+//
+// Example (in the driver's own source file; no extra build step):
+//
+//   class Adder : public baton::Worker {
+//    public:
+//     explicit Adder(const baton::List& init_args) : base_(init_args.at(0).as_int()) {}
+//     int64_t add(int64_t x) { return base_ + x + rank(); }
+//     static void register_methods(baton::MethodTable<Adder>& t) {
+//       t.def("add", &Adder::add);  // ONE_TO_ALL, execute on all ranks
+//     }
+//    private:
+//     int64_t base_;
+//   };
+//   BATON_WORKER(Adder);
+//
+// A worker class needs a constructor taking `const baton::List&` (the init
+// arguments given to WorkerGroup::spawn) or a default constructor.
+#pragma once
+
+#include <string>
+
+namespace baton {
+
+// Where a worker sits. Set before the worker's constructor runs.
+struct WorkerInfo {
+  std::string class_name;
+  std::string group_name;     // unique per group; prefixes its c10d store keys
+  int rank = 0;               // global rank within the group
+  int world_size = 1;
+  int local_rank = 0;         // rank among the group's workers on this node
+  int local_world_size = 1;
+  int node = 0;
+  bool use_gpu = false;
+  // GPU ordinal as seen by this process (CUDA_VISIBLE_DEVICES holds just the
+  // worker's GPU, so this is 0), or -1 on CPU.
+  int device = -1;
+  // The physical slot: GPU index on the node, or CPU slot index.
+  int slot = 0;
+  int intra_op_threads = 1;   // LibTorch intra-op threads set for this worker
+  std::string master_addr;    // rendezvous: a c10d TCPStore the driver hosts
+  int master_port = 0;
+};
+
+class Worker {
+ public:
+  Worker();
+  virtual ~Worker() = default;
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  const WorkerInfo& info() const { return info_; }
+  int rank() const { return info_.rank; }
+  int world_size() const { return info_.world_size; }
+  int local_rank() const { return info_.local_rank; }
+
+ private:
+  WorkerInfo info_;
+};
+
+namespace detail {
+// The info the next constructed Worker takes (set by the worker process).
+void set_pending_worker_info(WorkerInfo info);
+}  // namespace detail
+
+}  // namespace baton

@@ -1,0 +1,277 @@
+#include "runtime/worker_group.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "runtime/driver.h"
+#include "runtime/errors.h"
+#include "runtime/worker_process.h"
+
+namespace baton {
+
+struct WorkerGroup::State {
+  std::string name;
+  const WorkerClassSpec* spec = nullptr;
+  ResourcePool pool;
+  bool claimed = false;
+  // The rendezvous for the workers' c10d groups; the driver only hosts it.
+  std::unique_ptr<c10d::TCPStore> store;
+  std::vector<std::shared_ptr<WorkerProcess>> workers;
+  std::shared_ptr<std::function<void()>> exit_hook;
+
+  std::mutex mu;
+  std::string failure;  // what happened to the first worker that died
+  bool stopping = false;
+
+  explicit State(ResourcePool p) : pool(std::move(p)) {}
+
+  void on_death(WorkerProcess& dead, const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping || !failure.empty()) return;
+      failure = what;
+    }
+    for (auto& w : workers) {
+      if (w.get() != &dead) w->kill("its group " + name + " failed: " + what);
+    }
+  }
+
+  void shutdown(std::chrono::milliseconds grace) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping) return;
+      stopping = true;
+    }
+    for (auto& w : workers) {
+      if (w->alive()) w->request_exit();
+    }
+    for (auto& w : workers) {
+      if (!w->wait_exit(grace)) {
+        w->kill("the group " + name + " was shut down and it did not exit in time");
+        w->wait_exit(std::chrono::seconds(10));
+      }
+    }
+    if (claimed) pool.release();
+    claimed = false;
+    store.reset();
+  }
+};
+
+namespace {
+
+std::atomic<int> group_counter{0};
+
+int cores() {
+  unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+Future<List> gather(std::vector<Future<Value>> futures) {
+  struct Acc {
+    std::mutex mu;
+    List results;
+    size_t left;
+    Promise<List> promise;
+  };
+  auto acc = std::make_shared<Acc>();
+  acc->results.resize(futures.size());
+  acc->left = futures.size();
+  if (futures.empty()) acc->promise.set_value({});
+  for (size_t i = 0; i < futures.size(); ++i) {
+    futures[i].on_complete([acc, i](const Future<Value>& f) {
+      if (auto e = f.error()) {
+        acc->promise.set_error(e);
+        return;
+      }
+      bool last;
+      {
+        std::lock_guard<std::mutex> lock(acc->mu);
+        acc->results[i] = f.get();
+        last = --acc->left == 0;
+      }
+      if (last) acc->promise.set_value(std::move(acc->results));
+    });
+  }
+  return acc->promise.future();
+}
+
+}  // namespace
+
+WorkerGroup::WorkerGroup(std::shared_ptr<State> s) : s_(std::move(s)) {}
+WorkerGroup::WorkerGroup(WorkerGroup&&) noexcept = default;
+WorkerGroup& WorkerGroup::operator=(WorkerGroup&& other) noexcept {
+  if (this != &other) {
+    if (s_) s_->shutdown(std::chrono::seconds(10));
+    s_ = std::move(other.s_);
+  }
+  return *this;
+}
+WorkerGroup::~WorkerGroup() {
+  if (s_) s_->shutdown(std::chrono::seconds(10));
+}
+
+WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool, List init_args,
+                               WorkerGroupOptions options) {
+  auto s = std::make_shared<State>(pool);
+  s->spec = &WorkerRegistry::global().get(class_name);
+  s->name = options.name.empty() ? class_name + "_" + std::to_string(group_counter++) : options.name;
+  s->pool.claim();
+  s->claimed = true;
+  WorkerGroup group(s);  // from here on, a throw shuts the partial group down
+
+  c10d::TCPStoreOptions store_options;
+  store_options.port = 0;  // any free port
+  store_options.isServer = true;
+  store_options.waitWorkers = false;
+  s->store = std::make_unique<c10d::TCPStore>("127.0.0.1", store_options);
+
+  std::weak_ptr<State> weak = s;
+  auto on_death = [weak](WorkerProcess& w, const std::string& what) {
+    if (auto state = weak.lock()) state->on_death(w, what);
+  };
+  const ResourcePoolOptions& po = pool.options();
+  for (const Placement& p : pool.placements()) {
+    WorkerInfo info;
+    info.class_name = class_name;
+    info.group_name = s->name;
+    info.rank = p.rank;
+    info.world_size = pool.world_size();
+    info.local_rank = p.local_rank;
+    info.local_world_size = p.local_world_size;
+    info.node = p.node;
+    info.use_gpu = po.use_gpu;
+    info.device = po.use_gpu ? 0 : -1;
+    info.slot = p.local_rank;
+    info.intra_op_threads = std::max(1, cores() / p.local_world_size);
+    info.master_addr = "127.0.0.1";
+    info.master_port = s->store->getPort();
+    s->workers.push_back(WorkerProcess::spawn(std::move(info), on_death));
+  }
+
+  std::vector<Future<Value>> inits;
+  for (auto& w : s->workers) inits.push_back(w->init(class_name, init_args));
+  std::string errors;
+  for (size_t r = 0; r < inits.size(); ++r) {
+    if (!inits[r].wait_for(options.start_timeout)) {
+      errors += "\n  rank " + std::to_string(r) + ": not started within " +
+                std::to_string(options.start_timeout.count()) + " ms";
+      continue;
+    }
+    try {
+      inits[r].get();
+    } catch (const std::exception& e) {
+      errors += "\n  rank " + std::to_string(r) + ": " + e.what();
+    }
+  }
+  if (!errors.empty()) throw Error("WorkerGroup " + s->name + " failed to start:" + errors);
+
+  s->exit_hook = std::make_shared<std::function<void()>>([weak] {
+    if (auto state = weak.lock()) state->shutdown(std::chrono::seconds(10));
+  });
+  Driver::get().add_group_hook(s->exit_hook);
+  return group;
+}
+
+int WorkerGroup::world_size() const { return static_cast<int>(s_->workers.size()); }
+const std::string& WorkerGroup::class_name() const { return s_->spec->name; }
+const std::string& WorkerGroup::name() const { return s_->name; }
+
+std::vector<pid_t> WorkerGroup::pids() const {
+  std::vector<pid_t> out;
+  for (auto& w : s_->workers) out.push_back(w->pid());
+  return out;
+}
+
+bool WorkerGroup::alive() const {
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (s_->stopping || !s_->failure.empty()) return false;
+  }
+  return std::all_of(s_->workers.begin(), s_->workers.end(),
+                     [](const auto& w) { return w->alive(); });
+}
+
+Future<Value> WorkerGroup::call(const std::string& method, List args, CallOptions options) {
+  const MethodSpec& m = s_->spec->method(method);
+  if (m.options.execute_mode == Execute::kRankZero) {
+    return call_rank(0, method, std::move(args), options);
+  }
+  auto as_value = [](const List& results) { return Value(results); };
+  if (m.options.dispatch_mode == dispatch_mode::kOneToAll) {
+    return call_all(method, std::move(args), options).then(as_value);
+  }
+  if (m.options.dispatch_mode == dispatch_mode::kAllToAll) {
+    const int n = world_size();
+    std::vector<List> per_rank(n);
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].kind() != ValueKind::kList || static_cast<int>(args[i].as_list().size()) != n) {
+        throw CallError(class_name() + "." + method + " is ALL_TO_ALL: argument " +
+                        std::to_string(i) + " must be a list with one element per rank (" +
+                        std::to_string(n) + "), got " +
+                        (args[i].kind() == ValueKind::kList
+                             ? "a list of " + std::to_string(args[i].as_list().size())
+                             : std::string("a ") + kind_name(args[i].kind())));
+      }
+      for (int r = 0; r < n; ++r) per_rank[r].push_back(args[i].as_list()[r]);
+    }
+    return call_per_rank(method, std::move(per_rank), options).then(as_value);
+  }
+  throw CallError(class_name() + "." + method + " is registered with dispatch mode " +
+                  m.options.dispatch_mode +
+                  ", which the runtime does not know (DataProto modes come from the dispatch "
+                  "layer)");
+}
+
+Future<List> WorkerGroup::call_all(const std::string& method, List args, CallOptions options) {
+  s_->spec->method(method).check_args(class_name(), args);
+  OutgoingCall msg = WorkerProcess::encode_call(method, args);
+  std::vector<Future<Value>> futures;
+  futures.reserve(s_->workers.size());
+  for (auto& w : s_->workers) futures.push_back(w->send(msg, options.timeout));
+  if (msg.segment) Driver::get().pool().release(*msg.segment, kSelfPeer);
+  return gather(std::move(futures));
+}
+
+Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, List args,
+                                     CallOptions options) {
+  if (rank < 0 || rank >= world_size()) {
+    throw CallError("rank " + std::to_string(rank) + " is out of range for group " + name() +
+                    " of " + std::to_string(world_size()) + " workers");
+  }
+  s_->spec->method(method).check_args(class_name(), args);
+  OutgoingCall msg = WorkerProcess::encode_call(method, args);
+  Future<Value> f = s_->workers[rank]->send(msg, options.timeout);
+  if (msg.segment) Driver::get().pool().release(*msg.segment, kSelfPeer);
+  return f;
+}
+
+Future<List> WorkerGroup::call_per_rank(const std::string& method, std::vector<List> per_rank_args,
+                                        CallOptions options) {
+  if (static_cast<int>(per_rank_args.size()) != world_size()) {
+    throw CallError(class_name() + "." + method + ": per-rank arguments for " +
+                    std::to_string(per_rank_args.size()) + " ranks, but group " + name() + " has " +
+                    std::to_string(world_size()));
+  }
+  const MethodSpec& m = s_->spec->method(method);
+  for (size_t r = 0; r < per_rank_args.size(); ++r) {
+    try {
+      m.check_args(class_name(), per_rank_args[r]);
+    } catch (const CallError& e) {
+      throw CallError(std::string(e.what()) + " (rank " + std::to_string(r) + ")");
+    }
+  }
+  std::vector<Future<Value>> futures;
+  for (size_t r = 0; r < per_rank_args.size(); ++r) {
+    OutgoingCall msg = WorkerProcess::encode_call(method, per_rank_args[r]);
+    futures.push_back(s_->workers[r]->send(msg, options.timeout));
+    if (msg.segment) Driver::get().pool().release(*msg.segment, kSelfPeer);
+  }
+  return gather(std::move(futures));
+}
+
+void WorkerGroup::shutdown(std::chrono::milliseconds grace) { s_->shutdown(grace); }
+
+}  // namespace baton

@@ -1,0 +1,210 @@
+#include "runtime/worker_host.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+#include "runtime/channel.h"
+#include "runtime/driver.h"
+#include "runtime/errors.h"
+#include "runtime/method_table.h"
+#include "runtime/value_codec.h"
+
+namespace baton {
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : fallback;
+}
+
+std::string env_str(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+WorkerInfo info_from_environment() {
+  WorkerInfo info;
+  info.class_name = env_str("BATON_CLASS");
+  info.group_name = env_str("BATON_GROUP");
+  info.rank = env_int("RANK", 0);
+  info.world_size = env_int("WORLD_SIZE", 1);
+  info.local_rank = env_int("LOCAL_RANK", 0);
+  info.local_world_size = env_int("LOCAL_WORLD_SIZE", 1);
+  info.node = env_int("BATON_NODE", 0);
+  info.slot = env_int("BATON_SLOT", 0);
+  info.use_gpu = env_int("BATON_USE_GPU", 0) != 0;
+  info.device = info.use_gpu ? 0 : -1;
+  info.intra_op_threads = env_int("BATON_THREADS", 1);
+  info.master_addr = env_str("MASTER_ADDR");
+  info.master_port = env_int("MASTER_PORT", 0);
+  return info;
+}
+
+[[noreturn]] void quit(int status) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  // Skip static destructors: LibTorch's thread pools may not survive them.
+  _exit(status);
+}
+
+std::string error_text(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+class Host {
+ public:
+  explicit Host(int fd) : channel_(fd), info_(info_from_environment()) {}
+
+  [[noreturn]] void run() {
+    for (;;) {
+      if (channel_.read_blocking() == Channel::ReadStatus::kClosed) {
+        // Drain what arrived before the close, then go: the driver is gone.
+        drain();
+        quit(0);
+      }
+      drain();
+    }
+  }
+
+ private:
+  void drain() {
+    channel_.drain([this](wire::Envelope::Reader env, std::vector<int> fds) {
+      for (SegmentId id : env.getReleased()) pool_.release(id, kDriverPeer);
+      switch (env.which()) {
+        case wire::Envelope::INIT: on_init(env, std::move(fds)); break;
+        case wire::Envelope::CALL: on_call(env, std::move(fds)); break;
+        case wire::Envelope::SHUTDOWN: quit(0);
+        default:
+          for (int fd : fds) close(fd);
+          break;
+      }
+    });
+  }
+
+  std::function<void(SegmentId)> release_sink() {
+    return [this](SegmentId id) {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      releases_.push_back(id);
+    };
+  }
+
+  void on_init(wire::Envelope::Reader env, std::vector<int> fds) {
+    auto init = env.getInit();
+    std::string error;
+    try {
+      ValueDecoder decoder(std::move(fds), env.getSharedBytes(), release_sink());
+      List args = decoder.decode(init.getInitArgs());
+      spec_ = &WorkerRegistry::global().get(init.getClassName().cStr());
+      detail::set_pending_worker_info(info_);
+      worker_ = spec_->factory(args);
+    } catch (const std::exception& e) {
+      error = error_text(e);
+    } catch (...) {
+      error = "unknown exception";
+    }
+    if (error.empty()) {
+      reply(0, Value(), nullptr);
+    } else {
+      reply(0, Value(), &error, wire::ErrorKind::INIT_FAILED);
+    }
+  }
+
+  void on_call(wire::Envelope::Reader env, std::vector<int> fds) {
+    auto call = env.getCall();
+    uint64_t id = call.getCallId();
+    Value result;
+    std::string error;
+    wire::ErrorKind kind = wire::ErrorKind::EXCEPTION;
+    {
+      ValueDecoder decoder(std::move(fds), env.getSharedBytes(), release_sink());
+      try {
+        if (worker_ == nullptr) throw CallError("the worker was not constructed");
+        const MethodSpec& m = spec_->method(call.getMethod().cStr());
+        List args = decoder.decode(call.getArgs());
+        m.check_args(spec_->name, args);
+        result = m.invoke(*worker_, args);
+      } catch (const CallError& e) {
+        error = e.what();
+        kind = wire::ErrorKind::BAD_CALL;
+      } catch (const std::exception& e) {
+        error = error_text(e);
+      } catch (...) {
+        error = "unknown exception";
+      }
+    }  // the arguments' shared memory is released here unless the method kept it
+    reply(id, result, error.empty() ? nullptr : &error, kind);
+  }
+
+  void reply(uint64_t id, const Value& value, const std::string* error,
+             wire::ErrorKind kind = wire::ErrorKind::EXCEPTION) {
+    capnp::MallocMessageBuilder builder;
+    auto env = builder.initRoot<wire::Envelope>();
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      auto list = env.initReleased(static_cast<unsigned>(releases_.size()));
+      for (size_t i = 0; i < releases_.size(); ++i) list.set(static_cast<unsigned>(i), releases_[i]);
+      releases_.clear();
+    }
+    auto result = env.initResult();
+    result.setCallId(id);
+    ValueEncoder enc(pool_);
+    std::vector<int> fds;
+    if (error == nullptr) {
+      try {
+        enc.plan(value);
+        enc.encode(value, result.initValue());
+        fds = enc.finish(env);
+      } catch (const std::exception& e) {
+        auto err = result.initError();
+        err.setKind(wire::ErrorKind::EXCEPTION);
+        err.setMessage(std::string("cannot send the result: ") + error_text(e));
+      }
+    } else {
+      auto err = result.initError();
+      err.setKind(kind);
+      err.setMessage(*error);
+    }
+    if (auto seg = enc.segment()) pool_.hold(*seg, kDriverPeer);
+    auto words = capnp::messageToFlatArray(builder);
+    bool sent = channel_.send(words.asPtr(), fds);
+    if (auto seg = enc.segment()) pool_.release(*seg, kSelfPeer);
+    if (!sent) quit(0);  // the driver is gone
+  }
+
+  Channel channel_;
+  WorkerInfo info_;
+  ShmPool pool_;
+  const WorkerClassSpec* spec_ = nullptr;
+  std::unique_ptr<Worker> worker_;
+  std::mutex release_mu_;
+  std::vector<SegmentId> releases_;  // driver segments this worker is done with
+};
+
+}  // namespace
+
+void run_worker_host(int fd) {
+  // Die with the driver, even if it is killed. The check after prctl closes
+  // the window in which the driver died before the signal was armed.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != env_int("BATON_DRIVER_PID", -1)) quit(70);
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  at::set_num_threads(std::max(1, env_int("BATON_THREADS", 1)));
+  Host host(fd);
+  host.run();
+}
+
+}  // namespace baton

@@ -1,0 +1,496 @@
+#include "runtime/worker_process.h"
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+#include "runtime/channel.h"
+#include "runtime/driver.h"
+#include "runtime/errors.h"
+#include "runtime/value_codec.h"
+
+extern char** environ;
+
+namespace baton {
+
+namespace asio = boost::asio;
+
+namespace {
+
+std::mutex& console_mu() {
+  static std::mutex mu;
+  return mu;
+}
+
+// An fd number above the ones a child gets by dup2 (0..3), close-on-exec.
+int high_fd(int fd) {
+  if (fd > 3) return fd;
+  int h = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+  close(fd);
+  return h;
+}
+
+std::vector<std::string> worker_environment(const WorkerInfo& info) {
+  static const char* const kOurs[] = {
+      "BATON_WORKER_FD=", "BATON_DRIVER_PID=", "BATON_CLASS=", "BATON_GROUP=",
+      "BATON_NODE=", "BATON_SLOT=", "BATON_USE_GPU=", "BATON_THREADS=", "RANK=",
+      "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
+      "OMP_NUM_THREADS="};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    bool ours = false;
+    for (const char* k : kOurs) ours = ours || kv.rfind(k, 0) == 0;
+    if (info.use_gpu && kv.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0) ours = true;
+    if (!ours) env.push_back(std::move(kv));
+  }
+  auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
+  add("BATON_WORKER_FD", "3");
+  add("BATON_DRIVER_PID", std::to_string(getpid()));
+  add("BATON_CLASS", info.class_name);
+  add("BATON_GROUP", info.group_name);
+  add("BATON_NODE", std::to_string(info.node));
+  add("BATON_SLOT", std::to_string(info.slot));
+  add("BATON_USE_GPU", info.use_gpu ? "1" : "0");
+  add("BATON_THREADS", std::to_string(info.intra_op_threads));
+  add("OMP_NUM_THREADS", std::to_string(info.intra_op_threads));
+  add("RANK", std::to_string(info.rank));
+  add("WORLD_SIZE", std::to_string(info.world_size));
+  add("LOCAL_RANK", std::to_string(info.local_rank));
+  add("LOCAL_WORLD_SIZE", std::to_string(info.local_world_size));
+  add("MASTER_ADDR", info.master_addr);
+  add("MASTER_PORT", std::to_string(info.master_port));
+  if (info.use_gpu) add("CUDA_VISIBLE_DEVICES", std::to_string(info.slot));
+  return env;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+// Copies a worker's stdout or stderr to the driver's, a prefix on every line.
+// Pending reads keep it alive until the pipe closes, so output written just
+// before a crash still arrives.
+struct LogPump : std::enable_shared_from_this<LogPump> {
+  LogPump(asio::io_context& io, int fd) : pipe(io, fd), buf(64 * 1024) {}
+
+  void start() {
+    auto self = shared_from_this();
+    pipe.async_read_some(asio::buffer(buf), [self](const boost::system::error_code& ec,
+                                                   size_t n) { self->on_read(ec, n); });
+  }
+
+  void on_read(const boost::system::error_code& ec, size_t n) {
+    line.append(buf.data(), n);
+    size_t start_at = 0;
+    for (size_t nl; (nl = line.find('\n', start_at)) != std::string::npos; start_at = nl + 1) {
+      emit(std::string_view(line).substr(start_at, nl + 1 - start_at));
+    }
+    line.erase(0, start_at);
+    if (!ec) {
+      start();
+      return;
+    }
+    if (!line.empty()) {
+      line += '\n';
+      emit(line);
+    }
+  }
+
+  void emit(std::string_view text) {
+    std::lock_guard<std::mutex> lock(console_mu());
+    std::fwrite(prefix.data(), 1, prefix.size(), sink);
+    std::fwrite(text.data(), 1, text.size(), sink);
+    std::fflush(sink);
+  }
+
+  asio::posix::stream_descriptor pipe;
+  std::vector<char> buf;
+  std::string line;
+  std::string prefix;
+  FILE* sink = stdout;
+};
+
+struct WorkerProcess::Io {
+  explicit Io(asio::io_context& io) : socket(io) {}
+  asio::posix::stream_descriptor socket;
+  std::map<uint64_t, std::unique_ptr<asio::steady_timer>> timers;
+  asio::steady_timer reaper{socket.get_executor()};
+};
+
+WorkerProcess::WorkerProcess(WorkerInfo info, DeathHook on_death)
+    : info_(std::move(info)), on_death_(std::move(on_death)), peer_(Driver::get().next_peer_id()) {}
+
+WorkerProcess::~WorkerProcess() {
+  Driver& driver = Driver::get();
+  driver.pool().release_peer(peer_);
+  // Asio objects belong to the I/O thread: hand them over to be closed there.
+  // The socket's fd is owned by the channel, so the descriptor lets go of it.
+  auto io = std::shared_ptr<Io>(std::move(io_));
+  auto channel = std::shared_ptr<Channel>(std::move(channel_));
+  asio::post(driver.io(), [io, channel]() mutable {
+    if (io) io->socket.release();
+    io.reset();
+    channel.reset();
+  });
+}
+
+std::string WorkerProcess::label() const {
+  return "worker " + info_.class_name + " rank " + std::to_string(info_.rank) + " (pid " +
+         std::to_string(pid_) + ")";
+}
+
+bool WorkerProcess::alive() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dead_ == nullptr;
+}
+
+std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook on_death) {
+  std::shared_ptr<WorkerProcess> w(new WorkerProcess(std::move(info), std::move(on_death)));
+  Driver& driver = Driver::get();
+  driver.run_on_io([&] {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      throw Error("cannot create a socket pair for " + w->label() + ": " + errno_text());
+    }
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      throw Error("cannot create pipes for " + w->label() + ": " + errno_text());
+    }
+    int child_sock = high_fd(sv[1]), out_w = high_fd(out[1]), err_w = high_fd(err[1]);
+
+    std::vector<std::string> env = worker_environment(w->info_);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = driver.args();
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out_w, 1);
+    posix_spawn_file_actions_adddup2(&fa, err_w, 2);
+    posix_spawn_file_actions_adddup2(&fa, child_sock, 3);
+    pid_t pid = -1;
+    int rc = posix_spawn(&pid, driver.exe().c_str(), &fa, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    close(child_sock);
+    close(out_w);
+    close(err_w);
+    if (rc != 0) {
+      close(sv[0]);
+      close(out[0]);
+      close(err[0]);
+      throw Error("cannot start " + w->label() + " from " + driver.exe() + ": " +
+                  std::strerror(rc));
+    }
+    w->pid_ = pid;
+    w->channel_ = std::make_unique<Channel>(sv[0]);
+    w->io_ = std::make_unique<Io>(driver.io());
+    w->io_->socket.assign(sv[0]);
+    w->start_reading();
+    w->start_log_pipe(out[0], false);
+    w->start_log_pipe(err[0], true);
+  });
+  return w;
+}
+
+void WorkerProcess::start_reading() {
+  std::weak_ptr<WorkerProcess> weak = weak_from_this();
+  io_->socket.async_wait(asio::posix::stream_descriptor::wait_read,
+                         [weak](const boost::system::error_code& ec) {
+                           auto self = weak.lock();
+                           if (!self || ec) return;
+                           self->on_readable();
+                         });
+}
+
+void WorkerProcess::on_readable() {
+  Channel::ReadStatus status = channel_->read_available();
+  try {
+    channel_->drain([this](wire::Envelope::Reader env, std::vector<int> fds) {
+      handle_message(env, std::move(fds));
+    });
+  } catch (const std::exception& e) {
+    kill(std::string("it sent a malformed message: ") + e.what());
+    return;
+  }
+  if (status == Channel::ReadStatus::kClosed) {
+    on_closed();
+    return;
+  }
+  start_reading();
+}
+
+void WorkerProcess::handle_message(wire::Envelope::Reader env, std::vector<int> fds) {
+  ShmPool& pool = Driver::get().pool();
+  for (SegmentId id : env.getReleased()) pool.release(id, peer_);
+  if (!env.isResult()) {
+    for (int fd : fds) close(fd);
+    return;
+  }
+  auto result = env.getResult();
+  Pending pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(result.getCallId());
+    if (it == pending_.end()) {
+      for (int fd : fds) close(fd);
+      return;  // timed out earlier; the late result is dropped
+    }
+    pending = std::move(it->second);
+    pending_.erase(it);
+  }
+  if (auto t = io_->timers.find(result.getCallId()); t != io_->timers.end()) {
+    t->second->cancel();
+    io_->timers.erase(t);
+  }
+  if (result.isError()) {
+    for (int fd : fds) close(fd);
+    auto err = result.getError();
+    std::string message = err.getMessage().cStr();
+    switch (err.getKind()) {
+      case wire::ErrorKind::EXCEPTION:
+        pending.promise.fail(RemoteError(info_.class_name, info_.rank, pending.method, message));
+        break;
+      case wire::ErrorKind::BAD_CALL:
+        pending.promise.fail(CallError(info_.class_name + "." + pending.method + " on rank " +
+                                       std::to_string(info_.rank) + ": " + message));
+        break;
+      case wire::ErrorKind::INIT_FAILED:
+        pending.promise.fail(Error("constructing " + info_.class_name + " on rank " +
+                                   std::to_string(info_.rank) + " failed: " + message));
+        break;
+    }
+    return;
+  }
+  std::weak_ptr<WorkerProcess> weak = weak_from_this();
+  try {
+    ValueDecoder decoder(std::move(fds), env.getSharedBytes(), [weak](SegmentId id) {
+      if (auto self = weak.lock()) self->queue_release(id);
+    });
+    pending.promise.set_value(decoder.decode(result.getValue()));
+  } catch (const std::exception& e) {
+    pending.promise.fail(Error("result of " + info_.class_name + "." + pending.method +
+                               " on rank " + std::to_string(info_.rank) +
+                               " could not be read: " + e.what()));
+  }
+}
+
+void WorkerProcess::start_log_pipe(int fd, bool is_stderr) {
+  auto pump = std::make_shared<LogPump>(Driver::get().io(), fd);
+  pump->prefix = "[" + info_.class_name + ":" + std::to_string(info_.rank) + "] ";
+  pump->sink = is_stderr ? stderr : stdout;
+  pump->start();
+}
+
+void WorkerProcess::on_closed() {
+  boost::system::error_code ignored;
+  io_->socket.cancel(ignored);
+  reap(2000);
+}
+
+// The socket closes as the process exits; its status may take a moment to
+// appear. Poll every millisecond, then kill it if it lingers (it closed the
+// socket but did not exit).
+void WorkerProcess::reap(int attempts_left) {
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    finish_death(status, true);
+    return;
+  }
+  if (r < 0) {
+    finish_death(0, false);
+    return;
+  }
+  if (attempts_left == 0) {
+    ::kill(pid_, SIGKILL);
+    if (waitpid(pid_, &status, 0) == pid_) {
+      finish_death(status, true);
+    } else {
+      finish_death(0, false);
+    }
+    return;
+  }
+  io_->reaper.expires_after(std::chrono::milliseconds(1));
+  auto self = shared_from_this();
+  io_->reaper.async_wait([self, attempts_left](const boost::system::error_code&) {
+    self->reap(attempts_left - 1);
+  });
+}
+
+void WorkerProcess::finish_death(int wait_status, bool have_status) {
+  std::string what = label();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!kill_reason_.empty()) {
+      what += " was stopped because " + kill_reason_;
+    } else if (have_status) {
+      what += " " + describe_exit_status(wait_status);
+    } else {
+      what += " closed its connection (exit status unknown)";
+    }
+  }
+  std::map<uint64_t, Pending> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dead_ = std::make_exception_ptr(WorkerDiedError(what));
+    pending.swap(pending_);
+    exited_ = true;
+  }
+  exited_cv_.notify_all();
+  for (auto& [id, t] : io_->timers) t->cancel();
+  io_->timers.clear();
+  Driver::get().pool().release_peer(peer_);
+  for (auto& [id, p] : pending) {
+    p.promise.fail(WorkerDiedError(what + " during " + info_.class_name + "." + p.method));
+  }
+  if (on_death_) on_death_(*this, what);
+}
+
+Future<Value> WorkerProcess::init(const std::string& class_name, const List& init_args) {
+  capnp::MallocMessageBuilder builder;
+  auto env = builder.initRoot<wire::Envelope>();
+  ValueEncoder enc(Driver::get().pool());
+  enc.plan(init_args);
+  auto init = env.initInit();
+  init.setClassName(class_name);
+  enc.encode(init_args, init.initInitArgs(static_cast<unsigned>(init_args.size())));
+  OutgoingCall call;
+  call.call_id = 0;
+  call.method = "<constructor>";
+  call.fds = enc.finish(env);
+  call.segment = enc.segment();
+  call.words = capnp::messageToFlatArray(builder);
+  Future<Value> f = send(call, std::nullopt);
+  if (call.segment) Driver::get().pool().release(*call.segment, kSelfPeer);
+  return f;
+}
+
+OutgoingCall WorkerProcess::encode_call(const std::string& method, const List& args) {
+  capnp::MallocMessageBuilder builder;
+  auto env = builder.initRoot<wire::Envelope>();
+  ValueEncoder enc(Driver::get().pool());
+  enc.plan(args);
+  OutgoingCall call;
+  call.call_id = Driver::get().next_call_id();
+  call.method = method;
+  auto c = env.initCall();
+  c.setCallId(call.call_id);
+  c.setMethod(method);
+  enc.encode(args, c.initArgs(static_cast<unsigned>(args.size())));
+  call.fds = enc.finish(env);
+  call.segment = enc.segment();
+  call.words = capnp::messageToFlatArray(builder);
+  return call;
+}
+
+Future<Value> WorkerProcess::send(const OutgoingCall& call,
+                                  std::optional<std::chrono::milliseconds> timeout) {
+  Promise<Value> promise;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (dead_) {
+      promise.set_error(dead_);
+      return promise.future();
+    }
+    pending_[call.call_id] = Pending{promise, call.method};
+  }
+  if (call.segment) Driver::get().pool().hold(*call.segment, peer_);
+  flush_releases();
+  // A failed send means the worker is gone; the death handler fails the call.
+  channel_->send(call.words.asPtr(), call.fds);
+  if (timeout) arm_timeout(call.call_id, *timeout);
+  return promise.future();
+}
+
+void WorkerProcess::arm_timeout(uint64_t call_id, std::chrono::milliseconds timeout) {
+  std::weak_ptr<WorkerProcess> weak = weak_from_this();
+  asio::post(Driver::get().io(), [weak, call_id, timeout] {
+    auto self = weak.lock();
+    if (!self) return;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      if (!self->pending_.count(call_id)) return;  // already done
+    }
+    auto timer = std::make_unique<asio::steady_timer>(Driver::get().io(), timeout);
+    timer->async_wait([weak, call_id, timeout](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (!self || ec) return;
+      self->io_->timers.erase(call_id);
+      std::string method;
+      Promise<Value> promise;
+      {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        auto it = self->pending_.find(call_id);
+        if (it == self->pending_.end()) return;
+        // Keep the entry: the late result is then recognised and dropped.
+        method = it->second.method;
+        promise = it->second.promise;
+      }
+      promise.fail(TimeoutError(self->info_.class_name + "." + method + " on rank " +
+                                std::to_string(self->info_.rank) + " timed out after " +
+                                std::to_string(timeout.count()) + " ms"));
+    });
+    self->io_->timers[call_id] = std::move(timer);
+  });
+}
+
+void WorkerProcess::queue_release(SegmentId segment) {
+  std::lock_guard<std::mutex> lock(release_mu_);
+  releases_.push_back(segment);
+}
+
+void WorkerProcess::flush_releases() {
+  std::vector<SegmentId> ids;
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    if (releases_.empty()) return;
+    ids.swap(releases_);
+  }
+  capnp::MallocMessageBuilder builder;
+  auto env = builder.initRoot<wire::Envelope>();
+  auto list = env.initReleased(static_cast<unsigned>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) list.set(static_cast<unsigned>(i), ids[i]);
+  env.setRelease();
+  auto words = capnp::messageToFlatArray(builder);
+  channel_->send(words.asPtr());
+}
+
+void WorkerProcess::request_exit() {
+  capnp::MallocMessageBuilder builder;
+  builder.initRoot<wire::Envelope>().setShutdown();
+  auto words = capnp::messageToFlatArray(builder);
+  channel_->send(words.asPtr());
+}
+
+void WorkerProcess::kill(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (exited_) return;
+    if (kill_reason_.empty()) kill_reason_ = reason;
+  }
+  ::kill(pid_, SIGKILL);
+}
+
+bool WorkerProcess::wait_exit(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return exited_cv_.wait_for(lock, timeout, [&] { return exited_; });
+}
+
+}  // namespace baton

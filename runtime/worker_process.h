@@ -1,0 +1,112 @@
+// WorkerProcess: the driver's handle on one worker process (internal).
+// Spawns it, sends it calls, completes their futures from the I/O thread,
+// forwards its stdout/stderr with a "[Class:rank]" prefix, and notices its
+// death (the socket closes) to fail its pending calls with the exit status.
+#pragma once
+
+#include <sys/types.h>
+
+#include <capnp/common.h>
+#include <kj/array.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/future.h"
+#include "runtime/shm_pool.h"
+#include "runtime/value.h"
+#include "runtime/worker.h"
+#include "runtime/wire.capnp.h"
+
+namespace baton {
+
+class Channel;
+
+// A message encoded once and sendable to several workers.
+struct OutgoingCall {
+  uint64_t call_id = 0;
+  std::string method;
+  kj::Array<capnp::word> words;
+  std::vector<int> fds;
+  std::optional<SegmentId> segment;  // held by kSelfPeer until the sender releases it
+};
+
+class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
+ public:
+  // Called on the I/O thread once the worker has died, with its description
+  // ("worker Adder rank 2 (pid 123) was killed by signal 9 (SIGKILL)").
+  using DeathHook = std::function<void(WorkerProcess&, const std::string& what)>;
+
+  // Spawns the process (on the I/O thread). Throws baton::Error on failure.
+  static std::shared_ptr<WorkerProcess> spawn(WorkerInfo info, DeathHook on_death);
+  ~WorkerProcess();
+
+  const WorkerInfo& info() const { return info_; }
+  pid_t pid() const { return pid_; }
+  bool alive() const;
+  // "worker Adder rank 2 (pid 123)"
+  std::string label() const;
+
+  // Sends the Init message; the future completes when the constructor ran.
+  Future<Value> init(const std::string& class_name, const List& init_args);
+
+  // Sends `call` (built by encode_call) and returns the future of its result.
+  // Fails at once if the worker is dead.
+  Future<Value> send(const OutgoingCall& call, std::optional<std::chrono::milliseconds> timeout);
+
+  // Asks the worker to exit after its queued calls.
+  void request_exit();
+  // Kills the process; pending calls fail with `reason` as the cause.
+  void kill(const std::string& reason);
+  // Waits until the process has been reaped; false on timeout.
+  bool wait_exit(std::chrono::milliseconds timeout);
+
+  // Encodes a call message once, to be sent to any number of workers.
+  static OutgoingCall encode_call(const std::string& method, const List& args);
+
+ private:
+  struct Pending {
+    Promise<Value> promise;
+    std::string method;
+  };
+  WorkerProcess(WorkerInfo info, DeathHook on_death);
+
+  void start_reading();
+  void on_readable();
+  void handle_message(wire::Envelope::Reader env, std::vector<int> fds);
+  void start_log_pipe(int fd, bool is_stderr);
+  void on_closed();
+  void reap(int attempts_left);
+  void finish_death(int wait_status, bool have_status);
+  void queue_release(SegmentId segment);
+  void flush_releases();
+  void arm_timeout(uint64_t call_id, std::chrono::milliseconds timeout);
+
+  WorkerInfo info_;
+  DeathHook on_death_;
+  PeerId peer_;
+  pid_t pid_ = -1;
+  std::unique_ptr<Channel> channel_;
+  struct Io;  // Asio objects, touched only on the I/O thread
+  std::unique_ptr<Io> io_;
+
+  mutable std::mutex mu_;
+  std::map<uint64_t, Pending> pending_;
+  std::exception_ptr dead_;            // set once the worker is gone
+  std::string kill_reason_;            // why the runtime killed it, if it did
+  bool exited_ = false;
+  std::condition_variable exited_cv_;
+
+  std::mutex release_mu_;
+  std::vector<SegmentId> releases_;  // worker segments the driver no longer maps
+};
+
+}  // namespace baton
