@@ -11,7 +11,7 @@
 // Example:
 //   Future<Value> f = group.call("step", {batch});
 //   f.on_complete([](const Future<Value>& r) { ... });
-//   const Value& v = f.get(std::chrono::seconds(5));  // TimeoutError after 5 s
+//   Value v = f.get(std::chrono::seconds(5));  // TimeoutError after 5 s
 #pragma once
 
 #include <chrono>
@@ -120,8 +120,10 @@ class Future {
     return s_->cv.wait_for(lock, timeout, [&] { return s_->done; });
   }
 
-  // Blocks until complete; returns the value or rethrows the error.
-  const T& get() const {
+  // Blocks until complete; returns (a copy of) the value or rethrows the
+  // error. A copy, so that `for (auto& x : f.get().as_list())` is safe on a
+  // temporary future; copying a Value shares its tensors' storage.
+  T get() const {
     wait();
     return value_or_throw();
   }
@@ -129,7 +131,7 @@ class Future {
   // As get(), but throws TimeoutError if still pending after `timeout`; the
   // call itself goes on and the future can be waited on again.
   template <class Rep, class Period>
-  const T& get(std::chrono::duration<Rep, Period> timeout) const {
+  T get(std::chrono::duration<Rep, Period> timeout) const {
     if (!wait_for(timeout)) {
       throw TimeoutError("Future::get: no result within " +
                          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
