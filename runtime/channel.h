@@ -8,6 +8,7 @@
 #pragma once
 
 #include <capnp/common.h>
+#include <capnp/message.h>
 #include <kj/array.h>
 
 #include <cstddef>
@@ -19,6 +20,18 @@
 #include "runtime/wire.capnp.h"
 
 namespace baton {
+
+// A message builder whose first segment is inline: building a small message
+// allocates nothing until it is flattened.
+struct ZeroedScratch {
+  static constexpr size_t kWords = 128;
+  capnp::word words[kWords]{};  // Cap'n Proto requires a zeroed first segment
+};
+
+class SmallMessageBuilder : private ZeroedScratch, public capnp::MallocMessageBuilder {
+ public:
+  SmallMessageBuilder() : capnp::MallocMessageBuilder(kj::arrayPtr(words, kWords)) {}
+};
 
 class Channel {
  public:

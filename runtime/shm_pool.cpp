@@ -1,6 +1,7 @@
 #include "runtime/shm_pool.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -120,22 +121,46 @@ void ShmPool::trim_locked() {
   }
 }
 
-ShmMapping::ShmMapping(int fd, size_t length, SegmentId segment,
-                       std::function<void(SegmentId)> on_release)
-    : length_(length), segment_(segment), on_release_(std::move(on_release)) {
-  if (length == 0) return;
+ShmRegion::ShmRegion(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) throw Error("shared memory: cannot stat a received segment: " + errno_text());
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ == 0) return;
   // MAP_POPULATE maps every page now, in one pass, instead of faulting per page.
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
-    throw Error("shared memory: cannot map a received segment of " + std::to_string(length) +
+    throw Error("shared memory: cannot map a received segment of " + std::to_string(size_) +
                 " bytes: " + errno_text());
   }
   data_ = static_cast<std::byte*>(p);
 }
 
-ShmMapping::~ShmMapping() {
-  if (data_ != nullptr) munmap(data_, length_);
-  if (on_release_) on_release_(segment_);
+ShmRegion::~ShmRegion() {
+  if (data_ != nullptr) munmap(data_, size_);
+}
+
+std::shared_ptr<ShmRegion> ShmRegionCache::map(SegmentId id, int fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++clock_;
+  auto it = entries_.find(id);
+  if (it != entries_.end()) {
+    it->second.last_used = clock_;
+    return it->second.region;
+  }
+  auto region = std::make_shared<ShmRegion>(fd);
+  entries_[id] = Entry{region, clock_};
+  size_t total = 0;
+  for (const auto& [k, e] : entries_) total += e.region->size();
+  while (total > max_bytes_ && entries_.size() > 1) {
+    auto victim = entries_.end();
+    for (auto e = entries_.begin(); e != entries_.end(); ++e) {
+      if (e->first == id) continue;
+      if (victim == entries_.end() || e->second.last_used < victim->second.last_used) victim = e;
+    }
+    total -= victim->second.region->size();
+    entries_.erase(victim);
+  }
+  return region;
 }
 
 }  // namespace baton

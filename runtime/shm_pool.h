@@ -72,23 +72,62 @@ class ShmPool {
   uint64_t clock_ = 0;
 };
 
-// A receiver's read-write mapping of [0, length) of a sender's segment. The
-// destructor unmaps and calls `on_release(segment)`.
-class ShmMapping {
+// A receiver's read-write mapping of a whole segment of a sender's.
+class ShmRegion {
  public:
-  // Maps `length` bytes of `fd` (which the caller keeps ownership of).
-  // Throws baton::Error on failure.
-  ShmMapping(int fd, size_t length, SegmentId segment, std::function<void(SegmentId)> on_release);
-  ~ShmMapping();
-  ShmMapping(const ShmMapping&) = delete;
-  ShmMapping& operator=(const ShmMapping&) = delete;
+  // Maps all of `fd` (which the caller keeps ownership of), every page at
+  // once. Throws baton::Error on failure.
+  explicit ShmRegion(int fd);
+  ~ShmRegion();
+  ShmRegion(const ShmRegion&) = delete;
+  ShmRegion& operator=(const ShmRegion&) = delete;
 
   std::byte* data() const { return data_; }
-  size_t length() const { return length_; }
+  size_t size() const { return size_; }
 
  private:
   std::byte* data_ = nullptr;
-  size_t length_ = 0;
+  size_t size_ = 0;
+};
+
+// A receiver's cache of the regions of one sender, by segment id. A sender
+// reuses its segments, so mapping each one once saves a page-table walk of
+// the whole payload per message. Least recently used regions beyond
+// `max_bytes` are dropped (tensors still viewing them keep them mapped).
+// Thread-safe.
+class ShmRegionCache {
+ public:
+  explicit ShmRegionCache(size_t max_bytes = size_t{1} << 30) : max_bytes_(max_bytes) {}
+  std::shared_ptr<ShmRegion> map(SegmentId id, int fd);
+
+ private:
+  struct Entry {
+    std::shared_ptr<ShmRegion> region;
+    uint64_t last_used;
+  };
+  size_t max_bytes_;
+  std::mutex mu_;
+  std::map<SegmentId, Entry> entries_;
+  uint64_t clock_ = 0;
+};
+
+// One message's use of a segment: when the last tensor decoded from it is
+// destroyed, `on_release(segment)` tells the sender it may reuse the segment.
+class ShmLease {
+ public:
+  ShmLease(std::shared_ptr<ShmRegion> region, SegmentId segment,
+           std::function<void(SegmentId)> on_release)
+      : region_(std::move(region)), segment_(segment), on_release_(std::move(on_release)) {}
+  ~ShmLease() {
+    if (on_release_) on_release_(segment_);
+  }
+  ShmLease(const ShmLease&) = delete;
+  ShmLease& operator=(const ShmLease&) = delete;
+
+  const ShmRegion& region() const { return *region_; }
+
+ private:
+  std::shared_ptr<ShmRegion> region_;
   SegmentId segment_;
   std::function<void(SegmentId)> on_release_;
 };

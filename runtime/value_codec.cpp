@@ -1,5 +1,6 @@
 #include "runtime/value_codec.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <unistd.h>
@@ -23,6 +24,23 @@ bool goes_shared(const at::Tensor& t) { return tensor_bytes(t) >= kInlineTensorB
 at::Tensor cpu_contiguous(const at::Tensor& t) {
   at::Tensor c = t.device().is_cpu() ? t : t.cpu();
   return c.contiguous();
+}
+
+// Copies `t`'s bytes to `dst`. A contiguous CPU tensor is a plain memcpy,
+// split over the intra-op threads (ATen's copy_ is slower than memcpy for
+// this case); anything else goes through copy_, which handles strides and
+// device-to-host in one pass.
+void copy_into(const at::Tensor& t, std::byte* dst) {
+  if (t.device().is_cpu() && t.is_contiguous()) {
+    const auto* src = static_cast<const std::byte*>(t.data_ptr());
+    const int64_t n = static_cast<int64_t>(tensor_bytes(t));
+    constexpr int64_t kGrain = int64_t{8} << 20;
+    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      std::memcpy(dst + begin, src + begin, static_cast<size_t>(end - begin));
+    });
+    return;
+  }
+  at::from_blob(dst, t.sizes(), t.options().device(at::kCPU)).copy_(t);
 }
 
 }  // namespace
@@ -86,9 +104,7 @@ void ValueEncoder::encode(const Value& v, wire::Value::Builder out) {
       if (used_ + align_up(nbytes) > seg_->capacity) {
         throw Error("ValueEncoder: more tensor bytes encoded than planned");
       }
-      // copy_ handles strides and device-to-host in one pass.
-      at::Tensor dst = at::from_blob(seg_->data + used_, t.sizes(), t.options().device(at::kCPU));
-      dst.copy_(t);
+      copy_into(t, seg_->data + used_);
       auto shared = wt.initShared();
       shared.setSegment(seg_->id);
       shared.setFdIndex(0);
@@ -115,20 +131,28 @@ std::optional<SegmentId> ValueEncoder::segment() const {
   return seg_->id;
 }
 
-ValueDecoder::ValueDecoder(std::vector<int> fds, uint64_t shared_bytes,
+ValueDecoder::ValueDecoder(std::vector<int> fds, uint64_t shared_bytes, ShmRegionCache& regions,
                            std::function<void(SegmentId)> on_release)
-    : fds_(std::move(fds)), shared_bytes_(shared_bytes), on_release_(std::move(on_release)) {}
+    : fds_(std::move(fds)),
+      shared_bytes_(shared_bytes),
+      regions_(regions),
+      on_release_(std::move(on_release)) {}
 
 ValueDecoder::~ValueDecoder() {
   for (int fd : fds_) close(fd);
 }
 
-std::shared_ptr<ShmMapping> ValueDecoder::mapping(SegmentId segment) {
-  if (!mapping_) {
+std::shared_ptr<ShmLease> ValueDecoder::lease(SegmentId segment) {
+  if (!lease_) {
     if (fds_.empty()) throw Error("malformed message: a shared tensor but no segment was passed");
-    mapping_ = std::make_shared<ShmMapping>(fds_[0], shared_bytes_, segment, on_release_);
+    auto region = regions_.map(segment, fds_[0]);
+    if (region->size() < shared_bytes_) {
+      throw Error("malformed message: segment of " + std::to_string(region->size()) +
+                  " bytes, message uses " + std::to_string(shared_bytes_));
+    }
+    lease_ = std::make_shared<ShmLease>(std::move(region), segment, on_release_);
   }
-  return mapping_;
+  return lease_;
 }
 
 List ValueDecoder::decode(capnp::List<wire::Value>::Reader in) {
@@ -181,9 +205,10 @@ Value ValueDecoder::decode(wire::Value::Reader in) {
       if (shared.getLength() != nbytes || shared.getOffset() + nbytes > shared_bytes_) {
         throw Error("malformed message: shared tensor bytes out of range");
       }
-      std::shared_ptr<ShmMapping> m = mapping(shared.getSegment());
+      std::shared_ptr<ShmLease> l = lease(shared.getSegment());
       return Value(at::from_blob(
-          m->data() + shared.getOffset(), shape, [m](void*) mutable { m.reset(); }, options));
+          l->region().data() + shared.getOffset(), shape, [l](void*) mutable { l.reset(); },
+          options));
     }
   }
   throw Error("malformed message: unknown value kind");

@@ -49,9 +49,10 @@ class ValueEncoder {
 class ValueDecoder {
  public:
   // `fds`: those passed with the message (the decoder closes them).
+  // `regions`: the receiver's cache of the sender's segments.
   // `on_release(segment)` runs when the last tensor decoded from the message's
   // segment is destroyed, possibly on another thread and long after.
-  ValueDecoder(std::vector<int> fds, uint64_t shared_bytes,
+  ValueDecoder(std::vector<int> fds, uint64_t shared_bytes, ShmRegionCache& regions,
                std::function<void(SegmentId)> on_release);
   ~ValueDecoder();
   ValueDecoder(const ValueDecoder&) = delete;
@@ -62,12 +63,13 @@ class ValueDecoder {
   List decode(capnp::List<wire::Value>::Reader in);
 
  private:
-  std::shared_ptr<ShmMapping> mapping(SegmentId segment);
+  std::shared_ptr<ShmLease> lease(SegmentId segment);
 
   std::vector<int> fds_;
   uint64_t shared_bytes_;
+  ShmRegionCache& regions_;
   std::function<void(SegmentId)> on_release_;
-  std::shared_ptr<ShmMapping> mapping_;
+  std::shared_ptr<ShmLease> lease_;
 };
 
 }  // namespace baton

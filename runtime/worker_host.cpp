@@ -105,7 +105,7 @@ class Host {
     auto init = env.getInit();
     std::string error;
     try {
-      ValueDecoder decoder(std::move(fds), env.getSharedBytes(), release_sink());
+      ValueDecoder decoder(std::move(fds), env.getSharedBytes(), regions_, release_sink());
       List args = decoder.decode(init.getInitArgs());
       spec_ = &WorkerRegistry::global().get(init.getClassName().cStr());
       detail::set_pending_worker_info(info_);
@@ -129,7 +129,7 @@ class Host {
     std::string error;
     wire::ErrorKind kind = wire::ErrorKind::EXCEPTION;
     {
-      ValueDecoder decoder(std::move(fds), env.getSharedBytes(), release_sink());
+      ValueDecoder decoder(std::move(fds), env.getSharedBytes(), regions_, release_sink());
       try {
         if (worker_ == nullptr) throw CallError("the worker was not constructed");
         const MethodSpec& m = spec_->method(call.getMethod().cStr());
@@ -150,7 +150,7 @@ class Host {
 
   void reply(uint64_t id, const Value& value, const std::string* error,
              wire::ErrorKind kind = wire::ErrorKind::EXCEPTION) {
-    capnp::MallocMessageBuilder builder;
+    SmallMessageBuilder builder;
     auto env = builder.initRoot<wire::Envelope>();
     {
       std::lock_guard<std::mutex> lock(release_mu_);
@@ -187,6 +187,7 @@ class Host {
   Channel channel_;
   WorkerInfo info_;
   ShmPool pool_;
+  ShmRegionCache regions_;  // the driver's segments
   const WorkerClassSpec* spec_ = nullptr;
   std::unique_ptr<Worker> worker_;
   std::mutex release_mu_;

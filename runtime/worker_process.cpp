@@ -280,7 +280,7 @@ void WorkerProcess::handle_message(wire::Envelope::Reader env, std::vector<int> 
   }
   std::weak_ptr<WorkerProcess> weak = weak_from_this();
   try {
-    ValueDecoder decoder(std::move(fds), env.getSharedBytes(), [weak](SegmentId id) {
+    ValueDecoder decoder(std::move(fds), env.getSharedBytes(), regions_, [weak](SegmentId id) {
       if (auto self = weak.lock()) self->queue_release(id);
     });
     pending.promise.set_value(decoder.decode(result.getValue()));
@@ -346,7 +346,7 @@ void WorkerProcess::finish_death(int wait_status, bool have_status) {
       what += " closed its connection (exit status unknown)";
     }
   }
-  std::map<uint64_t, Pending> pending;
+  std::unordered_map<uint64_t, Pending> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
     dead_ = std::make_exception_ptr(WorkerDiedError(what));
@@ -364,7 +364,7 @@ void WorkerProcess::finish_death(int wait_status, bool have_status) {
 }
 
 Future<Value> WorkerProcess::init(const std::string& class_name, const List& init_args) {
-  capnp::MallocMessageBuilder builder;
+  SmallMessageBuilder builder;
   auto env = builder.initRoot<wire::Envelope>();
   ValueEncoder enc(Driver::get().pool());
   enc.plan(init_args);
@@ -383,7 +383,7 @@ Future<Value> WorkerProcess::init(const std::string& class_name, const List& ini
 }
 
 OutgoingCall WorkerProcess::encode_call(const std::string& method, const List& args) {
-  capnp::MallocMessageBuilder builder;
+  SmallMessageBuilder builder;
   auto env = builder.initRoot<wire::Envelope>();
   ValueEncoder enc(Driver::get().pool());
   enc.plan(args);
@@ -463,7 +463,7 @@ void WorkerProcess::flush_releases() {
     if (releases_.empty()) return;
     ids.swap(releases_);
   }
-  capnp::MallocMessageBuilder builder;
+  SmallMessageBuilder builder;
   auto env = builder.initRoot<wire::Envelope>();
   auto list = env.initReleased(static_cast<unsigned>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) list.set(static_cast<unsigned>(i), ids[i]);
@@ -473,7 +473,7 @@ void WorkerProcess::flush_releases() {
 }
 
 void WorkerProcess::request_exit() {
-  capnp::MallocMessageBuilder builder;
+  SmallMessageBuilder builder;
   builder.initRoot<wire::Envelope>().setShutdown();
   auto words = capnp::messageToFlatArray(builder);
   channel_->send(words.asPtr());

@@ -14,6 +14,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -95,11 +96,12 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   PeerId peer_;
   pid_t pid_ = -1;
   std::unique_ptr<Channel> channel_;
+  ShmRegionCache regions_;  // the worker's segments
   struct Io;  // Asio objects, touched only on the I/O thread
   std::unique_ptr<Io> io_;
 
   mutable std::mutex mu_;
-  std::map<uint64_t, Pending> pending_;
+  std::unordered_map<uint64_t, Pending> pending_;
   std::exception_ptr dead_;            // set once the worker is gone
   std::string kill_reason_;            // why the runtime killed it, if it did
   bool exited_ = false;

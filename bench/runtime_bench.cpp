@@ -1,0 +1,146 @@
+// runtime_bench: per-call overhead and tensor bandwidth of the actor runtime,
+// next to the floors this machine allows (a raw Unix-socket ping-pong and a
+// single-thread memcpy), all measured in the same run.
+//
+//   ./build/bench/runtime_bench            # the last line of stdout is JSON
+#include <ATen/ops/ones.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "runtime/baton.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+double median(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return xs[xs.size() / 2];
+}
+
+class Bench : public baton::Worker {
+ public:
+  void noop() {}
+  double sum(const at::Tensor& t) { return t.sum().item<double>(); }
+  static void register_methods(baton::MethodTable<Bench>& t) {
+    t.def("noop", &Bench::noop);
+    t.def("sum", &Bench::sum, baton::MethodOptions().execute(baton::Execute::kRankZero));
+  }
+};
+BATON_WORKER(Bench);
+
+// 64-byte ping-pong between two processes over a Unix socket pair.
+double socket_rtt_us() {
+  int sv[2];
+  socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+  pid_t child = fork();
+  char buf[64] = {};
+  if (child == 0) {
+    close(sv[0]);
+    while (read(sv[1], buf, sizeof(buf)) == sizeof(buf)) {
+      if (write(sv[1], buf, sizeof(buf)) != sizeof(buf)) break;
+    }
+    _exit(0);
+  }
+  close(sv[1]);
+  std::vector<double> rtts;
+  for (int i = 0; i < 20000; ++i) {
+    auto t0 = Clock::now();
+    if (write(sv[0], buf, sizeof(buf)) != sizeof(buf)) break;
+    if (read(sv[0], buf, sizeof(buf)) != sizeof(buf)) break;
+    if (i >= 1000) rtts.push_back(micros(Clock::now() - t0));
+  }
+  close(sv[0]);
+  waitpid(child, nullptr, 0);
+  return median(rtts);
+}
+
+double memcpy_gbps(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  std::vector<double> secs;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    secs.push_back(micros(Clock::now() - t0) / 1e6);
+  }
+  return bytes / median(secs) / 1e9;
+}
+
+double sync_call_us(baton::WorkerGroup& g, int n) {
+  std::vector<double> xs;
+  for (int i = 0; i < n; ++i) {
+    auto t0 = Clock::now();
+    g.call("noop").get();
+    if (i >= n / 10) xs.push_back(micros(Clock::now() - t0));
+  }
+  return median(xs);
+}
+
+double async_calls_per_s(baton::WorkerGroup& g) {
+  std::vector<double> rates;
+  for (int round = 0; round < 9; ++round) {
+    std::vector<baton::Future<baton::Value>> fs;
+    fs.reserve(10000);
+    auto t0 = Clock::now();
+    for (int i = 0; i < 10000; ++i) fs.push_back(g.call_rank(0, "noop"));
+    baton::wait_all(fs);
+    rates.push_back(10000 / (micros(Clock::now() - t0) / 1e6));
+  }
+  return median(rates);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  baton::init(argc, argv);
+  // The floors first, before the runtime starts any thread (fork is used).
+  double rtt = socket_rtt_us();
+  const size_t kTensorBytes = size_t{256} << 20;
+  double memcpy_rate = memcpy_gbps(kTensorBytes);
+  std::fprintf(stderr, "socket_rtt_us %.2f, memcpy_gbps %.2f\n", rtt, memcpy_rate);
+
+  baton::ResourcePool one = baton::ResourcePool::cpu(1);
+  baton::WorkerGroup g1 = baton::WorkerGroup::spawn("Bench", one);
+  double sync_us = sync_call_us(g1, 20000);
+  std::fprintf(stderr, "sync_call_us %.2f\n", sync_us);
+  double async_rate = async_calls_per_s(g1);
+  std::fprintf(stderr, "async_calls_per_s %.0f\n", async_rate);
+
+  at::Tensor t = at::ones({static_cast<int64_t>(kTensorBytes / sizeof(float))}, at::kFloat);
+  std::vector<double> secs;
+  for (int i = 0; i < 6; ++i) {
+    auto t0 = Clock::now();
+    double s = g1.call("sum", {t}).get().as_float();
+    if (i > 0) secs.push_back(micros(Clock::now() - t0) / 1e6);
+    if (s != static_cast<double>(t.numel())) {
+      std::fprintf(stderr, "wrong sum %f\n", s);
+      return 1;
+    }
+  }
+  double tensor_rate = kTensorBytes / median(secs) / 1e9;
+  std::fprintf(stderr, "tensor_gbps %.2f\n", tensor_rate);
+  g1.shutdown();
+
+  baton::ResourcePool four = baton::ResourcePool::cpu(4);
+  baton::WorkerGroup g4 = baton::WorkerGroup::spawn("Bench", four);
+  double bcast_us = sync_call_us(g4, 5000);
+  std::fprintf(stderr, "broadcast4_call_us %.2f\n", bcast_us);
+  g4.shutdown();
+
+  std::printf(
+      "{\"socket_rtt_us\": %.2f, \"memcpy_gbps\": %.2f, \"sync_call_us\": %.2f, "
+      "\"async_calls_per_s\": %.0f, \"broadcast4_call_us\": %.2f, \"tensor_gbps\": %.2f, "
+      "\"sync_over_rtt\": %.2f, \"tensor_over_memcpy\": %.2f}\n",
+      rtt, memcpy_rate, sync_us, async_rate, bcast_us, tensor_rate, sync_us / rtt,
+      tensor_rate / memcpy_rate);
+  return 0;
+}
