@@ -48,12 +48,15 @@ struct WorkerGroup::State {
     for (auto& w : workers) {
       if (w->alive()) w->request_exit();
     }
+    auto deadline = std::chrono::steady_clock::now() + grace;
     for (auto& w : workers) {
-      if (!w->wait_exit(grace)) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (!w->wait_exit(std::max(left, std::chrono::milliseconds(0)))) {
         w->kill("the group " + name + " was shut down and it did not exit in time");
-        w->wait_exit(std::chrono::seconds(10));
       }
     }
+    for (auto& w : workers) w->wait_exit(std::chrono::seconds(10));
     if (claimed) pool.release();
     claimed = false;
     store.reset();
@@ -168,8 +171,10 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
   }
   if (!errors.empty()) throw Error("WorkerGroup " + s->name + " failed to start:" + errors);
 
+  // At driver exit nobody is left to read results: give running methods a
+  // moment, then stop them.
   s->exit_hook = std::make_shared<std::function<void()>>([weak] {
-    if (auto state = weak.lock()) state->shutdown(std::chrono::seconds(10));
+    if (auto state = weak.lock()) state->shutdown(std::chrono::seconds(1));
   });
   Driver::get().add_group_hook(s->exit_hook);
   return group;

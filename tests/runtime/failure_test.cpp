@@ -1,0 +1,157 @@
+// Workers that die, and drivers that die.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "runtime/baton.h"
+
+extern char** environ;
+
+namespace baton {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string died_error(const Future<Value>& f, std::chrono::milliseconds within) {
+  try {
+    f.get(within);
+  } catch (const WorkerDiedError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong error: ") + e.what();
+  }
+  return "no error";
+}
+
+// Waits for a process that is not our child to end, without sleeping.
+bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
+  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return errno == ESRCH;
+  pollfd p{fd, POLLIN, 0};
+  int r = poll(&p, 1, static_cast<int>(timeout.count()));
+  close(fd);
+  return r == 1;
+}
+
+struct DeathCase {
+  const char* how;
+  const char* expect;
+};
+
+class WorkerDeath : public ::testing::TestWithParam<DeathCase> {};
+
+TEST_P(WorkerDeath, FailsPendingCallsWithinTwoSecondsThenLaterCallsAtOnceAndStopsTheGroup) {
+  ResourcePool pool = ResourcePool::cpu(3);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool);
+  std::vector<pid_t> pids = g.pids();
+  Future<Value> on_others = g.call_rank(0, "block");
+  Future<Value> queued_on_victim;
+  Future<Value> on_victim;
+  auto t0 = Clock::now();
+  if (std::string(GetParam().how) == "sigkill") {
+    on_victim = g.call_rank(1, "block");
+    queued_on_victim = g.call_rank(1, "count");
+    kill(pids[1], SIGKILL);
+  } else {
+    on_victim = g.call_rank(1, "crash", {GetParam().how});
+    queued_on_victim = g.call_rank(1, "count");
+  }
+  std::string err = died_error(on_victim, std::chrono::seconds(2));
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_NE(err.find("worker TestWorker rank 1 (pid " + std::to_string(pids[1]) + ")"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(GetParam().expect), std::string::npos) << err;
+  EXPECT_NE(died_error(queued_on_victim, std::chrono::seconds(2)).find(GetParam().expect),
+            std::string::npos);
+
+  // Policy: the rest of the group is stopped, its calls fail naming the first death.
+  std::string other = died_error(on_others, std::chrono::seconds(5));
+  EXPECT_NE(other.find("worker TestWorker rank 0"), std::string::npos) << other;
+  EXPECT_NE(other.find("failed: worker TestWorker rank 1"), std::string::npos) << other;
+  EXPECT_FALSE(g.alive());
+  for (pid_t p : pids) EXPECT_TRUE(wait_gone(p, std::chrono::seconds(5))) << p;
+
+  // Later calls fail at once, without a worker to talk to.
+  auto t1 = Clock::now();
+  std::string later = died_error(g.call_rank(2, "count"), std::chrono::milliseconds(100));
+  EXPECT_LT(Clock::now() - t1, std::chrono::milliseconds(100));
+  EXPECT_NE(later.find("rank 2"), std::string::npos) << later;
+  EXPECT_THROW(g.call("my_rank").get(), WorkerDiedError);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Runtime, WorkerDeath,
+    ::testing::Values(DeathCase{"sigkill", "killed by signal 9 (SIGKILL)"},
+                      DeathCase{"abort", "killed by signal 6 (SIGABRT)"},
+                      DeathCase{"segfault", "killed by signal 11 (SIGSEGV)"},
+                      DeathCase{"exit", "exited with status 3"}),
+    [](const auto& info) { return std::string(info.param.how); });
+
+int count_dev_shm() {
+  int n = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+class DriverDeath : public ::testing::TestWithParam<const char*> {};
+
+// A child driver (this binary, see maybe_run_test_driver) spawns two workers
+// with tensors in flight, then dies. Its workers must exit too; as a
+// subreaper this test inherits them and can wait for them.
+TEST_P(DriverDeath, EveryWorkerExitsAndNoSharedMemoryIsLeft) {
+  int shm_before = count_dev_shm();
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  env.push_back(std::string("BATON_TEST_DRIVER=") + GetParam());
+  env.push_back("BATON_TEST_PID_FD=" + std::to_string(fds[1]));
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  char exe[] = "/proc/self/exe";
+  char* argv[] = {exe, nullptr};
+  pid_t driver = -1;
+  ASSERT_EQ(posix_spawn(&driver, exe, nullptr, nullptr, argv, envp.data()), 0);
+  close(fds[1]);
+  std::string pids_text;
+  char buf[256];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) pids_text.append(buf, n);
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(driver, &status, 0), driver);
+  if (std::string(GetParam()) == "kill") {
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  } else {
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::vector<pid_t> workers;
+  for (size_t pos = 0, nl; (nl = pids_text.find('\n', pos)) != std::string::npos; pos = nl + 1) {
+    workers.push_back(std::stoi(pids_text.substr(pos, nl - pos)));
+  }
+  ASSERT_EQ(workers.size(), 2u) << pids_text;
+  for (pid_t w : workers) {
+    EXPECT_TRUE(wait_gone(w, std::chrono::seconds(10))) << "worker " << w << " outlived its driver";
+    waitpid(w, nullptr, WNOHANG);  // reap it if it was handed to us
+  }
+  EXPECT_EQ(count_dev_shm(), shm_before);
+  prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Runtime, DriverDeath, ::testing::Values("kill", "exit"));
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,139 @@
+#include "tests/runtime/test_workers.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/ones.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "runtime/process_group.h"
+
+namespace {
+
+class TestWorker : public baton::Worker {
+ public:
+  explicit TestWorker(const baton::List& init_args) {
+    if (!init_args.empty() && init_args[0].kind() == baton::ValueKind::kString &&
+        init_args[0].as_string() == "fail") {
+      throw std::runtime_error("constructor asked to fail");
+    }
+    if (!init_args.empty()) init_ = init_args[0];
+  }
+
+  baton::Value echo(const baton::Value& v) { return v; }
+  baton::Value init_value() { return init_; }
+  int64_t add(int64_t a, int64_t b) { return a + b + 0 * rank(); }
+  int64_t times_rank(int64_t x) { return x * rank(); }
+  int64_t my_rank() { return rank(); }
+  baton::Value info_dict() {
+    const baton::WorkerInfo& i = info();
+    return baton::Dict{{"rank", i.rank},
+                       {"world_size", i.world_size},
+                       {"local_rank", i.local_rank},
+                       {"local_world_size", i.local_world_size},
+                       {"threads", i.intra_op_threads},
+                       {"slot", i.slot},
+                       {"device", i.device},
+                       {"class", i.class_name},
+                       {"omp", std::string(std::getenv("OMP_NUM_THREADS"))},
+                       {"pid", static_cast<int64_t>(getpid())}};
+  }
+  double mean(const std::vector<double>& xs) {
+    double s = 0;
+    for (double x : xs) s += x;
+    return xs.empty() ? 0 : s / xs.size();
+  }
+  void throw_error(const std::string& message) { throw std::runtime_error(message); }
+  at::Tensor torch_error() { return at::ones({2}) + at::ones({3}); }
+  int64_t count() { return ++calls_; }
+  void sleep_ms(int64_t ms) { usleep(static_cast<useconds_t>(ms * 1000)); }
+  void block() {
+    for (;;) pause();
+  }
+  void crash(const std::string& how) {
+    std::fflush(stdout);
+    if (how == "abort") std::abort();
+    if (how == "segfault") raise(SIGSEGV);
+    if (how == "exit") std::_Exit(3);
+  }
+  void print(const std::string& text) {
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+    std::fprintf(stderr, "err:%s\n", text.c_str());
+  }
+  at::Tensor scale(const at::Tensor& t, double factor) { return t * factor; }
+  at::Tensor make(int64_t n) { return at::arange(n, at::kFloat); }
+  double sum(const at::Tensor& t) { return t.sum().item<double>(); }
+  void keep(const at::Tensor& t) { kept_ = t; }
+  double kept_sum() { return kept_.sum().item<double>(); }
+  at::Tensor all_reduce(const at::Tensor& t) {
+    if (!pg_) pg_ = baton::make_gloo_group(info());
+    std::vector<at::Tensor> ts{t.clone()};
+    pg_->allreduce(ts)->wait();
+    return ts[0];
+  }
+
+  static void register_methods(baton::MethodTable<TestWorker>& t) {
+    using baton::Execute;
+    using baton::MethodOptions;
+    namespace mode = baton::dispatch_mode;
+    t.def("echo", &TestWorker::echo);
+    t.def("init_value", &TestWorker::init_value);
+    t.def("add", &TestWorker::add);
+    t.def("times_rank", &TestWorker::times_rank, MethodOptions().dispatch(mode::kAllToAll));
+    t.def("my_rank", &TestWorker::my_rank);
+    t.def("rank_zero_rank", &TestWorker::my_rank, MethodOptions().execute(Execute::kRankZero));
+    t.def("info", &TestWorker::info_dict);
+    t.def("mean", &TestWorker::mean);
+    t.def("throw_error", &TestWorker::throw_error);
+    t.def("torch_error", &TestWorker::torch_error);
+    t.def("count", &TestWorker::count);
+    t.def("sleep_ms", &TestWorker::sleep_ms);
+    t.def("block", &TestWorker::block);
+    t.def("crash", &TestWorker::crash);
+    t.def("print", &TestWorker::print);
+    t.def("scale", &TestWorker::scale);
+    t.def("make", &TestWorker::make);
+    t.def("sum", &TestWorker::sum);
+    t.def("keep", &TestWorker::keep);
+    t.def("kept_sum", &TestWorker::kept_sum);
+    t.def("all_reduce", &TestWorker::all_reduce);
+    t.def("unknown_mode", &TestWorker::my_rank, MethodOptions().dispatch("NO_SUCH_MODE"));
+  }
+
+ private:
+  baton::Value init_;
+  int64_t calls_ = 0;
+  at::Tensor kept_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+};
+BATON_WORKER(TestWorker);
+
+}  // namespace
+
+namespace baton::testing {
+
+// A driver that spawns two workers, reports their pids on the fd named by
+// BATON_TEST_PID_FD, and then dies the way BATON_TEST_DRIVER says:
+// "kill" (SIGKILL to itself mid-call), "exit" (exit(0) with the group alive).
+bool maybe_run_test_driver() {
+  const char* how = std::getenv("BATON_TEST_DRIVER");
+  if (how == nullptr) return false;
+  int fd = std::atoi(std::getenv("BATON_TEST_PID_FD"));
+  ResourcePool pool = ResourcePool::cpu(2);
+  static WorkerGroup* group = new WorkerGroup(WorkerGroup::spawn("TestWorker", pool));
+  // Keep a large tensor in flight in shared memory in both directions.
+  group->call("keep", {at::ones({1 << 20})}).get();
+  auto pending = group->call("block");
+  std::string pids;
+  for (pid_t p : group->pids()) pids += std::to_string(p) + "\n";
+  if (write(fd, pids.data(), pids.size()) != static_cast<ssize_t>(pids.size())) std::_Exit(2);
+  close(fd);
+  if (std::string(how) == "kill") raise(SIGKILL);
+  std::exit(0);
+}
+
+}  // namespace baton::testing

@@ -1,0 +1,150 @@
+#include "runtime/value.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/TensorOperators.h>
+#include <capnp/message.h>
+#include <gtest/gtest.h>
+
+#include "runtime/errors.h"
+#include "runtime/shm_pool.h"
+#include "runtime/value_codec.h"
+
+namespace baton {
+namespace {
+
+TEST(Value, HoldsEveryKind) {
+  EXPECT_EQ(Value().kind(), ValueKind::kNone);
+  EXPECT_EQ(Value(true).as_bool(), true);
+  EXPECT_EQ(Value(7).as_int(), 7);
+  EXPECT_EQ(Value(int64_t{1} << 40).as_int(), int64_t{1} << 40);
+  EXPECT_DOUBLE_EQ(Value(2.5).as_float(), 2.5);
+  EXPECT_DOUBLE_EQ(Value(3).as_float(), 3.0);  // ints widen
+  EXPECT_EQ(Value("x").as_string(), "x");
+  EXPECT_EQ(Value(List{1, "a"}).as_list().size(), 2u);
+  Value d(Dict{{"lr", 0.1}, {"name", "actor"}});
+  EXPECT_DOUBLE_EQ(d.at("lr").as_float(), 0.1);
+  EXPECT_EQ(d.find("missing"), nullptr);
+  EXPECT_EQ(Value(at::ones({2, 3})).as_tensor().numel(), 6);
+}
+
+TEST(Value, WrongKindThrowsTypeErrorNamingBothKinds) {
+  try {
+    Value("text").as_int();
+    FAIL() << "no exception";
+  } catch (const TypeError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected a value of kind int, got string"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(Value(Dict{}).at("k"), TypeError);
+}
+
+TEST(Value, TypedConversionsRoundTrip) {
+  std::vector<std::vector<int64_t>> nested{{1, 2}, {3}};
+  EXPECT_EQ(ValueTraits<decltype(nested)>::to_value(nested).as<decltype(nested)>(), nested);
+  std::map<std::string, double> m{{"a", 1.5}, {"b", -2}};
+  EXPECT_EQ(ValueTraits<decltype(m)>::to_value(m).as<decltype(m)>(), m);
+}
+
+TEST(TypeSpec, DescribesTheFirstMismatch) {
+  TypeSpec t = ValueTraits<std::vector<double>>::spec();
+  EXPECT_EQ(t.name(), "list<float>");
+  EXPECT_FALSE(t.mismatch(Value(List{1.0, 2})).has_value());  // int conforms to float
+  auto m = t.mismatch(Value(List{1.0, "two"}));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(*m, "element 1: expected float, got string");
+  EXPECT_EQ(*TypeSpec::of(ValueKind::kTensor).mismatch(Value(3)), "expected tensor, got int");
+  EXPECT_FALSE(TypeSpec::any().mismatch(Value(List{})).has_value());
+}
+
+// Encodes `v` as a sender would and decodes it as a receiver would, in one process.
+struct RoundTrip {
+  ShmPool pool;
+  ShmRegionCache regions;
+  std::vector<SegmentId> released;
+
+  Value run(const Value& v) {
+    capnp::MallocMessageBuilder builder;
+    auto env = builder.initRoot<wire::Envelope>();
+    ValueEncoder enc(pool);
+    enc.plan(v);
+    auto call = env.initCall();
+    enc.encode(v, call.initArgs(1)[0]);
+    std::vector<int> fds = enc.finish(env);
+    std::vector<int> dup_fds;
+    for (int fd : fds) dup_fds.push_back(dup(fd));  // the channel would pass a copy
+    if (auto seg = enc.segment()) {
+      pool.hold(*seg, 7);
+      pool.release(*seg, kSelfPeer);
+    }
+    ValueDecoder dec(dup_fds, env.getSharedBytes(), regions, [this](SegmentId id) {
+      released.push_back(id);
+      pool.release(id, 7);
+    });
+    return dec.decode(env.asReader().getCall().getArgs()[0]);
+  }
+};
+
+TEST(ValueCodec, RoundTripsNestedValuesAndTensorsOfEveryDtype) {
+  RoundTrip rt;
+  List tensors;
+  for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong,
+                     at::kShort, at::kChar, at::kByte, at::kBool}) {
+    tensors.push_back(at::arange(24, at::kDouble).reshape({2, 3, 4}).remainder(2).to(dtype));
+  }
+  tensors.push_back(at::ones({0, 5}));           // empty
+  tensors.push_back(at::randn({}));              // 0-dim
+  tensors.push_back(at::randn({300, 400}));      // 480 KB: shared memory
+  tensors.push_back(at::randn({64, 1024}).t());  // non-contiguous, shared memory
+  tensors.push_back(at::randn({8, 6}).t());      // non-contiguous, inline
+  Value v(Dict{{"xs", tensors}, {"cfg", Dict{{"lr", 1e-5}, {"ok", true}, {"n", Value()}}}});
+  Value back = rt.run(v);
+  EXPECT_EQ(back, v);
+  const List& got = back.at("xs").as_list();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].as_tensor().scalar_type(), tensors[i].as_tensor().scalar_type()) << i;
+    EXPECT_EQ(got[i].as_tensor().sizes(), tensors[i].as_tensor().sizes()) << i;
+  }
+}
+
+TEST(ValueCodec, SharedSegmentIsReleasedWhenTheLastTensorGoesAndThenReused) {
+  RoundTrip rt;
+  at::Tensor big = at::randn({256, 1024});  // 1 MiB
+  SegmentId first;
+  {
+    Value back = rt.run(Value(List{big, big * 2}));
+    EXPECT_TRUE(rt.released.empty());  // still viewed by `back`
+    EXPECT_EQ(rt.pool.busy_count(), 1u);
+    at::Tensor keep = back.as_list()[1].as_tensor();
+    back = Value();
+    EXPECT_TRUE(rt.released.empty());  // one tensor still alive
+    EXPECT_TRUE(keep.equal(big * 2));
+  }
+  ASSERT_EQ(rt.released.size(), 1u);
+  first = rt.released[0];
+  EXPECT_EQ(rt.pool.busy_count(), 0u);
+  Value again = rt.run(Value(big));
+  EXPECT_TRUE(again.as_tensor().equal(big));
+  EXPECT_EQ(rt.pool.segment_count(), 1u) << "the idle segment should have been reused";
+  again = Value();
+  EXPECT_EQ(rt.released.back(), first);
+}
+
+TEST(ValueCodec, HeldSegmentIsNotHandedOutAgain) {
+  ShmPool pool;
+  auto a = pool.acquire(1 << 20);
+  auto b = pool.acquire(1 << 20);
+  EXPECT_NE(a.id, b.id);
+  pool.release(a.id, kSelfPeer);
+  auto c = pool.acquire(1 << 20);
+  EXPECT_EQ(c.id, a.id);
+  pool.hold(b.id, 3);
+  pool.release(b.id, kSelfPeer);
+  pool.release_peer(3);  // the peer died: its holds go
+  EXPECT_EQ(pool.busy_count(), 1u);
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,285 @@
+// Calls on real groups of worker processes.
+#include "runtime/worker_group.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+
+#include "runtime/baton.h"
+
+namespace baton {
+namespace {
+
+using std::chrono::milliseconds;
+
+class WorkerGroupTest : public ::testing::Test {
+ protected:
+  ResourcePool pool4 = ResourcePool::cpu(4);
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST_F(WorkerGroupTest, OneToAllSendsTheSameArgumentsToEveryRank) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  EXPECT_EQ(g.world_size(), 4);
+  Value sums = g.call("add", {2, 3}).get();
+  EXPECT_EQ(sums, Value(List{5, 5, 5, 5}));
+  Value ranks = g.call("my_rank").get();
+  EXPECT_EQ(ranks, Value(List{0, 1, 2, 3}));
+}
+
+TEST_F(WorkerGroupTest, AllToAllGivesRankRElementROfEachArgument) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  EXPECT_EQ(g.call("times_rank", {List{10, 10, 10, 10}}).get(), Value(List{0, 10, 20, 30}));
+  std::string err = error_of([&] { g.call("times_rank", {List{1, 2, 3}}); });
+  EXPECT_NE(err.find("ALL_TO_ALL"), std::string::npos) << err;
+  EXPECT_NE(err.find("one element per rank (4), got a list of 3"), std::string::npos) << err;
+}
+
+TEST_F(WorkerGroupTest, RankZeroExecutionRunsOnlyRankZero) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  EXPECT_EQ(g.call("rank_zero_rank").get(), Value(0));
+  // Only rank 0 counted a call.
+  g.call_rank(0, "count").get();
+  EXPECT_EQ(g.call("count").get(), Value(List{2, 1, 1, 1}));
+}
+
+TEST_F(WorkerGroupTest, PerRankArgumentsAndSingleRankCalls) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  List got = g.call_per_rank("add", {{0, 1}, {1, 1}, {2, 1}, {3, 1}}).get();
+  EXPECT_EQ(Value(got), Value(List{1, 2, 3, 4}));
+  EXPECT_EQ(g.call_rank(2, "my_rank").get(), Value(2));
+  EXPECT_THROW(g.call_rank(4, "my_rank"), CallError);
+  EXPECT_THROW(g.call_per_rank("add", {{0, 1}}), CallError);
+}
+
+TEST_F(WorkerGroupTest, InitArgumentsReachEveryWorker) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4, {Dict{{"lr", 0.5}}});
+  Value v = g.call("init_value").get();
+  for (const Value& x : v.as_list()) EXPECT_DOUBLE_EQ(x.at("lr").as_float(), 0.5);
+}
+
+TEST_F(WorkerGroupTest, WorkersKnowTheirPlaceAndShareTheCores) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  Value infos = g.call("info").get();
+  std::set<int64_t> pids;
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  for (int r = 0; r < 4; ++r) {
+    const Value& i = infos.as_list()[r];
+    EXPECT_EQ(i.at("rank").as_int(), r);
+    EXPECT_EQ(i.at("world_size").as_int(), 4);
+    EXPECT_EQ(i.at("local_rank").as_int(), r);
+    EXPECT_EQ(i.at("slot").as_int(), r);
+    EXPECT_EQ(i.at("device").as_int(), -1);  // CPU
+    EXPECT_EQ(i.at("class").as_string(), "TestWorker");
+    EXPECT_EQ(i.at("threads").as_int(), std::max(1, cores / 4));
+    EXPECT_EQ(i.at("omp").as_string(), std::to_string(std::max(1, cores / 4)));
+    pids.insert(i.at("pid").as_int());
+  }
+  EXPECT_EQ(pids.size(), 4u);
+  std::vector<pid_t> known = g.pids();
+  EXPECT_EQ(std::set<int64_t>(known.begin(), known.end()), pids);
+}
+
+TEST_F(WorkerGroupTest, ValuesOfEveryKindRoundTrip) {
+  ResourcePool one = ResourcePool::cpu(1);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", one);
+  Value v(Dict{{"i", -7},
+               {"f", 0.25},
+               {"b", false},
+               {"s", "text"},
+               {"n", Value()},
+               {"l", List{1, List{2, "x"}, Dict{{"k", 3}}}},
+               {"t", at::arange(6, at::kLong).reshape({2, 3})}});
+  EXPECT_EQ(g.call_rank(0, "echo", {v}).get(), v);
+  EXPECT_DOUBLE_EQ(g.call_rank(0, "mean", {List{1, 2.5, 4.5, 2}}).get().as_float(), 2.5);
+}
+
+TEST_F(WorkerGroupTest, LargeAndNonContiguousTensorsGoThroughSharedMemoryBothWays) {
+  ResourcePool one = ResourcePool::cpu(1);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", one);
+  at::Tensor big = at::randn({1024, 1024});  // 4 MiB
+  at::Tensor strided = big.t();
+  at::Tensor back = g.call_rank(0, "scale", {strided, 2.0}).get().as_tensor();
+  EXPECT_TRUE(back.equal(strided * 2));
+  at::Tensor made = g.call_rank(0, "make", {1 << 20}).get().as_tensor();
+  EXPECT_TRUE(made.equal(at::arange(1 << 20, at::kFloat)));
+  for (auto dtype : {at::kBFloat16, at::kHalf, at::kInt, at::kBool}) {
+    at::Tensor t = at::ones({300, 300}).to(dtype);
+    EXPECT_TRUE(g.call_rank(0, "echo", {t}).get().as_tensor().equal(t)) << dtype;
+  }
+}
+
+TEST_F(WorkerGroupTest, ATensorTheWorkerKeepsIsNotOverwrittenByLaterCalls) {
+  ResourcePool one = ResourcePool::cpu(1);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", one);
+  at::Tensor a = at::full({1 << 20}, 1.0);
+  g.call_rank(0, "keep", {a}).get();
+  for (int i = 0; i < 3; ++i) g.call_rank(0, "sum", {at::full({1 << 20}, 5.0)}).get();
+  EXPECT_DOUBLE_EQ(g.call_rank(0, "kept_sum").get().as_float(), 1 << 20);
+}
+
+TEST_F(WorkerGroupTest, ResultsComeBackInSubmissionOrderWithoutWaiting) {
+  ResourcePool one = ResourcePool::cpu(1);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", one);
+  std::vector<Future<Value>> fs;
+  for (int i = 0; i < 1000; ++i) fs.push_back(g.call_rank(0, "count"));
+  wait_all(fs);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(fs[i].get(), Value(i + 1));
+  auto done = std::make_shared<Promise<int64_t>>();
+  g.call_rank(0, "count").on_complete([done](const Future<Value>& f) {
+    done->set_value(f.get().as_int());
+  });
+  EXPECT_EQ(done->future().get(std::chrono::seconds(30)), 1001);
+}
+
+TEST_F(WorkerGroupTest, WorkersAllReduceOverTheirOwnGlooGroup) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  List per_rank;
+  for (int r = 0; r < 4; ++r) per_rank.push_back(List{at::full({3}, double(r + 1))});
+  std::vector<List> args;
+  for (int r = 0; r < 4; ++r) args.push_back({at::full({3}, double(r + 1))});
+  List out = g.call_per_rank("all_reduce", args).get();
+  for (const Value& v : out) EXPECT_TRUE(v.as_tensor().equal(at::full({3}, 10.0)));
+}
+
+TEST_F(WorkerGroupTest, UnknownMethodFailsAtTheDriverListingTheKnownOnes) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  std::string err = error_of([&] { g.call("no_such_method"); });
+  EXPECT_NE(err.find("worker class TestWorker has no method 'no_such_method'"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("add"), std::string::npos) << err;
+  err = error_of([&] { g.call("unknown_mode"); });
+  EXPECT_NE(err.find("NO_SUCH_MODE"), std::string::npos) << err;
+}
+
+TEST_F(WorkerGroupTest, WrongArgumentsFailBeforeAnythingRuns) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  std::string err = error_of([&] { g.call("add", {1, "two"}); });
+  EXPECT_NE(err.find("TestWorker.add: argument 1: expected int, got string"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("signature: add(int, int) -> int"), std::string::npos) << err;
+  err = error_of([&] { g.call("add", {1}); });
+  EXPECT_NE(err.find("takes 2 argument(s), 1 given"), std::string::npos) << err;
+  EXPECT_THROW(g.call("scale", {1, 2.0}), CallError);
+  EXPECT_THROW(g.call_per_rank("add", {{0, 1}, {1, 1}, {2, "x"}, {3, 1}}), CallError);
+  // Nothing reached the workers: the first counted call is call 1 everywhere.
+  EXPECT_EQ(g.call("count").get(), Value(List{1, 1, 1, 1}));
+}
+
+TEST_F(WorkerGroupTest, AnExceptionInAMethodNamesClassRankMethodAndMessage) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  try {
+    g.call_rank(2, "throw_error", {"bad batch"}).get();
+    FAIL() << "no exception";
+  } catch (const RemoteError& e) {
+    EXPECT_EQ(e.worker_class(), "TestWorker");
+    EXPECT_EQ(e.rank(), 2);
+    EXPECT_EQ(e.method(), "throw_error");
+    EXPECT_EQ(e.remote_message(), "bad batch");
+    EXPECT_STREQ(e.what(), "TestWorker.throw_error failed on rank 2: bad batch");
+  }
+  std::string err = error_of([&] { g.call("torch_error").get(); });
+  EXPECT_NE(err.find("TestWorker.torch_error failed on rank"), std::string::npos) << err;
+  EXPECT_NE(err.find("must match the size"), std::string::npos) << err;  // LibTorch's message
+  // The workers are still usable.
+  EXPECT_EQ(g.call("add", {1, 1}).get(), Value(List{2, 2, 2, 2}));
+  EXPECT_TRUE(g.alive());
+}
+
+TEST_F(WorkerGroupTest, ACallPastItsTimeoutFailsWithTimeoutErrorAndTheWorkerGoesOn) {
+  ResourcePool one = ResourcePool::cpu(1);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", one);
+  Future<Value> slow = g.call_rank(0, "sleep_ms", {2000}, CallOptions().timeout_ms(50));
+  std::string err = error_of([&] { slow.get(); });
+  EXPECT_NE(err.find("TestWorker.sleep_ms on rank 0 timed out after 50 ms"), std::string::npos)
+      << err;
+  EXPECT_THROW(slow.get(), TimeoutError);
+  EXPECT_EQ(g.call_rank(0, "count").get(), Value(1));  // ran after the slow call finished
+}
+
+TEST_F(WorkerGroupTest, ConstructorFailureFailsSpawnNamingTheRank) {
+  std::string err = error_of([&] { WorkerGroup::spawn("TestWorker", pool4, {"fail"}); });
+  EXPECT_NE(err.find("failed to start"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 3: constructing TestWorker on rank 3 failed: constructor asked to fail"),
+            std::string::npos)
+      << err;
+  err = error_of([&] { WorkerGroup::spawn("NoSuchWorker", pool4); });
+  EXPECT_NE(err.find("no worker class named 'NoSuchWorker'"), std::string::npos) << err;
+  // The pool was given back: a new group can use it.
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  EXPECT_TRUE(g.alive());
+}
+
+TEST_F(WorkerGroupTest, PoolLimitsColocatedGroups) {
+  ResourcePool shared(ResourcePoolOptions().processes_per_node({2}).colocate(2));
+  WorkerGroup a = WorkerGroup::spawn("TestWorker", shared);
+  WorkerGroup b = WorkerGroup::spawn("TestWorker", shared);
+  std::string err = error_of([&] { WorkerGroup::spawn("TestWorker", shared); });
+  EXPECT_NE(err.find("max_colocate_count"), std::string::npos) << err;
+  b.shutdown();
+  WorkerGroup c = WorkerGroup::spawn("TestWorker", shared);
+  EXPECT_EQ(c.call("my_rank").get(), Value(List{0, 1}));
+  EXPECT_THROW(ResourcePool(ResourcePoolOptions().processes_per_node({2, 2})), Error);
+  EXPECT_THROW(ResourcePool(ResourcePoolOptions().processes_per_node({0})), Error);
+}
+
+// Reads `fd` until `needle` has appeared or `deadline` passes.
+bool read_until(int fd, const std::string& needle, std::string& seen,
+                std::chrono::steady_clock::time_point deadline) {
+  while (seen.find(needle) == std::string::npos) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+    char buf[4096];
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) return false;
+    seen.append(buf, static_cast<size_t>(n));
+  }
+  return true;
+}
+
+TEST_F(WorkerGroupTest, WorkerOutputReachesTheDriverConsolePrefixedWithClassAndRank) {
+  ResourcePool two = ResourcePool::cpu(2);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", two);
+  int out[2], err[2];
+  ASSERT_EQ(pipe(out), 0);
+  ASSERT_EQ(pipe(err), 0);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  int saved_out = dup(1), saved_err = dup(2);
+  dup2(out[1], 1);
+  dup2(err[1], 2);
+  g.call("print", {"marker-42"}).get();
+  std::string seen_out, seen_err;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  bool got_out = read_until(out[0], "[TestWorker:1] marker-42\n", seen_out, deadline) &&
+                 read_until(out[0], "[TestWorker:0] marker-42\n", seen_out, deadline);
+  bool got_err = read_until(err[0], "[TestWorker:1] err:marker-42\n", seen_err, deadline);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  dup2(saved_out, 1);
+  dup2(saved_err, 2);
+  EXPECT_TRUE(got_out) << seen_out;
+  EXPECT_TRUE(got_err) << seen_err;
+}
+
+}  // namespace
+}  // namespace baton
