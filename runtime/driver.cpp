@@ -46,4 +46,10 @@ void Driver::shutdown_all() {
   }
 }
 
+void Driver::stop() {
+  work_.reset();
+  io_.stop();
+  if (io_thread_.joinable()) io_thread_.join();
+}
+
 }  // namespace baton

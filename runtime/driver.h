@@ -51,6 +51,10 @@ class Driver {
   void add_group_hook(GroupHook hook);
   void shutdown_all();
 
+  // Stops the I/O thread for good (at process exit, after shutdown_all), so
+  // that nothing runs on it while static objects are destroyed.
+  void stop();
+
  private:
   Driver();
 

@@ -26,4 +26,15 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo_group(const WorkerInfo& inf
                                                      info.world_size, options);
 }
 
+#if defined(BATON_CUDA)
+c10::intrusive_ptr<c10d::ProcessGroupNCCL> make_nccl_group(const WorkerInfo& info,
+                                                           const std::string& tag,
+                                                           std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(rendezvous_store(info, tag), info.rank,
+                                                     info.world_size, options);
+}
+#endif
+
 }  // namespace baton

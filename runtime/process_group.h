@@ -10,6 +10,9 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#if defined(BATON_CUDA)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <chrono>
 #include <string>
@@ -27,5 +30,13 @@ c10::intrusive_ptr<c10d::Store> rendezvous_store(const WorkerInfo& info, const s
 c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo_group(
     const WorkerInfo& info, const std::string& tag = "world",
     std::chrono::milliseconds timeout = std::chrono::minutes(5));
+
+#if defined(BATON_CUDA)
+// An NCCL process group over all ranks of this worker's group, on the
+// worker's GPU. Only in builds against a CUDA LibTorch.
+c10::intrusive_ptr<c10d::ProcessGroupNCCL> make_nccl_group(
+    const WorkerInfo& info, const std::string& tag = "world",
+    std::chrono::milliseconds timeout = std::chrono::minutes(5));
+#endif
 
 }  // namespace baton

@@ -1,5 +1,8 @@
 #include "runtime/runtime.h"
 
+#include <spdlog/cfg/env.h>
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 #include <mutex>
 
@@ -27,8 +30,13 @@ void init(int argc, char** argv) {
   if (const char* fd = std::getenv("BATON_WORKER_FD")) run_worker_host(std::atoi(fd));
   static std::once_flag once;
   std::call_once(once, [&] {
+    // SPDLOG_LEVEL=debug (or baton=debug) shows worker starts and exits.
+    spdlog::cfg::load_env_levels();
     Driver::get().set_command_line(argc, argv);
-    std::atexit([] { shutdown(); });
+    std::atexit([] {
+      shutdown();
+      Driver::get().stop();
+    });
   });
 }
 

@@ -2,6 +2,8 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <thread>
@@ -34,6 +36,7 @@ struct WorkerGroup::State {
       if (stopping || !failure.empty()) return;
       failure = what;
     }
+    spdlog::error("baton: group {} failed, stopping its other workers: {}", name, what);
     for (auto& w : workers) {
       if (w.get() != &dead) w->kill("its group " + name + " failed: " + what);
     }

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -205,6 +206,7 @@ std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook o
     w->start_reading();
     w->start_log_pipe(out[0], false);
     w->start_log_pipe(err[0], true);
+    spdlog::debug("baton: started {}", w->label());
   });
   return w;
 }
@@ -336,8 +338,11 @@ void WorkerProcess::reap(int attempts_left) {
 
 void WorkerProcess::finish_death(int wait_status, bool have_status) {
   std::string what = label();
+  bool expected;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Asked to exit, or stopped by the runtime (and already reported).
+    expected = exit_requested_ || !kill_reason_.empty();
     if (!kill_reason_.empty()) {
       what += " was stopped because " + kill_reason_;
     } else if (have_status) {
@@ -345,6 +350,11 @@ void WorkerProcess::finish_death(int wait_status, bool have_status) {
     } else {
       what += " closed its connection (exit status unknown)";
     }
+  }
+  if (expected) {
+    spdlog::debug("baton: {} exited", label());
+  } else {
+    spdlog::error("baton: {}", what);
   }
   std::unordered_map<uint64_t, Pending> pending;
   {
@@ -473,6 +483,10 @@ void WorkerProcess::flush_releases() {
 }
 
 void WorkerProcess::request_exit() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exit_requested_ = true;
+  }
   SmallMessageBuilder builder;
   builder.initRoot<wire::Envelope>().setShutdown();
   auto words = capnp::messageToFlatArray(builder);

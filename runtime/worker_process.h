@@ -104,6 +104,7 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   std::unordered_map<uint64_t, Pending> pending_;
   std::exception_ptr dead_;            // set once the worker is gone
   std::string kill_reason_;            // why the runtime killed it, if it did
+  bool exit_requested_ = false;
   bool exited_ = false;
   std::condition_variable exited_cv_;
 
