@@ -1,9 +1,10 @@
 // Shared-memory segments for tensor payloads (internal to the runtime).
 //
-// The sender copies a tensor's bytes into a segment from its ShmPool and passes
-// the segment's memfd to each receiver with the message (SCM_RIGHTS). The
-// receiver maps it (ShmMapping) and, when the last tensor viewing the mapping
-// is gone, tells the sender, which may then reuse the segment. Segments are
+// The sender copies a message's large tensors into one segment from its
+// ShmPool and passes the segment's memfd to each receiver with the message
+// (SCM_RIGHTS). The receiver maps it (ShmRegion, cached per segment id in a
+// ShmRegionCache) and, when the last tensor decoded from the message is gone
+// (ShmLease), tells the sender, which may then reuse the segment. Segments are
 // memfds, not named objects: they vanish with the last process that maps
 // them, so a crash on either side can never leak one.
 //
