@@ -19,8 +19,6 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 size_t tensor_bytes(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
-bool goes_shared(const at::Tensor& t) { return tensor_bytes(t) >= kInlineTensorBytes; }
-
 at::Tensor cpu_contiguous(const at::Tensor& t) {
   at::Tensor c = t.device().is_cpu() ? t : t.cpu();
   return c.contiguous();
@@ -44,6 +42,10 @@ void copy_into(const at::Tensor& t, std::byte* dst) {
 }
 
 }  // namespace
+
+bool ValueEncoder::goes_shared(const at::Tensor& t) const {
+  return pool_ != nullptr && tensor_bytes(t) >= kInlineTensorBytes;
+}
 
 void ValueEncoder::plan(const Value& v) {
   switch (v.kind()) {
@@ -92,6 +94,10 @@ void ValueEncoder::encode(const Value& v, wire::Value::Builder out) {
       for (int64_t i = 0; i < t.dim(); ++i) shape.set(static_cast<unsigned>(i), t.size(i));
       size_t nbytes = tensor_bytes(t);
       if (!goes_shared(t)) {
+        if (nbytes >= (size_t{1} << 29)) {
+          throw Error("a tensor of " + std::to_string(nbytes) +
+                      " bytes is too large to store inline (limit 512 MiB)");
+        }
         at::Tensor c = cpu_contiguous(t);
         auto data = wt.initInline(static_cast<unsigned>(nbytes));
         if (nbytes > 0) std::memcpy(data.begin(), c.data_ptr(), nbytes);
@@ -99,7 +105,7 @@ void ValueEncoder::encode(const Value& v, wire::Value::Builder out) {
       }
       if (!seg_) {
         if (planned_ == 0) throw Error("ValueEncoder: encode() of a large tensor without plan()");
-        seg_ = pool_.acquire(planned_);
+        seg_ = pool_->acquire(planned_);
       }
       if (used_ + align_up(nbytes) > seg_->capacity) {
         throw Error("ValueEncoder: more tensor bytes encoded than planned");
@@ -135,7 +141,7 @@ ValueDecoder::ValueDecoder(std::vector<int> fds, uint64_t shared_bytes, ShmRegio
                            std::function<void(SegmentId)> on_release)
     : fds_(std::move(fds)),
       shared_bytes_(shared_bytes),
-      regions_(regions),
+      regions_(&regions),
       on_release_(std::move(on_release)) {}
 
 ValueDecoder::~ValueDecoder() {
@@ -144,8 +150,10 @@ ValueDecoder::~ValueDecoder() {
 
 std::shared_ptr<ShmLease> ValueDecoder::lease(SegmentId segment) {
   if (!lease_) {
-    if (fds_.empty()) throw Error("malformed message: a shared tensor but no segment was passed");
-    auto region = regions_.map(segment, fds_[0]);
+    if (fds_.empty() || regions_ == nullptr) {
+      throw Error("malformed message: a shared tensor but no segment was passed");
+    }
+    auto region = regions_->map(segment, fds_[0]);
     if (region->size() < shared_bytes_) {
       throw Error("malformed message: segment of " + std::to_string(region->size()) +
                   " bytes, message uses " + std::to_string(shared_bytes_));

@@ -21,7 +21,9 @@ inline constexpr size_t kInlineTensorBytes = 64 * 1024;
 class ValueEncoder {
  public:
   // `pool` supplies the segment for large tensors; it must outlive the encoder.
-  explicit ValueEncoder(ShmPool& pool) : pool_(pool) {}
+  explicit ValueEncoder(ShmPool& pool) : pool_(&pool) {}
+  // Every tensor inline (for files); a tensor over 512 MiB is an error.
+  ValueEncoder() = default;
 
   // Call for every value the message will carry, before any encode(): sizes
   // the message's segment.
@@ -40,7 +42,9 @@ class ValueEncoder {
   std::optional<SegmentId> segment() const;
 
  private:
-  ShmPool& pool_;
+  bool goes_shared(const at::Tensor& t) const;
+
+  ShmPool* pool_ = nullptr;
   size_t planned_ = 0;
   size_t used_ = 0;
   std::optional<ShmPool::Segment> seg_;
@@ -54,6 +58,8 @@ class ValueDecoder {
   // segment is destroyed, possibly on another thread and long after.
   ValueDecoder(std::vector<int> fds, uint64_t shared_bytes, ShmRegionCache& regions,
                std::function<void(SegmentId)> on_release);
+  // For inline values only (files).
+  ValueDecoder() = default;
   ~ValueDecoder();
   ValueDecoder(const ValueDecoder&) = delete;
   ValueDecoder& operator=(const ValueDecoder&) = delete;
@@ -66,8 +72,8 @@ class ValueDecoder {
   std::shared_ptr<ShmLease> lease(SegmentId segment);
 
   std::vector<int> fds_;
-  uint64_t shared_bytes_;
-  ShmRegionCache& regions_;
+  uint64_t shared_bytes_ = 0;
+  ShmRegionCache* regions_ = nullptr;
   std::function<void(SegmentId)> on_release_;
   std::shared_ptr<ShmLease> lease_;
 };

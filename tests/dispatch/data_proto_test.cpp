@@ -1,0 +1,206 @@
+#include "dispatch/data_proto.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "runtime/errors.h"
+
+namespace baton {
+namespace {
+
+// 6 rows: ids [6, 3] (row r = r*3 .. r*3+2), mask [6] bool, column "prompt" = "p<r>".
+DataProto six_rows() {
+  List prompts;
+  for (int r = 0; r < 6; ++r) prompts.push_back("p" + std::to_string(r));
+  return DataProto({{"ids", at::arange(18, at::kLong).reshape({6, 3})},
+                    {"mask", at::arange(6, at::kLong).remainder(2).to(at::kBool)}},
+                   {{"prompt", prompts}}, Dict{{"temperature", 0.7}});
+}
+
+std::vector<int64_t> first_ids(const DataProto& d) {
+  at::Tensor col = d.tensor("ids").select(1, 0).contiguous();
+  return std::vector<int64_t>(col.data_ptr<int64_t>(), col.data_ptr<int64_t>() + col.numel());
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(DataProto, ConstructionChecksRowCountsNamingTheKeys) {
+  DataProto d = six_rows();
+  EXPECT_EQ(d.size(), 6);
+  EXPECT_EQ(d.tensor_keys(), (std::vector<std::string>{"ids", "mask"}));
+  std::string err = error_of([] {
+    DataProto({{"a", at::ones({4, 2})}, {"b", at::ones({3})}});
+  });
+  EXPECT_NE(err.find("'b' has 3 rows but tensor 'a' has 4"), std::string::npos) << err;
+  err = error_of([] { DataProto({{"a", at::ones({2})}}, {{"c", List{1, 2, 3}}}); });
+  EXPECT_NE(err.find("'c' has 3 rows but tensor 'a' has 2"), std::string::npos) << err;
+  err = error_of([] { DataProto({{"s", at::ones({})}}); });
+  EXPECT_NE(err.find("needs a batch dimension"), std::string::npos) << err;
+  err = error_of([&] { d.tensor("nope"); });
+  EXPECT_NE(err.find("no tensor 'nope'; tensors: ids, mask"), std::string::npos) << err;
+  EXPECT_EQ(DataProto({}, {{"only", List{1, 2}}}).size(), 2);
+  EXPECT_EQ(DataProto().size(), 0);
+}
+
+TEST(DataProto, SelectKeysRowsSliceAndPop) {
+  DataProto d = six_rows();
+  DataProto s = d.select({"ids"}, {"prompt"});
+  EXPECT_FALSE(s.has_tensor("mask"));
+  EXPECT_DOUBLE_EQ(s.meta_value("temperature")->as_float(), 0.7);
+  EXPECT_THROW(d.select({"missing"}), Error);
+
+  DataProto r = d.select_rows(std::vector<int64_t>{4, 0, 4});
+  EXPECT_EQ(first_ids(r), (std::vector<int64_t>{12, 0, 12}));
+  EXPECT_EQ(r.column("prompt")[0].as_string(), "p4");
+  DataProto m = d.select_rows(d.tensor("mask"));  // rows 1, 3, 5
+  EXPECT_EQ(first_ids(m), (std::vector<int64_t>{3, 9, 15}));
+  EXPECT_NE(error_of([&] { d.select_rows(std::vector<int64_t>{6}); }).find("row 6 out of range for 6"),
+            std::string::npos);
+  EXPECT_THROW(d.select_rows(at::ones({3}, at::kBool)), Error);
+
+  DataProto sl = d.slice(2, 4);
+  EXPECT_EQ(first_ids(sl), (std::vector<int64_t>{6, 9}));
+  EXPECT_THROW(d.slice(4, 7), Error);
+
+  DataProto popped = d.pop({"mask"}, {"prompt"});
+  EXPECT_TRUE(popped.has_tensor("mask") && popped.has_column("prompt"));
+  EXPECT_FALSE(d.has_tensor("mask") || d.has_column("prompt"));
+  EXPECT_THROW(d.pop({"mask"}), Error);
+}
+
+TEST(DataProto, RenameReorderAndUnion) {
+  DataProto d = six_rows();
+  DataProto r = d.rename("ids", "input_ids");
+  EXPECT_TRUE(r.has_tensor("input_ids") && !r.has_tensor("ids"));
+  EXPECT_TRUE(d.has_tensor("ids"));  // the original is unchanged
+  EXPECT_THROW(d.rename("ids", "mask"), Error);
+  EXPECT_THROW(d.rename("none", "x"), Error);
+
+  DataProto o = d.reorder(at::tensor(std::vector<int64_t>{5, 4, 3, 2, 1, 0}));
+  EXPECT_EQ(first_ids(o), (std::vector<int64_t>{15, 12, 9, 6, 3, 0}));
+  EXPECT_THROW(d.reorder(at::tensor(std::vector<int64_t>{0, 0, 1, 2, 3, 4})), Error);
+
+  DataProto extra({{"values", at::ones({6})}, {"ids", d.tensor("ids").clone()}}, {},
+                  Dict{{"temperature", 0.7}, {"step", 3}});
+  DataProto u = d.union_with(extra);
+  EXPECT_TRUE(u.has_tensor("values") && u.has_column("prompt"));
+  EXPECT_EQ(u.meta_value("step")->as_int(), 3);
+  DataProto clash({{"ids", d.tensor("ids") + 1}});
+  EXPECT_NE(error_of([&] { d.union_with(clash); }).find("tensor 'ids' differs"), std::string::npos);
+  DataProto meta_clash({}, {}, Dict{{"temperature", 1.0}});
+  EXPECT_NE(error_of([&] { d.union_with(meta_clash); }).find("meta 'temperature' differs"),
+            std::string::npos);
+  EXPECT_THROW(d.union_with(DataProto({{"x", at::ones({2})}})), Error);
+}
+
+TEST(DataProto, ConcatRequiresAgreeingMetaAndMergesMetrics) {
+  DataProto d = six_rows();
+  std::vector<DataProto> parts = d.chunk(3);
+  ASSERT_EQ(parts.size(), 3u);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    parts[i].set_meta("metrics", Dict{{"loss", 0.1 * (i + 1)}});
+  }
+  DataProto back = DataProto::concat(parts);
+  EXPECT_EQ(first_ids(back), first_ids(d));
+  EXPECT_EQ(back.column("prompt"), d.column("prompt"));
+  const Value* metrics = back.meta_value("metrics");
+  ASSERT_NE(metrics, nullptr);
+  EXPECT_EQ(metrics->at("loss").as_list().size(), 3u);
+  EXPECT_DOUBLE_EQ(metrics->at("loss").as_list()[2].as_float(), 0.3);
+
+  parts[1].set_meta("temperature", 1.0);
+  std::string err = error_of([&] { DataProto::concat(parts); });
+  EXPECT_NE(err.find("conflicting values for meta 'temperature'"), std::string::npos) << err;
+  std::vector<DataProto> mixed{d.slice(0, 2), d.select({"ids"})};
+  EXPECT_NE(error_of([&] { DataProto::concat(mixed); }).find("part 1 has keys"), std::string::npos);
+}
+
+TEST(DataProto, ChunkSplitRepeatAndPadding) {
+  DataProto d = six_rows();
+  std::string err = error_of([&] { d.chunk(4); });
+  EXPECT_NE(err.find("6 rows do not split into 4 equal chunks"), std::string::npos) << err;
+  std::vector<DataProto> parts = d.split(4);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[1].size(), 2);
+
+  DataProto two = d.slice(0, 2);
+  EXPECT_EQ(first_ids(two.repeat(2, true)), (std::vector<int64_t>{0, 0, 3, 3}));
+  EXPECT_EQ(first_ids(two.repeat(2, false)), (std::vector<int64_t>{0, 3, 0, 3}));
+  EXPECT_EQ(first_ids(d.slice(0, 3).repeat_rows({2, 0, 1})), (std::vector<int64_t>{0, 0, 6}));
+  EXPECT_THROW(d.repeat_rows({1, 2}), Error);
+
+  auto [padded, pad] = d.pad_to_multiple(4);
+  EXPECT_EQ(pad, 2);
+  EXPECT_EQ(padded.size(), 8);
+  EXPECT_EQ(first_ids(padded), (std::vector<int64_t>{0, 3, 6, 9, 12, 15, 15, 15}));  // last row
+  EXPECT_EQ(d.size(), 6);  // the caller's batch is not padded
+  EXPECT_EQ(padded.chunk(4).size(), 4u);
+  EXPECT_EQ(first_ids(padded.unpad(pad)), first_ids(d));
+  EXPECT_EQ(d.pad_to_multiple(3).second, 0);
+}
+
+TEST(DataProto, MiniBatchesAreSeededAndCapped) {
+  DataProto d = six_rows();
+  auto a = d.mini_batches(2, 2, true, 42);
+  auto b = d.mini_batches(2, 2, true, 42);
+  auto c = d.mini_batches(2, 2, true, 7);
+  ASSERT_EQ(a.size(), 6u);  // 2 epochs x 3
+  std::vector<int64_t> seen_a, seen_b, seen_c;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto x = first_ids(a[i]), y = first_ids(b[i]), z = first_ids(c[i]);
+    seen_a.insert(seen_a.end(), x.begin(), x.end());
+    seen_b.insert(seen_b.end(), y.begin(), y.end());
+    seen_c.insert(seen_c.end(), z.begin(), z.end());
+  }
+  EXPECT_EQ(seen_a, seen_b);
+  EXPECT_NE(seen_a, seen_c);
+  std::vector<int64_t> epoch0(seen_a.begin(), seen_a.begin() + 6);
+  std::sort(epoch0.begin(), epoch0.end());
+  EXPECT_EQ(epoch0, first_ids(d));  // each epoch is a permutation
+  EXPECT_EQ(d.mini_batches(64).size(), 1u);  // capped at the batch size
+  EXPECT_THROW(d.mini_batches(4), Error);
+}
+
+TEST(DataProto, SavesAndLoadsAndRejectsCorruptFiles) {
+  DataProto d = six_rows();
+  d.set_tensor("big", at::ones({6, 40000}));  // 960 KB
+  std::string path = ::testing::TempDir() + "/batch_" + std::to_string(getpid()) + ".baton";
+  d.save(path);
+  DataProto back = DataProto::load(path);
+  EXPECT_EQ(back.to_value(), d.to_value());
+  EXPECT_EQ(DataProto::from_value(d.to_value()).to_value(), d.to_value());
+
+  {  // truncate it
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  }
+  std::string err = error_of([&] { DataProto::load(path); });
+  EXPECT_NE(err.find(path + " is truncated or corrupt"), std::string::npos) << err;
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << "not a batch";
+  }
+  EXPECT_NE(error_of([&] { DataProto::load(path); }).find("not a baton DataProto file"),
+            std::string::npos);
+  std::remove(path.c_str());
+  EXPECT_NE(error_of([&] { DataProto::load(path); }).find("cannot open"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace baton
