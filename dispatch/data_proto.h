@@ -124,4 +124,12 @@ class DataProto {
   Dict meta_;
 };
 
+// DataProto as a typed method argument or result: `DataProto f(const DataProto&)`.
+template <>
+struct ValueTraits<DataProto> {
+  static Value to_value(const DataProto& d) { return d.to_value(); }
+  static DataProto from_value(const Value& v) { return DataProto::from_value(v); }
+  static TypeSpec spec() { return TypeSpec::of(ValueKind::kDict); }
+};
+
 }  // namespace baton

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <thread>
 
+#include "runtime/dispatch_registry.h"
 #include "runtime/driver.h"
 #include "runtime/errors.h"
 #include "runtime/worker_process.h"
@@ -207,30 +208,69 @@ Future<Value> WorkerGroup::call(const std::string& method, List args, CallOption
   if (m.options.execute_mode == Execute::kRankZero) {
     return call_rank(0, method, std::move(args), options);
   }
-  auto as_value = [](const List& results) { return Value(results); };
-  if (m.options.dispatch_mode == dispatch_mode::kOneToAll) {
-    return call_all(method, std::move(args), options).then(as_value);
+  const std::string where = class_name() + "." + method + " (" + m.options.dispatch_mode + ")";
+  DispatchMode mode = find_dispatch_mode(m.options.dispatch_mode);
+  DispatchPlan plan;
+  try {
+    plan = mode.dispatch(*this, args);
+  } catch (const CallError& e) {
+    throw CallError(where + ": " + e.what());
+  } catch (const Error& e) {
+    throw CallError(where + ": " + e.what());
   }
-  if (m.options.dispatch_mode == dispatch_mode::kAllToAll) {
-    const int n = world_size();
-    std::vector<List> per_rank(n);
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (args[i].kind() != ValueKind::kList || static_cast<int>(args[i].as_list().size()) != n) {
-        throw CallError(class_name() + "." + method + " is ALL_TO_ALL: argument " +
-                        std::to_string(i) + " must be a list with one element per rank (" +
-                        std::to_string(n) + "), got " +
-                        (args[i].kind() == ValueKind::kList
-                             ? "a list of " + std::to_string(args[i].as_list().size())
-                             : std::string("a ") + kind_name(args[i].kind())));
-      }
-      for (int r = 0; r < n; ++r) per_rank[r].push_back(args[i].as_list()[r]);
+  const int n = world_size();
+  if (static_cast<int>(plan.chunk_of_rank.size()) != n ||
+      (!plan.collect.empty() && static_cast<int>(plan.collect.size()) != n)) {
+    throw CallError(where + ": the dispatch function planned for " +
+                    std::to_string(plan.chunk_of_rank.size()) + " ranks, the group has " +
+                    std::to_string(n));
+  }
+  for (int c : plan.chunk_of_rank) {
+    if (c < -1 || c >= static_cast<int>(plan.chunks.size())) {
+      throw CallError(where + ": the dispatch function refers to chunk " + std::to_string(c) +
+                      " of " + std::to_string(plan.chunks.size()));
     }
-    return call_per_rank(method, std::move(per_rank), options).then(as_value);
   }
-  throw CallError(class_name() + "." + method + " is registered with dispatch mode " +
-                  m.options.dispatch_mode +
-                  ", which the runtime does not know (DataProto modes come from the dispatch "
-                  "layer)");
+  for (const List& chunk : plan.chunks) m.check_args(class_name(), chunk);
+
+  std::vector<Future<Value>> futures;
+  std::vector<int> ranks;  // the rank behind each future
+  for (size_t c = 0; c < plan.chunks.size(); ++c) {
+    OutgoingCall msg;
+    bool encoded = false;
+    for (int r = 0; r < n; ++r) {
+      if (plan.chunk_of_rank[r] != static_cast<int>(c)) continue;
+      if (!encoded) msg = WorkerProcess::encode_call(method, plan.chunks[c]);
+      encoded = true;
+      futures.push_back(s_->workers[r]->send(msg, options.timeout));
+      ranks.push_back(r);
+    }
+    if (msg.segment) Driver::get().pool().release(*msg.segment, kSelfPeer);
+  }
+  // Wait for every rank that ran (a failure anywhere fails the call), then
+  // hand the collected ranks' results, in rank order, to the collect function.
+  std::vector<bool> collect_mask = plan.collect;
+  int64_t pad = plan.pad;
+  Value info = plan.info;
+  CollectFn collect = mode.collect;
+  return gather(std::move(futures)).then([=](const List& results) {
+    std::vector<size_t> order(results.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranks[a] < ranks[b]; });
+    CollectInput in;
+    in.pad = pad;
+    in.info = info;
+    for (size_t i : order) {
+      if (!collect_mask.empty() && !collect_mask[ranks[i]]) continue;
+      in.outputs.push_back(results[i]);
+      in.ranks.push_back(ranks[i]);
+    }
+    try {
+      return collect(in);
+    } catch (const std::exception& e) {
+      throw Error(where + ": collecting the results failed: " + e.what());
+    }
+  });
 }
 
 Future<List> WorkerGroup::call_all(const std::string& method, List args, CallOptions options) {

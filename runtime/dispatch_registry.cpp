@@ -1,0 +1,82 @@
+#include "runtime/dispatch_registry.h"
+
+#include <map>
+#include <mutex>
+
+#include "runtime/errors.h"
+#include "runtime/method_table.h"
+#include "runtime/worker_group.h"
+
+namespace baton {
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, DispatchMode> modes;
+};
+
+DispatchPlan one_to_all(const WorkerGroup& g, const List& args) {
+  DispatchPlan p;
+  p.chunks = {args};
+  p.chunk_of_rank.assign(static_cast<size_t>(g.world_size()), 0);
+  return p;
+}
+
+DispatchPlan all_to_all(const WorkerGroup& g, const List& args) {
+  const int n = g.world_size();
+  DispatchPlan p;
+  p.chunks.resize(static_cast<size_t>(n));
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].kind() != ValueKind::kList || static_cast<int>(args[i].as_list().size()) != n) {
+      throw CallError("ALL_TO_ALL: argument " + std::to_string(i) +
+                      " must be a list with one element per rank (" + std::to_string(n) +
+                      "), got " +
+                      (args[i].kind() == ValueKind::kList
+                           ? "a list of " + std::to_string(args[i].as_list().size())
+                           : std::string("a ") + kind_name(args[i].kind())));
+    }
+    for (int r = 0; r < n; ++r) p.chunks[r].push_back(args[i].as_list()[r]);
+  }
+  for (int r = 0; r < n; ++r) p.chunk_of_rank.push_back(r);
+  return p;
+}
+
+Value collect_all(const CollectInput& in) { return Value(in.outputs); }
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry();
+    reg->modes[dispatch_mode::kOneToAll] = {one_to_all, collect_all};
+    reg->modes[dispatch_mode::kAllToAll] = {all_to_all, collect_all};
+    return reg;
+  }();
+  return *r;
+}
+
+}  // namespace
+
+void register_dispatch_mode(const std::string& name, DispatchFn dispatch, CollectFn collect) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.modes.count(name)) throw Error("dispatch mode " + name + " is already registered");
+  r.modes[name] = {std::move(dispatch), std::move(collect)};
+}
+
+void replace_dispatch_mode(const std::string& name, DispatchFn dispatch, CollectFn collect) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.modes[name] = {std::move(dispatch), std::move(collect)};
+}
+
+DispatchMode find_dispatch_mode(const std::string& name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.modes.find(name);
+  if (it != r.modes.end()) return it->second;
+  std::string known;
+  for (const auto& [n, m] : r.modes) known += (known.empty() ? "" : ", ") + n;
+  throw CallError("dispatch mode " + name + " is not registered; registered: " + known);
+}
+
+}  // namespace baton

@@ -1,0 +1,139 @@
+// DataProto dispatch modes on real worker groups.
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
+#include <gtest/gtest.h>
+
+#include "dispatch/data_proto.h"
+#include "dispatch/dispatch_modes.h"
+#include "runtime/baton.h"
+#include "runtime/dispatch_registry.h"
+
+namespace baton {
+namespace {
+
+namespace mode = dispatch_mode;
+
+class ProtoWorker : public Worker {
+ public:
+  // Doubles "x", adds a per-row "rank" tensor; one output row per input row.
+  DataProto compute(const DataProto& batch) {
+    DataProto out({{"y", batch.tensor("x") * 2},
+                   {"rank", at::full({batch.size()}, static_cast<int64_t>(rank()), at::kLong)}},
+                  {{"prompt", batch.column("prompt")}});
+    out.set_meta("metrics", Dict{{"rows", batch.size()}});
+    return out;
+  }
+  // Returns one row whatever it gets: breaks padding removal.
+  DataProto summarize(const DataProto& batch) { return batch.slice(0, 1); }
+  Value metric(const DataProto& batch) { return Dict{{"rank", rank()}, {"rows", batch.size()}}; }
+  int64_t scaled(int64_t x) { return x * (rank() + 1); }
+
+  static void register_methods(MethodTable<ProtoWorker>& t) {
+    t.def("compute", &ProtoWorker::compute, MethodOptions().dispatch(mode::kDpComputeProto));
+    t.def("summarize", &ProtoWorker::summarize, MethodOptions().dispatch(mode::kDpComputeProto));
+    t.def("metric", &ProtoWorker::metric, MethodOptions().dispatch(mode::kDpComputeMetric));
+    t.def("scaled", &ProtoWorker::scaled, MethodOptions().dispatch(mode::kDpCompute));
+    t.def("first_two", &ProtoWorker::scaled, MethodOptions().dispatch("TEST_FIRST_TWO"));
+  }
+};
+BATON_WORKER(ProtoWorker);
+
+DataProto batch_of(int64_t rows) {
+  List prompts;
+  for (int64_t r = 0; r < rows; ++r) prompts.push_back("p" + std::to_string(r));
+  return DataProto({{"x", at::arange(rows, at::kFloat)}}, {{"prompt", prompts}},
+                   Dict{{"step", 1}});
+}
+
+class DispatchTest : public ::testing::Test {
+ protected:
+  ResourcePool pool = ResourcePool::cpu(4);
+};
+
+TEST_F(DispatchTest, DpComputeProtoChunksByRankAndConcatenatesInRankOrder) {
+  WorkerGroup g = WorkerGroup::spawn("ProtoWorker", pool);
+  DataProto in = batch_of(8);
+  DataProto out = DataProto::from_value(g.call("compute", {in.to_value()}).get());
+  EXPECT_EQ(out.size(), 8);
+  EXPECT_TRUE(out.tensor("y").equal(in.tensor("x") * 2));
+  EXPECT_TRUE(out.tensor("rank").equal(at::arange(4, at::kLong).repeat_interleave(2)));
+  EXPECT_EQ(out.column("prompt"), in.column("prompt"));
+  // Each rank's metrics are merged into a list.
+  EXPECT_EQ(out.meta_value("metrics")->at("rows"), Value(List{2, 2, 2, 2}));
+}
+
+TEST_F(DispatchTest, DpComputeProtoPadsAnIndivisibleBatchAndTrimsTheResult) {
+  WorkerGroup g = WorkerGroup::spawn("ProtoWorker", pool);
+  DataProto in = batch_of(10);  // 10 rows over 4 ranks: padded to 12
+  DataProto out = DataProto::from_value(g.call("compute", {in.to_value()}).get());
+  EXPECT_EQ(out.size(), 10);
+  EXPECT_TRUE(out.tensor("y").equal(in.tensor("x") * 2));
+  EXPECT_EQ(in.size(), 10);  // the caller's batch is not padded
+  EXPECT_EQ(out.meta_value("metrics")->at("rows"), Value(List{3, 3, 3, 3}));
+
+  std::string err;
+  try {
+    g.call("summarize", {in.to_value()}).get();
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("ProtoWorker.summarize (DP_COMPUTE_PROTO): collecting the results failed: "
+                     "rank 0 returned 1 rows for a chunk of 3"),
+            std::string::npos)
+      << err;
+}
+
+TEST_F(DispatchTest, DpComputeMetricAndDpComputeCollectAList) {
+  WorkerGroup g = WorkerGroup::spawn("ProtoWorker", pool);
+  Value metrics = g.call("metric", {batch_of(8).to_value()}).get();
+  ASSERT_EQ(metrics.as_list().size(), 4u);
+  EXPECT_EQ(metrics.as_list()[3].at("rank"), Value(3));
+  EXPECT_EQ(g.call("scaled", {List{1, 1, 1, 1}}).get(), Value(List{1, 2, 3, 4}));
+}
+
+TEST_F(DispatchTest, BadArgumentsFailAtTheDriverNamingMethodModeAndSizes) {
+  WorkerGroup g = WorkerGroup::spawn("ProtoWorker", pool);
+  auto error_of = [&](const std::string& m, List args) {
+    try {
+      g.call(m, std::move(args));
+    } catch (const CallError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  std::string err = error_of("compute", {5});
+  EXPECT_NE(err.find("ProtoWorker.compute (DP_COMPUTE_PROTO): argument 0 must be a DataProto"),
+            std::string::npos)
+      << err;
+  err = error_of("scaled", {List{1, 2}});
+  EXPECT_NE(err.find("ProtoWorker.scaled (DP_COMPUTE): argument 0 must be a list of 4"),
+            std::string::npos)
+      << err;
+}
+
+TEST_F(DispatchTest, UserRegisteredModeRunsOnTheRanksItPlansAndCollectsItsWay) {
+  register_dispatch_mode(
+      "TEST_FIRST_TWO",
+      [](const WorkerGroup& g, const List& args) {
+        DispatchPlan p;
+        p.chunks = {args};
+        p.chunk_of_rank.assign(static_cast<size_t>(g.world_size()), -1);
+        p.chunk_of_rank[0] = p.chunk_of_rank[1] = 0;  // one chunk, written once, two ranks
+        p.collect = {false, true, false, false};
+        return p;
+      },
+      [](const CollectInput& in) { return Value(List{Value(in.outputs), Value(in.ranks[0])}); });
+  WorkerGroup g = WorkerGroup::spawn("ProtoWorker", pool);
+  EXPECT_EQ(g.call("first_two", {10}).get(), Value(List{List{20}, 1}));
+  EXPECT_THROW(register_dispatch_mode("TEST_FIRST_TWO", nullptr, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) {
+  baton::init(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
