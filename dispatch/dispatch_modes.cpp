@@ -9,21 +9,6 @@ namespace baton {
 
 namespace {
 
-DispatchPlan dp_compute(const WorkerGroup& g, const List& args) {
-  const int n = g.world_size();
-  DispatchPlan p;
-  p.chunks.resize(static_cast<size_t>(n));
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].kind() != ValueKind::kList || static_cast<int>(args[i].as_list().size()) != n) {
-      throw CallError("argument " + std::to_string(i) + " must be a list of " + std::to_string(n) +
-                      " (one per rank)");
-    }
-    for (int r = 0; r < n; ++r) p.chunks[r].push_back(args[i].as_list()[r]);
-  }
-  for (int r = 0; r < n; ++r) p.chunk_of_rank.push_back(r);
-  return p;
-}
-
 DispatchPlan dp_compute_proto(const WorkerGroup& g, const List& args) {
   const int n = g.world_size();
   DispatchPlan p;
@@ -79,7 +64,9 @@ Value collect_concat(const CollectInput& in) {
 // Called from data_proto.cpp's static initialiser, so that linking DataProto
 // is enough to have these modes.
 void register_data_proto_modes() {
-  replace_dispatch_mode(dispatch_mode::kDpCompute, dp_compute, collect_list);
+  // DP_COMPUTE lays arguments out exactly as ALL_TO_ALL does.
+  DispatchMode all_to_all = find_dispatch_mode(dispatch_mode::kAllToAll);
+  replace_dispatch_mode(dispatch_mode::kDpCompute, all_to_all.dispatch, all_to_all.collect);
   replace_dispatch_mode(dispatch_mode::kDpComputeProto, dp_compute_proto, collect_concat);
   replace_dispatch_mode(dispatch_mode::kDpComputeMetric, dp_compute_proto, collect_list);
 }

@@ -107,7 +107,8 @@ TEST_F(DispatchTest, BadArgumentsFailAtTheDriverNamingMethodModeAndSizes) {
             std::string::npos)
       << err;
   err = error_of("scaled", {List{1, 2}});
-  EXPECT_NE(err.find("ProtoWorker.scaled (DP_COMPUTE): argument 0 must be a list of 4"),
+  EXPECT_NE(err.find("ProtoWorker.scaled (DP_COMPUTE): ALL_TO_ALL: argument 0 must be a list "
+                     "with one element per rank (4)"),
             std::string::npos)
       << err;
 }
