@@ -1,5 +1,7 @@
 #include "dispatch/dispatch_modes.h"
 
+#include <algorithm>
+
 #include "dispatch/data_proto.h"
 #include "runtime/dispatch_registry.h"
 #include "runtime/errors.h"
@@ -38,6 +40,102 @@ DispatchPlan dp_compute_proto(const WorkerGroup& g, const List& args) {
 
 Value collect_list(const CollectInput& in) { return Value(in.outputs); }
 
+// Splits each DataProto argument into `parts` chunks (no padding); returns
+// chunks[part] = the argument list for that part.
+std::vector<List> split_protos(const List& args, int parts) {
+  std::vector<List> chunks(static_cast<size_t>(parts));
+  for (size_t i = 0; i < args.size(); ++i) {
+    DataProto batch;
+    try {
+      batch = DataProto::from_value(args[i]);
+    } catch (const Error& e) {
+      throw CallError("argument " + std::to_string(i) + " must be a DataProto: " + e.what());
+    }
+    if (batch.size() % parts != 0) {
+      throw CallError("argument " + std::to_string(i) + " has " + std::to_string(batch.size()) +
+                      " rows, not divisible into " + std::to_string(parts) +
+                      " parts (this mode does not pad)");
+    }
+    std::vector<DataProto> pieces = batch.chunk(parts);
+    for (int p = 0; p < parts; ++p) chunks[p].push_back(pieces[p].to_value());
+  }
+  return chunks;
+}
+
+// Checks that every argument is a list of `parts` and transposes them.
+std::vector<List> split_lists(const List& args, int parts) {
+  std::vector<List> chunks(static_cast<size_t>(parts));
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].kind() != ValueKind::kList || static_cast<int>(args[i].as_list().size()) != parts) {
+      throw CallError("argument " + std::to_string(i) + " must be a list of " +
+                      std::to_string(parts) + " (one per data-parallel part)");
+    }
+    for (int p = 0; p < parts; ++p) chunks[p].push_back(args[i].as_list()[p]);
+  }
+  return chunks;
+}
+
+int pp_as_dp_index(const ParallelLayout& l, const ParallelCoords& c) {
+  return (c.cp * l.dp + c.dp) * l.pp + c.pp;
+}
+
+DispatchPlan megatron_plan(const WorkerGroup& g, std::vector<List> chunks) {
+  const ParallelLayout& l = g.layout();
+  DispatchPlan p;
+  p.chunks = std::move(chunks);
+  for (int r = 0; r < g.world_size(); ++r) {
+    ParallelCoords c = l.coords(r);
+    p.chunk_of_rank.push_back(c.dp);
+    p.collect.push_back(c.tp == 0 && c.pp == l.pp - 1 && c.cp == 0);
+  }
+  return p;
+}
+
+DispatchPlan pp_as_dp_plan(const WorkerGroup& g, std::vector<List> chunks) {
+  const ParallelLayout& l = g.layout();
+  DispatchPlan p;
+  p.chunks = std::move(chunks);
+  List order;  // per rank: its chunk index, the order results are collected in
+  for (int r = 0; r < g.world_size(); ++r) {
+    ParallelCoords c = l.coords(r);
+    int idx = pp_as_dp_index(l, c);
+    p.chunk_of_rank.push_back(idx);
+    p.collect.push_back(c.tp == 0);
+    order.push_back(idx);
+  }
+  p.info = Value(std::move(order));
+  return p;
+}
+
+// The collected outputs (and their ranks) reordered by the chunk index each
+// rank received.
+CollectInput in_chunk_order(const CollectInput& in) {
+  std::vector<size_t> idx(in.outputs.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const List& order = in.info.as_list();
+  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
+    return order[in.ranks[a]].as_int() < order[in.ranks[b]].as_int();
+  });
+  CollectInput out;
+  for (size_t i : idx) {
+    out.outputs.push_back(in.outputs[i]);
+    out.ranks.push_back(in.ranks[i]);
+  }
+  return out;
+}
+
+Value concat_protos(const List& outputs, const std::vector<int>& ranks) {
+  std::vector<DataProto> parts;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    try {
+      parts.push_back(DataProto::from_value(outputs[i]));
+    } catch (const Error& e) {
+      throw Error("rank " + std::to_string(ranks[i]) + " did not return a DataProto: " + e.what());
+    }
+  }
+  return DataProto::concat(parts).to_value();
+}
+
 Value collect_concat(const CollectInput& in) {
   std::vector<DataProto> parts;
   const int64_t expected = in.info.kind() == ValueKind::kInt ? in.info.as_int() : -1;
@@ -69,6 +167,49 @@ void register_data_proto_modes() {
   replace_dispatch_mode(dispatch_mode::kDpCompute, all_to_all.dispatch, all_to_all.collect);
   replace_dispatch_mode(dispatch_mode::kDpComputeProto, dp_compute_proto, collect_concat);
   replace_dispatch_mode(dispatch_mode::kDpComputeMetric, dp_compute_proto, collect_list);
+
+  replace_dispatch_mode(
+      dispatch_mode::kMegatronCompute,
+      [](const WorkerGroup& g, const List& args) {
+        return megatron_plan(g, split_lists(args, g.layout().dp));
+      },
+      collect_list);
+  replace_dispatch_mode(
+      dispatch_mode::kMegatronComputeProto,
+      [](const WorkerGroup& g, const List& args) {
+        return megatron_plan(g, split_protos(args, g.layout().dp));
+      },
+      [](const CollectInput& in) { return concat_protos(in.outputs, in.ranks); });
+  auto pp_dp_cp = [](const WorkerGroup& g) {
+    return g.layout().pp * g.layout().dp * g.layout().cp;
+  };
+  replace_dispatch_mode(
+      dispatch_mode::kMegatronPpAsDp,
+      [pp_dp_cp](const WorkerGroup& g, const List& args) {
+        return pp_as_dp_plan(g, split_lists(args, pp_dp_cp(g)));
+      },
+      [](const CollectInput& in) { return Value(in_chunk_order(in).outputs); });
+  replace_dispatch_mode(
+      dispatch_mode::kMegatronPpAsDpProto,
+      [pp_dp_cp](const WorkerGroup& g, const List& args) {
+        return pp_as_dp_plan(g, split_protos(args, pp_dp_cp(g)));
+      },
+      [](const CollectInput& in) {
+        CollectInput ordered = in_chunk_order(in);
+        return concat_protos(ordered.outputs, ordered.ranks);
+      });
+  DispatchMode one_to_all = find_dispatch_mode(dispatch_mode::kOneToAll);
+  replace_dispatch_mode(
+      dispatch_mode::kMegatronPpOnly,
+      [one_to_all](const WorkerGroup& g, const List& args) {
+        DispatchPlan p = one_to_all.dispatch(g, args);
+        for (int r = 0; r < g.world_size(); ++r) {
+          ParallelCoords c = g.layout().coords(r);
+          p.collect.push_back(c.tp == 0 && c.dp == 0 && c.cp == 0);
+        }
+        return p;
+      },
+      collect_list);
 }
 
 }  // namespace baton

@@ -10,10 +10,32 @@
 //                       order and the padding rows dropped.
 //   DP_COMPUTE_METRIC   dispatched as DP_COMPUTE_PROTO; results: a list, one
 //                       per rank (metrics need no trimming).
+//
+// Megatron modes use the group's ParallelLayout (WorkerGroupOptions::layout);
+// dp_rank excludes context parallelism, so CP ranks of a replica share a chunk.
+// A chunk goes to shared memory once, however many ranks receive it.
+//
+//   MEGATRON_COMPUTE         every argument a list of dp_size; rank r gets
+//                            element dp(r). Collect: ranks with tp 0, the last
+//                            pp stage and cp 0, in rank (= dp) order: a list.
+//   MEGATRON_COMPUTE_PROTO   DataProtos chunked by dp_size (no padding: the
+//                            batch must divide), then as above; concatenated.
+//   MEGATRON_PP_AS_DP        every argument a list of pp*dp*cp; rank r gets
+//                            element (cp*dp_size + dp)*pp_size + pp (pp fastest).
+//                            Collect: every tp 0 rank, in that element order.
+//   MEGATRON_PP_AS_DP_PROTO  DataProtos chunked by pp*dp*cp, then as above;
+//                            concatenated.
+//   MEGATRON_PP_ONLY         as ONE_TO_ALL; collect: ranks with tp 0 and dp 0
+//                            (one result per pipeline stage, cp 0).
 #pragma once
 
 namespace baton::dispatch_mode {
 inline constexpr const char* kDpCompute = "DP_COMPUTE";
 inline constexpr const char* kDpComputeProto = "DP_COMPUTE_PROTO";
 inline constexpr const char* kDpComputeMetric = "DP_COMPUTE_METRIC";
+inline constexpr const char* kMegatronCompute = "MEGATRON_COMPUTE";
+inline constexpr const char* kMegatronComputeProto = "MEGATRON_COMPUTE_PROTO";
+inline constexpr const char* kMegatronPpAsDp = "MEGATRON_PP_AS_DP";
+inline constexpr const char* kMegatronPpAsDpProto = "MEGATRON_PP_AS_DP_PROTO";
+inline constexpr const char* kMegatronPpOnly = "MEGATRON_PP_ONLY";
 }  // namespace baton::dispatch_mode

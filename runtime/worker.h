@@ -22,6 +22,8 @@
 
 #include <string>
 
+#include "runtime/parallel_layout.h"
+
 namespace baton {
 
 // Where a worker sits. Set before the worker's constructor runs.
@@ -42,6 +44,8 @@ struct WorkerInfo {
   int intra_op_threads = 1;   // LibTorch intra-op threads set for this worker
   std::string master_addr;    // rendezvous: a c10d TCPStore the driver hosts
   int master_port = 0;
+  ParallelLayout layout;      // given at spawn (default: all data parallel)
+  ParallelCoords coords;      // this rank's place in it
 };
 
 class Worker {

@@ -17,6 +17,7 @@ namespace baton {
 
 struct WorkerGroup::State {
   std::string name;
+  ParallelLayout layout;
   const WorkerClassSpec* spec = nullptr;
   ResourcePool pool;
   bool claimed = false;
@@ -125,6 +126,13 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
   auto s = std::make_shared<State>(pool);
   s->spec = &WorkerRegistry::global().get(class_name);
   s->name = options.name.empty() ? class_name + "_" + std::to_string(group_counter++) : options.name;
+  s->layout = options.layout.value_or(ParallelLayout::data_parallel(pool.world_size()));
+  if (s->layout.world_size() != pool.world_size() || s->layout.tp < 1 || s->layout.cp < 1 ||
+      s->layout.dp < 1 || s->layout.pp < 1) {
+    throw CallError("WorkerGroup " + s->name + ": layout " + s->layout.to_string() + " has " +
+                    std::to_string(s->layout.world_size()) + " ranks, the pool has " +
+                    std::to_string(pool.world_size()));
+  }
   s->pool.claim();
   s->claimed = true;
   WorkerGroup group(s);  // from here on, a throw shuts the partial group down
@@ -155,6 +163,8 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
     info.intra_op_threads = std::max(1, cores() / p.local_world_size);
     info.master_addr = "127.0.0.1";
     info.master_port = s->store->getPort();
+    info.layout = s->layout;
+    info.coords = s->layout.coords(p.rank);
     s->workers.push_back(WorkerProcess::spawn(std::move(info), on_death));
   }
 
@@ -187,6 +197,7 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
 int WorkerGroup::world_size() const { return static_cast<int>(s_->workers.size()); }
 const std::string& WorkerGroup::class_name() const { return s_->spec->name; }
 const std::string& WorkerGroup::name() const { return s_->name; }
+const ParallelLayout& WorkerGroup::layout() const { return s_->layout; }
 
 std::vector<pid_t> WorkerGroup::pids() const {
   std::vector<pid_t> out;

@@ -25,6 +25,7 @@
 
 #include "runtime/future.h"
 #include "runtime/method_table.h"
+#include "runtime/parallel_layout.h"
 #include "runtime/resource_pool.h"
 #include "runtime/value.h"
 
@@ -44,7 +45,14 @@ struct CallOptions {
 struct WorkerGroupOptions {
   std::string name;  // default: the class name plus a counter
   std::chrono::milliseconds start_timeout = std::chrono::seconds(120);
+  // The tp x cp x dp x pp grid of the ranks; its size must be the pool's.
+  // Default: every rank data parallel.
+  std::optional<ParallelLayout> layout;
 
+  WorkerGroupOptions& set_layout(ParallelLayout l) {
+    layout = l;
+    return *this;
+  }
   WorkerGroupOptions& set_name(std::string n) {
     name = std::move(n);
     return *this;
@@ -68,6 +76,7 @@ class WorkerGroup {
   int world_size() const;
   const std::string& class_name() const;
   const std::string& name() const;
+  const ParallelLayout& layout() const;
   std::vector<pid_t> pids() const;
   // False once any worker has died or the group was shut down.
   bool alive() const;

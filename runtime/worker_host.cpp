@@ -49,6 +49,12 @@ WorkerInfo info_from_environment() {
   info.intra_op_threads = env_int("BATON_THREADS", 1);
   info.master_addr = env_str("MASTER_ADDR");
   info.master_port = env_int("MASTER_PORT", 0);
+  info.layout = ParallelLayout::data_parallel(info.world_size);
+  if (const char* l = std::getenv("BATON_LAYOUT")) {
+    std::sscanf(l, "%d,%d,%d,%d", &info.layout.tp, &info.layout.cp, &info.layout.dp,
+                &info.layout.pp);
+  }
+  info.coords = info.layout.coords(info.rank);
   return info;
 }
 

@@ -48,7 +48,7 @@ std::vector<std::string> worker_environment(const WorkerInfo& info) {
       "BATON_WORKER_FD=", "BATON_DRIVER_PID=", "BATON_CLASS=", "BATON_GROUP=",
       "BATON_NODE=", "BATON_SLOT=", "BATON_USE_GPU=", "BATON_THREADS=", "RANK=",
       "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-      "OMP_NUM_THREADS="};
+      "OMP_NUM_THREADS=", "BATON_LAYOUT="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string kv(*e);
@@ -74,6 +74,9 @@ std::vector<std::string> worker_environment(const WorkerInfo& info) {
   add("MASTER_ADDR", info.master_addr);
   add("MASTER_PORT", std::to_string(info.master_port));
   if (info.use_gpu) add("CUDA_VISIBLE_DEVICES", std::to_string(info.slot));
+  const ParallelLayout& l = info.layout;
+  add("BATON_LAYOUT", std::to_string(l.tp) + "," + std::to_string(l.cp) + "," +
+                          std::to_string(l.dp) + "," + std::to_string(l.pp));
   return env;
 }
 

@@ -28,6 +28,16 @@ class ProtoWorker : public Worker {
   DataProto summarize(const DataProto& batch) { return batch.slice(0, 1); }
   Value metric(const DataProto& batch) { return Dict{{"rank", rank()}, {"rows", batch.size()}}; }
   int64_t scaled(int64_t x) { return x * (rank() + 1); }
+  // Tags every row with the rank that saw it.
+  DataProto tag(const DataProto& batch) {
+    DataProto out = batch;
+    out.set_tensor("seen_by", at::full({batch.size()}, static_cast<int64_t>(rank()), at::kLong));
+    return out;
+  }
+  Value coords(const Value& x) {
+    const ParallelCoords& c = info().coords;
+    return Dict{{"x", x}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"rank", rank()}};
+  }
 
   static void register_methods(MethodTable<ProtoWorker>& t) {
     t.def("compute", &ProtoWorker::compute, MethodOptions().dispatch(mode::kDpComputeProto));
@@ -35,6 +45,11 @@ class ProtoWorker : public Worker {
     t.def("metric", &ProtoWorker::metric, MethodOptions().dispatch(mode::kDpComputeMetric));
     t.def("scaled", &ProtoWorker::scaled, MethodOptions().dispatch(mode::kDpCompute));
     t.def("first_two", &ProtoWorker::scaled, MethodOptions().dispatch("TEST_FIRST_TWO"));
+    t.def("mc_tag", &ProtoWorker::tag, MethodOptions().dispatch(mode::kMegatronComputeProto));
+    t.def("ppdp_tag", &ProtoWorker::tag, MethodOptions().dispatch(mode::kMegatronPpAsDpProto));
+    t.def("mc_coords", &ProtoWorker::coords, MethodOptions().dispatch(mode::kMegatronCompute));
+    t.def("ppdp_coords", &ProtoWorker::coords, MethodOptions().dispatch(mode::kMegatronPpAsDp));
+    t.def("pp_only", &ProtoWorker::coords, MethodOptions().dispatch(mode::kMegatronPpOnly));
   }
 };
 BATON_WORKER(ProtoWorker);
@@ -128,6 +143,85 @@ TEST_F(DispatchTest, UserRegisteredModeRunsOnTheRanksItPlansAndCollectsItsWay) {
   WorkerGroup g = WorkerGroup::spawn("ProtoWorker", pool);
   EXPECT_EQ(g.call("first_two", {10}).get(), Value(List{List{20}, 1}));
   EXPECT_THROW(register_dispatch_mode("TEST_FIRST_TWO", nullptr, nullptr), Error);
+}
+
+// tp=2 x pp=2 x dp=2 over 8 workers. Megatron rank order (tp fastest, then
+// cp, dp, pp): rank = tp + 2*dp + 4*pp.
+class MegatronTest : public ::testing::Test {
+ protected:
+  ResourcePool pool = ResourcePool::cpu(8);
+  WorkerGroup group = WorkerGroup::spawn(
+      "ProtoWorker", pool, {},
+      WorkerGroupOptions().set_layout(ParallelLayout{.tp = 2, .cp = 1, .dp = 2, .pp = 2}));
+};
+
+TEST_F(MegatronTest, WorkersReportTheirCoordinatesInMegatronOrder) {
+  Value all = group.call_all("pp_only", {Value()}).get();
+  for (int r = 0; r < 8; ++r) {
+    const Value& c = all.as_list()[r];
+    EXPECT_EQ(c.at("tp").as_int(), r % 2) << r;
+    EXPECT_EQ(c.at("dp").as_int(), r / 2 % 2) << r;
+    EXPECT_EQ(c.at("pp").as_int(), r / 4) << r;
+  }
+}
+
+TEST_F(MegatronTest, ComputeGivesEachDpReplicaItsElementAndCollectsTp0LastStage) {
+  // Collected ranks: tp 0, pp 1: ranks 4 (dp 0) and 6 (dp 1).
+  Value out = group.call("mc_coords", {List{"a", "b"}}).get();
+  ASSERT_EQ(out.as_list().size(), 2u);
+  EXPECT_EQ(out.as_list()[0].at("x").as_string(), "a");
+  EXPECT_EQ(out.as_list()[0].at("rank").as_int(), 4);
+  EXPECT_EQ(out.as_list()[1].at("x").as_string(), "b");
+  EXPECT_EQ(out.as_list()[1].at("rank").as_int(), 6);
+
+  DataProto in = batch_of(8);
+  DataProto tagged = DataProto::from_value(group.call("mc_tag", {in.to_value()}).get());
+  EXPECT_TRUE(tagged.tensor("x").equal(in.tensor("x")));
+  std::vector<int64_t> seen(8);
+  for (int i = 0; i < 8; ++i) seen[i] = tagged.tensor("seen_by")[i].item<int64_t>();
+  EXPECT_EQ(seen, (std::vector<int64_t>{4, 4, 4, 4, 6, 6, 6, 6}));
+  std::string err;
+  try {
+    group.call("mc_tag", {batch_of(7).to_value()});
+  } catch (const CallError& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("has 7 rows, not divisible into 2 parts"), std::string::npos) << err;
+}
+
+TEST_F(MegatronTest, PpAsDpOrdersChunksPpFastestAndCollectsEveryTp0Rank) {
+  // Element (dp*2 + pp): rank = tp + 2*dp + 4*pp gets element dp*2 + pp.
+  Value out = group.call("ppdp_coords", {List{"A", "B", "C", "D"}}).get();
+  ASSERT_EQ(out.as_list().size(), 4u);
+  std::vector<std::string> xs;
+  std::vector<int64_t> ranks;
+  for (const Value& v : out.as_list()) {
+    xs.push_back(v.at("x").as_string());
+    ranks.push_back(v.at("rank").as_int());
+  }
+  EXPECT_EQ(xs, (std::vector<std::string>{"A", "B", "C", "D"}));
+  EXPECT_EQ(ranks, (std::vector<int64_t>{0, 4, 2, 6}));  // (dp0,pp0) (dp0,pp1) (dp1,pp0) (dp1,pp1)
+
+  DataProto in = batch_of(8);
+  DataProto tagged = DataProto::from_value(group.call("ppdp_tag", {in.to_value()}).get());
+  EXPECT_TRUE(tagged.tensor("x").equal(in.tensor("x")));  // back in input order
+  std::vector<int64_t> seen(8);
+  for (int i = 0; i < 8; ++i) seen[i] = tagged.tensor("seen_by")[i].item<int64_t>();
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 0, 4, 4, 2, 2, 6, 6}));
+}
+
+TEST_F(MegatronTest, PpOnlyCollectsOneResultPerStage) {
+  Value out = group.call("pp_only", {"w"}).get();
+  ASSERT_EQ(out.as_list().size(), 2u);
+  EXPECT_EQ(out.as_list()[0].at("rank").as_int(), 0);
+  EXPECT_EQ(out.as_list()[1].at("rank").as_int(), 4);
+}
+
+TEST(MegatronLayout, ALayoutThatDoesNotFillThePoolIsRejected) {
+  ResourcePool pool = ResourcePool::cpu(4);
+  EXPECT_THROW(WorkerGroup::spawn("ProtoWorker", pool, {},
+                                  WorkerGroupOptions().set_layout(ParallelLayout{.tp = 2, .dp = 3})),
+               CallError);
 }
 
 }  // namespace
