@@ -159,6 +159,22 @@ Value collect_concat(const CollectInput& in) {
 
 }  // namespace
 
+std::string dispatch_mode::mesh_proto(const std::string& mesh) {
+  std::string name = "MESH_PROTO:" + mesh;
+  replace_dispatch_mode(
+      name,
+      [mesh](const WorkerGroup& g, const List& args) {
+        MeshInfo info = g.mesh(mesh);
+        DispatchPlan p;
+        p.chunks = split_protos(args, info.dp_size);
+        p.chunk_of_rank = info.dp_rank;
+        p.collect = info.collect;
+        return p;
+      },
+      [](const CollectInput& in) { return concat_protos(in.outputs, in.ranks); });
+  return name;
+}
+
 // Called from data_proto.cpp's static initialiser, so that linking DataProto
 // is enough to have these modes.
 void register_data_proto_modes() {

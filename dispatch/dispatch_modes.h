@@ -27,7 +27,15 @@
 //                            concatenated.
 //   MEGATRON_PP_ONLY         as ONE_TO_ALL; collect: ranks with tp 0 and dp 0
 //                            (one result per pipeline stage, cp 0).
+//
+//   mesh_proto(name)         DataProtos chunked by the mesh's dp size (no
+//                            padding); rank r gets the chunk of the dp rank it
+//                            registered (Worker::register_mesh); the results of
+//                            the ranks that registered as collectors are
+//                            concatenated in rank order.
 #pragma once
+
+#include <string>
 
 namespace baton::dispatch_mode {
 inline constexpr const char* kDpCompute = "DP_COMPUTE";
@@ -38,4 +46,8 @@ inline constexpr const char* kMegatronComputeProto = "MEGATRON_COMPUTE_PROTO";
 inline constexpr const char* kMegatronPpAsDp = "MEGATRON_PP_AS_DP";
 inline constexpr const char* kMegatronPpAsDpProto = "MEGATRON_PP_AS_DP_PROTO";
 inline constexpr const char* kMegatronPpOnly = "MEGATRON_PP_ONLY";
+
+// The name of the mesh-dispatch mode of `mesh` ("MESH_PROTO:actor"),
+// registering it on first use.
+std::string mesh_proto(const std::string& mesh);
 }  // namespace baton::dispatch_mode

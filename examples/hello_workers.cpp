@@ -9,6 +9,8 @@
 
 #include <cstdio>
 
+#include "dispatch/data_proto.h"
+#include "dispatch/dispatch_modes.h"
 #include "runtime/baton.h"
 #include "runtime/process_group.h"
 
@@ -16,8 +18,18 @@ class Hello : public baton::Worker {
  public:
   explicit Hello(const baton::List& init_args) : greeting_(init_args.at(0).as_string()) {
     // A worker's stdout reaches the driver's console as "[Hello:<rank>] ...".
-    std::printf("rank %d of %d ready (pid %d, %d intra-op threads)\n", rank(), world_size(),
-                static_cast<int>(getpid()), info().intra_op_threads);
+    std::printf("rank %d of %d ready (pid %d, %d intra-op threads, tp %d dp %d)\n", rank(),
+                world_size(), static_cast<int>(getpid()), info().intra_op_threads,
+                info().coords.tp, info().coords.dp);
+    // Mesh "actor": this rank's data-parallel chunk, and tp rank 0 collects.
+    register_mesh("actor", info().coords.dp, info().coords.tp == 0);
+  }
+
+  // Marks each row of its chunk with this worker's rank.
+  baton::DataProto tag(const baton::DataProto& batch) {
+    baton::DataProto out = batch;
+    out.set_tensor("rank", at::full({batch.size()}, static_cast<int64_t>(rank()), at::kLong));
+    return out;
   }
 
   std::string greet(const std::string& name) {
@@ -44,6 +56,10 @@ class Hello : public baton::Worker {
     t.def("double_it", &Hello::double_it,
           baton::MethodOptions().execute(baton::Execute::kRankZero));
     t.def("all_reduce", &Hello::all_reduce);
+    t.def("tag", &Hello::tag,
+          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
+    t.def("tag_mesh", &Hello::tag,
+          baton::MethodOptions().dispatch(baton::dispatch_mode::mesh_proto("actor")));
   }
 
  private:
@@ -56,7 +72,10 @@ int main(int argc, char** argv) {
   baton::init(argc, argv);  // in a worker process, this runs the worker and never returns
 
   baton::ResourcePool pool = baton::ResourcePool::cpu(4);
-  baton::WorkerGroup group = baton::WorkerGroup::spawn("Hello", pool, {"hello"});
+  // Four workers laid out as tp=2 x dp=2 (Megatron order: tp fastest).
+  baton::WorkerGroup group = baton::WorkerGroup::spawn(
+      "Hello", pool, {"hello"},
+      baton::WorkerGroupOptions().set_layout(baton::ParallelLayout{.tp = 2, .dp = 2}));
 
   // ONE_TO_ALL: the same argument to every worker, one result per rank.
   baton::Value greetings = group.call("greet", {"driver"}).get();
@@ -81,6 +100,19 @@ int main(int argc, char** argv) {
     const at::Tensor& s = r.as_tensor();
     std::printf("all_reduce -> [%.0f %.0f %.0f %.0f] (1+2+3+4 = 10)\n", s[0].item<float>(),
                 s[1].item<float>(), s[2].item<float>(), s[3].item<float>());
+  }
+
+  // DataProto dispatch: a batch of 6 rows. DP_COMPUTE_PROTO pads it to 8 for 4
+  // ranks and trims the result; the mesh call sends each dp chunk (written to
+  // shared memory once) to both tp ranks of its replica and collects tp 0.
+  baton::DataProto batch({{"x", at::arange(6, at::kFloat)}}, {{"prompt", {"a", "b", "c", "d", "e", "f"}}});
+  for (const char* method : {"tag", "tag_mesh"}) {
+    baton::DataProto out = baton::DataProto::from_value(group.call(method, {batch.to_value()}).get());
+    std::printf("%-10s -> %lld rows, seen by ranks:", method, static_cast<long long>(out.size()));
+    for (int64_t i = 0; i < out.size(); ++i) {
+      std::printf(" %lld", static_cast<long long>(out.tensor("rank")[i].item<int64_t>()));
+    }
+    std::printf("\n");
   }
   return 0;
 }

@@ -150,6 +150,9 @@ bool register_worker_class(const std::string& name) {
     }
   };
   MethodTable<W> table(spec);
+  // Built-in: the driver asks each worker for its place in a mesh.
+  table.def("_query_mesh",
+            static_cast<std::vector<int64_t> (W::*)(const std::string&)>(&W::mesh_entry));
   W::register_methods(table);
   WorkerRegistry::global().add(std::move(spec));
   return true;

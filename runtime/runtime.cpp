@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "runtime/driver.h"
+#include "runtime/errors.h"
 #include "runtime/worker.h"
 #include "runtime/worker_host.h"
 
@@ -23,6 +24,20 @@ void set_pending_worker_info(WorkerInfo info) { pending_info = std::move(info); 
 }  // namespace detail
 
 Worker::Worker() : info_(pending_info) {}
+
+void Worker::register_mesh(const std::string& mesh, int dp_rank, bool is_collector) {
+  if (!meshes_.emplace(mesh, std::make_pair(dp_rank, is_collector)).second) {
+    throw Error("mesh '" + mesh + "' is already registered on rank " + std::to_string(rank()));
+  }
+}
+
+std::vector<int64_t> Worker::mesh_entry(const std::string& mesh) {
+  auto it = meshes_.find(mesh);
+  if (it == meshes_.end()) {
+    throw Error("mesh '" + mesh + "' was never registered (Worker::register_mesh)");
+  }
+  return {it->second.first, it->second.second ? 1 : 0};
+}
 
 bool is_worker_process() { return std::getenv("BATON_WORKER_FD") != nullptr; }
 

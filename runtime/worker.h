@@ -20,7 +20,11 @@
 // arguments given to WorkerGroup::spawn) or a default constructor.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
+#include <cstdint>
 
 #include "runtime/parallel_layout.h"
 
@@ -60,8 +64,19 @@ class Worker {
   int world_size() const { return info_.world_size; }
   int local_rank() const { return info_.local_rank; }
 
+  // Registers this worker's place in a named mesh ("actor", "critic",
+  // "rollout", ...) for mesh-dispatched methods: which data-parallel chunk it
+  // receives, and whether the driver collects its result. Call it in the
+  // constructor. Throws baton::Error if the mesh is already registered.
+  void register_mesh(const std::string& mesh, int dp_rank, bool is_collector);
+
+  // [dp_rank, is_collector] for `mesh` (the built-in method "_query_mesh").
+  // Throws baton::Error if the mesh was never registered.
+  std::vector<int64_t> mesh_entry(const std::string& mesh);
+
  private:
   WorkerInfo info_;
+  std::map<std::string, std::pair<int, bool>> meshes_;
 };
 
 namespace detail {

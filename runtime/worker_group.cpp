@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <thread>
 
@@ -27,6 +28,7 @@ struct WorkerGroup::State {
   std::shared_ptr<std::function<void()>> exit_hook;
 
   std::mutex mu;
+  std::map<std::string, MeshInfo> meshes;  // cached mesh registrations
   std::string failure;  // what happened to the first worker that died
   bool stopping = false;
 
@@ -198,6 +200,34 @@ int WorkerGroup::world_size() const { return static_cast<int>(s_->workers.size()
 const std::string& WorkerGroup::class_name() const { return s_->spec->name; }
 const std::string& WorkerGroup::name() const { return s_->name; }
 const ParallelLayout& WorkerGroup::layout() const { return s_->layout; }
+
+MeshInfo WorkerGroup::mesh(const std::string& mesh) const {
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    auto it = s_->meshes.find(mesh);
+    if (it != s_->meshes.end()) return it->second;
+  }
+  std::vector<Future<Value>> replies;
+  for (int r = 0; r < world_size(); ++r) {
+    OutgoingCall msg = WorkerProcess::encode_call("_query_mesh", {mesh});
+    replies.push_back(s_->workers[r]->send(msg, std::nullopt));
+  }
+  MeshInfo info;
+  for (int r = 0; r < world_size(); ++r) {
+    Value entry;
+    try {
+      entry = replies[r].get();
+    } catch (const RemoteError& e) {
+      throw Error("group " + name() + ": rank " + std::to_string(r) + ": " + e.remote_message());
+    }
+    info.dp_rank.push_back(static_cast<int>(entry.as_list()[0].as_int()));
+    info.collect.push_back(entry.as_list()[1].as_int() != 0);
+    info.dp_size = std::max(info.dp_size, info.dp_rank.back() + 1);
+  }
+  std::lock_guard<std::mutex> lock(s_->mu);
+  s_->meshes[mesh] = info;
+  return info;
+}
 
 std::vector<pid_t> WorkerGroup::pids() const {
   std::vector<pid_t> out;

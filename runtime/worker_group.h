@@ -42,6 +42,14 @@ struct CallOptions {
   }
 };
 
+// A mesh as the driver sees it: per rank, its data-parallel chunk and
+// whether its result is collected.
+struct MeshInfo {
+  std::vector<int> dp_rank;
+  std::vector<bool> collect;
+  int dp_size = 0;  // max dp_rank + 1
+};
+
 struct WorkerGroupOptions {
   std::string name;  // default: the class name plus a counter
   std::chrono::milliseconds start_timeout = std::chrono::seconds(120);
@@ -77,6 +85,10 @@ class WorkerGroup {
   const std::string& class_name() const;
   const std::string& name() const;
   const ParallelLayout& layout() const;
+  // Each worker's registration of `mesh`, asked for once and then cached.
+  // Blocks on the first call. Throws Error naming the mesh and the rank if a
+  // worker never registered it.
+  MeshInfo mesh(const std::string& mesh) const;
   std::vector<pid_t> pids() const;
   // False once any worker has died or the group was shut down.
   bool alive() const;

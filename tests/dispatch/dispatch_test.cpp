@@ -217,6 +217,45 @@ TEST_F(MegatronTest, PpOnlyCollectsOneResultPerStage) {
   EXPECT_EQ(out.as_list()[1].at("rank").as_int(), 4);
 }
 
+// Registers mesh "actor" as tp=2 x dp=2: dp rank = rank / 2, rank % 2 == 0 collects.
+class MeshWorker : public Worker {
+ public:
+  MeshWorker() { register_mesh("actor", rank() / 2, rank() % 2 == 0); }
+  DataProto tag(const DataProto& batch) {
+    DataProto out = batch;
+    out.set_tensor("seen_by", at::full({batch.size()}, static_cast<int64_t>(rank()), at::kLong));
+    return out;
+  }
+  static void register_methods(MethodTable<MeshWorker>& t) {
+    t.def("tag", &MeshWorker::tag, MethodOptions().dispatch(mode::mesh_proto("actor")));
+    t.def("tag_critic", &MeshWorker::tag, MethodOptions().dispatch(mode::mesh_proto("critic")));
+  }
+};
+BATON_WORKER(MeshWorker);
+
+TEST(MeshDispatch, ChunksGoToTheRegisteredDpRanksAndCollectorsAreConcatenated) {
+  ResourcePool pool = ResourcePool::cpu(4);
+  WorkerGroup g = WorkerGroup::spawn("MeshWorker", pool);
+  MeshInfo info = g.mesh("actor");
+  EXPECT_EQ(info.dp_size, 2);
+  EXPECT_EQ(info.dp_rank, (std::vector<int>{0, 0, 1, 1}));
+  DataProto in = batch_of(6);
+  DataProto out = DataProto::from_value(g.call("tag", {in.to_value()}).get());
+  EXPECT_TRUE(out.tensor("x").equal(in.tensor("x")));
+  std::vector<int64_t> seen(6);
+  for (int i = 0; i < 6; ++i) seen[i] = out.tensor("seen_by")[i].item<int64_t>();
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 0, 0, 2, 2, 2}));
+
+  std::string err;
+  try {
+    g.call("tag_critic", {in.to_value()});
+  } catch (const CallError& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("MeshWorker.tag_critic (MESH_PROTO:critic)"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 0: mesh 'critic' was never registered"), std::string::npos) << err;
+}
+
 TEST(MegatronLayout, ALayoutThatDoesNotFillThePoolIsRejected) {
   ResourcePool pool = ResourcePool::cpu(4);
   EXPECT_THROW(WorkerGroup::spawn("ProtoWorker", pool, {},
