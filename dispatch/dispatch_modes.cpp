@@ -11,22 +11,30 @@ namespace baton {
 
 namespace {
 
+// Every argument as a DataProto, all with the same number of rows.
+std::vector<DataProto> proto_arguments(const List& args) {
+  std::vector<DataProto> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    try {
+      out.push_back(DataProto::from_value(args[i]));
+    } catch (const Error& e) {
+      throw CallError("argument " + std::to_string(i) + " must be a DataProto: " + e.what());
+    }
+    if (out.back().size() != out.front().size()) {
+      throw CallError("argument " + std::to_string(i) + " has " +
+                      std::to_string(out.back().size()) + " rows, argument 0 has " +
+                      std::to_string(out.front().size()));
+    }
+  }
+  return out;
+}
+
 DispatchPlan dp_compute_proto(const WorkerGroup& g, const List& args) {
   const int n = g.world_size();
   DispatchPlan p;
   p.chunks.resize(static_cast<size_t>(n));
-  int64_t rows = -1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    DataProto batch;
-    try {
-      batch = DataProto::from_value(args[i]);
-    } catch (const Error& e) {
-      throw CallError("argument " + std::to_string(i) + " must be a DataProto: " + e.what());
-    }
-    if (rows >= 0 && batch.size() != rows) {
-      throw CallError("argument " + std::to_string(i) + " has " + std::to_string(batch.size()) +
-                      " rows, argument 0 has " + std::to_string(rows));
-    }
+  int64_t rows = 0;
+  for (const DataProto& batch : proto_arguments(args)) {
     rows = batch.size();
     auto [padded, pad] = batch.pad_to_multiple(n);
     p.pad = pad;
@@ -34,7 +42,7 @@ DispatchPlan dp_compute_proto(const WorkerGroup& g, const List& args) {
     for (int r = 0; r < n; ++r) p.chunks[r].push_back(parts[r].to_value());
   }
   for (int r = 0; r < n; ++r) p.chunk_of_rank.push_back(r);
-  p.info = Value(rows < 0 ? 0 : (rows + p.pad) / n);  // rows each rank received
+  p.info = Value((rows + p.pad) / n);  // rows each rank received
   return p;
 }
 
@@ -44,19 +52,14 @@ Value collect_list(const CollectInput& in) { return Value(in.outputs); }
 // chunks[part] = the argument list for that part.
 std::vector<List> split_protos(const List& args, int parts) {
   std::vector<List> chunks(static_cast<size_t>(parts));
-  for (size_t i = 0; i < args.size(); ++i) {
-    DataProto batch;
-    try {
-      batch = DataProto::from_value(args[i]);
-    } catch (const Error& e) {
-      throw CallError("argument " + std::to_string(i) + " must be a DataProto: " + e.what());
+  std::vector<DataProto> batches = proto_arguments(args);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (batches[i].size() % parts != 0) {
+      throw CallError("argument " + std::to_string(i) + " has " +
+                      std::to_string(batches[i].size()) + " rows, not divisible into " +
+                      std::to_string(parts) + " parts (this mode does not pad)");
     }
-    if (batch.size() % parts != 0) {
-      throw CallError("argument " + std::to_string(i) + " has " + std::to_string(batch.size()) +
-                      " rows, not divisible into " + std::to_string(parts) +
-                      " parts (this mode does not pad)");
-    }
-    std::vector<DataProto> pieces = batch.chunk(parts);
+    std::vector<DataProto> pieces = batches[i].chunk(parts);
     for (int p = 0; p < parts; ++p) chunks[p].push_back(pieces[p].to_value());
   }
   return chunks;
