@@ -65,19 +65,6 @@ std::vector<List> split_protos(const List& args, int parts) {
   return chunks;
 }
 
-// Checks that every argument is a list of `parts` and transposes them.
-std::vector<List> split_lists(const List& args, int parts) {
-  std::vector<List> chunks(static_cast<size_t>(parts));
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].kind() != ValueKind::kList || static_cast<int>(args[i].as_list().size()) != parts) {
-      throw CallError("argument " + std::to_string(i) + " must be a list of " +
-                      std::to_string(parts) + " (one per data-parallel part)");
-    }
-    for (int p = 0; p < parts; ++p) chunks[p].push_back(args[i].as_list()[p]);
-  }
-  return chunks;
-}
-
 int pp_as_dp_index(const ParallelLayout& l, const ParallelCoords& c) {
   return (c.cp * l.dp + c.dp) * l.pp + c.pp;
 }
@@ -190,7 +177,9 @@ void register_data_proto_modes() {
   replace_dispatch_mode(
       dispatch_mode::kMegatronCompute,
       [](const WorkerGroup& g, const List& args) {
-        return megatron_plan(g, split_lists(args, g.layout().dp));
+        return megatron_plan(g, split_list_arguments(args, g.layout().dp,
+                                                     dispatch_mode::kMegatronCompute,
+                                                     "data-parallel rank"));
       },
       collect_list);
   replace_dispatch_mode(
@@ -205,7 +194,9 @@ void register_data_proto_modes() {
   replace_dispatch_mode(
       dispatch_mode::kMegatronPpAsDp,
       [pp_dp_cp](const WorkerGroup& g, const List& args) {
-        return pp_as_dp_plan(g, split_lists(args, pp_dp_cp(g)));
+        return pp_as_dp_plan(g, split_list_arguments(args, pp_dp_cp(g),
+                                                     dispatch_mode::kMegatronPpAsDp,
+                                                     "(pp, dp, cp) part"));
       },
       [](const CollectInput& in) { return Value(in_chunk_order(in).outputs); });
   replace_dispatch_mode(

@@ -24,21 +24,9 @@ DispatchPlan one_to_all(const WorkerGroup& g, const List& args) {
 }
 
 DispatchPlan all_to_all(const WorkerGroup& g, const List& args) {
-  const int n = g.world_size();
   DispatchPlan p;
-  p.chunks.resize(static_cast<size_t>(n));
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].kind() != ValueKind::kList || static_cast<int>(args[i].as_list().size()) != n) {
-      throw CallError("ALL_TO_ALL: argument " + std::to_string(i) +
-                      " must be a list with one element per rank (" + std::to_string(n) +
-                      "), got " +
-                      (args[i].kind() == ValueKind::kList
-                           ? "a list of " + std::to_string(args[i].as_list().size())
-                           : std::string("a ") + kind_name(args[i].kind())));
-    }
-    for (int r = 0; r < n; ++r) p.chunks[r].push_back(args[i].as_list()[r]);
-  }
-  for (int r = 0; r < n; ++r) p.chunk_of_rank.push_back(r);
+  p.chunks = split_list_arguments(args, g.world_size(), dispatch_mode::kAllToAll, "rank");
+  for (int r = 0; r < g.world_size(); ++r) p.chunk_of_rank.push_back(r);
   return p;
 }
 
@@ -55,6 +43,24 @@ Registry& registry() {
 }
 
 }  // namespace
+
+std::vector<List> split_list_arguments(const List& args, int parts, const std::string& mode,
+                                       const std::string& part) {
+  std::vector<List> out(static_cast<size_t>(parts));
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].kind() != ValueKind::kList ||
+        static_cast<int>(args[i].as_list().size()) != parts) {
+      throw CallError(mode + ": argument " + std::to_string(i) +
+                      " must be a list with one element per " + part + " (" +
+                      std::to_string(parts) + "), got " +
+                      (args[i].kind() == ValueKind::kList
+                           ? "a list of " + std::to_string(args[i].as_list().size())
+                           : std::string("a ") + kind_name(args[i].kind())));
+    }
+    for (int p = 0; p < parts; ++p) out[p].push_back(args[i].as_list()[p]);
+  }
+  return out;
+}
 
 void register_dispatch_mode(const std::string& name, DispatchFn dispatch, CollectFn collect) {
   Registry& r = registry();

@@ -57,6 +57,13 @@ struct DispatchMode {
   CollectFn collect;
 };
 
+// For dispatch functions: every argument must be a list of `parts` elements;
+// returns, for each part, the list of its elements. Throws CallError
+// ("<mode>: argument 1 must be a list with one element per <part> (4), got
+// a list of 3").
+std::vector<List> split_list_arguments(const List& args, int parts, const std::string& mode,
+                                       const std::string& part);
+
 // Throws baton::Error if `name` is taken (use replace_dispatch_mode).
 void register_dispatch_mode(const std::string& name, DispatchFn dispatch, CollectFn collect);
 void replace_dispatch_mode(const std::string& name, DispatchFn dispatch, CollectFn collect);

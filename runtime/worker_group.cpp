@@ -108,6 +108,31 @@ Future<List> gather(std::vector<Future<Value>> futures) {
   return acc->promise.future();
 }
 
+// Sends chunk `chunk_of_rank[r]` of `chunks` to each rank r (none where it
+// is -1), encoding each chunk once, however many ranks receive it. Returns
+// the futures in ascending rank order, with their ranks.
+struct Sent {
+  std::vector<Future<Value>> futures;
+  std::vector<int> ranks;
+};
+Sent send_chunks(const std::vector<std::shared_ptr<WorkerProcess>>& workers,
+                 const std::string& method, const std::vector<List>& chunks,
+                 const std::vector<int>& chunk_of_rank, const CallOptions& options) {
+  std::vector<std::optional<OutgoingCall>> messages(chunks.size());
+  Sent sent;
+  for (size_t r = 0; r < workers.size(); ++r) {
+    int c = chunk_of_rank[r];
+    if (c < 0) continue;
+    if (!messages[c]) messages[c] = WorkerProcess::encode_call(method, chunks[c]);
+    sent.futures.push_back(workers[r]->send(*messages[c], options.timeout));
+    sent.ranks.push_back(static_cast<int>(r));
+  }
+  for (const auto& msg : messages) {
+    if (msg && msg->segment) Driver::get().pool().release(*msg->segment, kSelfPeer);
+  }
+  return sent;
+}
+
 }  // namespace
 
 WorkerGroup::WorkerGroup(std::shared_ptr<State> s) : s_(std::move(s)) {}
@@ -207,19 +232,16 @@ MeshInfo WorkerGroup::mesh(const std::string& mesh) const {
     auto it = s_->meshes.find(mesh);
     if (it != s_->meshes.end()) return it->second;
   }
-  std::vector<Future<Value>> replies;
-  for (int r = 0; r < world_size(); ++r) {
-    OutgoingCall msg = WorkerProcess::encode_call("_query_mesh", {mesh});
-    replies.push_back(s_->workers[r]->send(msg, std::nullopt));
+  List entries;
+  try {
+    std::vector<int> everyone(s_->workers.size(), 0);
+    entries = gather(send_chunks(s_->workers, "_query_mesh", {{mesh}}, everyone, {}).futures).get();
+  } catch (const RemoteError& e) {
+    throw Error("group " + name() + ": rank " + std::to_string(e.rank()) + ": " +
+                e.remote_message());
   }
   MeshInfo info;
-  for (int r = 0; r < world_size(); ++r) {
-    Value entry;
-    try {
-      entry = replies[r].get();
-    } catch (const RemoteError& e) {
-      throw Error("group " + name() + ": rank " + std::to_string(r) + ": " + e.remote_message());
-    }
+  for (const Value& entry : entries) {
     info.dp_rank.push_back(static_cast<int>(entry.as_list()[0].as_int()));
     info.collect.push_back(entry.as_list()[1].as_int() != 0);
     info.dp_size = std::max(info.dp_size, info.dp_rank.back() + 1);
@@ -254,9 +276,7 @@ Future<Value> WorkerGroup::call(const std::string& method, List args, CallOption
   DispatchPlan plan;
   try {
     plan = mode.dispatch(*this, args);
-  } catch (const CallError& e) {
-    throw CallError(where + ": " + e.what());
-  } catch (const Error& e) {
+  } catch (const Error& e) {  // CallError included
     throw CallError(where + ": " + e.what());
   }
   const int n = world_size();
@@ -274,34 +294,19 @@ Future<Value> WorkerGroup::call(const std::string& method, List args, CallOption
   }
   for (const List& chunk : plan.chunks) m.check_args(class_name(), chunk);
 
-  std::vector<Future<Value>> futures;
-  std::vector<int> ranks;  // the rank behind each future
-  for (size_t c = 0; c < plan.chunks.size(); ++c) {
-    OutgoingCall msg;
-    bool encoded = false;
-    for (int r = 0; r < n; ++r) {
-      if (plan.chunk_of_rank[r] != static_cast<int>(c)) continue;
-      if (!encoded) msg = WorkerProcess::encode_call(method, plan.chunks[c]);
-      encoded = true;
-      futures.push_back(s_->workers[r]->send(msg, options.timeout));
-      ranks.push_back(r);
-    }
-    if (msg.segment) Driver::get().pool().release(*msg.segment, kSelfPeer);
-  }
+  Sent sent = send_chunks(s_->workers, method, plan.chunks, plan.chunk_of_rank, options);
   // Wait for every rank that ran (a failure anywhere fails the call), then
   // hand the collected ranks' results, in rank order, to the collect function.
   std::vector<bool> collect_mask = plan.collect;
+  std::vector<int> ranks = std::move(sent.ranks);
   int64_t pad = plan.pad;
   Value info = plan.info;
   CollectFn collect = mode.collect;
-  return gather(std::move(futures)).then([=](const List& results) {
-    std::vector<size_t> order(results.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranks[a] < ranks[b]; });
+  return gather(std::move(sent.futures)).then([=](const List& results) {
     CollectInput in;
     in.pad = pad;
     in.info = info;
-    for (size_t i : order) {
+    for (size_t i = 0; i < results.size(); ++i) {
       if (!collect_mask.empty() && !collect_mask[ranks[i]]) continue;
       in.outputs.push_back(results[i]);
       in.ranks.push_back(ranks[i]);
@@ -316,12 +321,8 @@ Future<Value> WorkerGroup::call(const std::string& method, List args, CallOption
 
 Future<List> WorkerGroup::call_all(const std::string& method, List args, CallOptions options) {
   s_->spec->method(method).check_args(class_name(), args);
-  OutgoingCall msg = WorkerProcess::encode_call(method, args);
-  std::vector<Future<Value>> futures;
-  futures.reserve(s_->workers.size());
-  for (auto& w : s_->workers) futures.push_back(w->send(msg, options.timeout));
-  if (msg.segment) Driver::get().pool().release(*msg.segment, kSelfPeer);
-  return gather(std::move(futures));
+  std::vector<int> everyone(s_->workers.size(), 0);
+  return gather(send_chunks(s_->workers, method, {args}, everyone, options).futures);
 }
 
 Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, List args,
@@ -331,10 +332,9 @@ Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, List a
                     " of " + std::to_string(world_size()) + " workers");
   }
   s_->spec->method(method).check_args(class_name(), args);
-  OutgoingCall msg = WorkerProcess::encode_call(method, args);
-  Future<Value> f = s_->workers[rank]->send(msg, options.timeout);
-  if (msg.segment) Driver::get().pool().release(*msg.segment, kSelfPeer);
-  return f;
+  std::vector<int> only(s_->workers.size(), -1);
+  only[rank] = 0;
+  return send_chunks(s_->workers, method, {args}, only, options).futures[0];
 }
 
 Future<List> WorkerGroup::call_per_rank(const std::string& method, std::vector<List> per_rank_args,
@@ -352,13 +352,9 @@ Future<List> WorkerGroup::call_per_rank(const std::string& method, std::vector<L
       throw CallError(std::string(e.what()) + " (rank " + std::to_string(r) + ")");
     }
   }
-  std::vector<Future<Value>> futures;
-  for (size_t r = 0; r < per_rank_args.size(); ++r) {
-    OutgoingCall msg = WorkerProcess::encode_call(method, per_rank_args[r]);
-    futures.push_back(s_->workers[r]->send(msg, options.timeout));
-    if (msg.segment) Driver::get().pool().release(*msg.segment, kSelfPeer);
-  }
-  return gather(std::move(futures));
+  std::vector<int> own(per_rank_args.size());
+  for (size_t r = 0; r < own.size(); ++r) own[r] = static_cast<int>(r);
+  return gather(send_chunks(s_->workers, method, per_rank_args, own, options).futures);
 }
 
 void WorkerGroup::shutdown(std::chrono::milliseconds grace) { s_->shutdown(grace); }
