@@ -232,16 +232,16 @@ MeshInfo WorkerGroup::mesh(const std::string& mesh) const {
     auto it = s_->meshes.find(mesh);
     if (it != s_->meshes.end()) return it->second;
   }
-  List entries;
-  try {
-    std::vector<int> everyone(s_->workers.size(), 0);
-    entries = gather(send_chunks(s_->workers, "_query_mesh", {{mesh}}, everyone, {}).futures).get();
-  } catch (const RemoteError& e) {
-    throw Error("group " + name() + ": rank " + std::to_string(e.rank()) + ": " +
-                e.remote_message());
-  }
+  std::vector<int> everyone(s_->workers.size(), 0);
+  Sent sent = send_chunks(s_->workers, "_query_mesh", {{mesh}}, everyone, {});
   MeshInfo info;
-  for (const Value& entry : entries) {
+  for (size_t r = 0; r < sent.futures.size(); ++r) {  // the lowest failing rank is named
+    Value entry;
+    try {
+      entry = sent.futures[r].get();
+    } catch (const RemoteError& e) {
+      throw Error("group " + name() + ": rank " + std::to_string(r) + ": " + e.remote_message());
+    }
     info.dp_rank.push_back(static_cast<int>(entry.as_list()[0].as_int()));
     info.collect.push_back(entry.as_list()[1].as_int() != 0);
     info.dp_size = std::max(info.dp_size, info.dp_rank.back() + 1);
