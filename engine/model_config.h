@@ -1,0 +1,58 @@
+// ModelConfig: the architecture hyper-parameters of a decoder-only transformer
+// of the HF Llama/Qwen2 family, read from and written to an HF `config.json`.
+//
+// Example:
+//   auto cfg = baton::engine::ModelConfig::load("models/qwen2-0.5b");
+//   cfg.num_layers;      // "num_hidden_layers"
+//   cfg.save("out/");    // writes out/config.json that HF transformers reads
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace baton::engine {
+
+// The model families the engine implements. Adding one means adding its
+// conversion table (weight_conversion.h) and any layer differences.
+enum class ModelFamily { kLlama, kQwen2 };
+
+struct ModelConfig {
+  std::string architecture;  // "LlamaForCausalLM" or "Qwen2ForCausalLM"
+  ModelFamily family = ModelFamily::kLlama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;    // "num_hidden_layers"
+  int64_t num_heads = 0;     // "num_attention_heads"
+  int64_t num_kv_heads = 0;  // "num_key_value_heads" (defaults to num_heads)
+  int64_t head_dim = 0;      // "head_dim" (defaults to hidden / heads)
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2: always; Llama: "attention_bias"
+  bool mlp_bias = false;  // Llama's "mlp_bias"
+  std::string torch_dtype = "float32";
+
+  // Parses an HF config. `where` names the source in errors (a path).
+  // Throws EngineError for an unsupported architecture, a missing or
+  // non-positive size, or sizes that do not fit together (heads not dividing).
+  static ModelConfig from_hf_json(const nlohmann::json& json, const std::string& where);
+  // Reads `dir/config.json` (or `path` itself when it is a file).
+  static ModelConfig load(const std::filesystem::path& path);
+
+  // The HF form: every key above under its HF name, plus `architectures` and
+  // `model_type`. `architecture` overrides the class (e.g. a value model's
+  // "Qwen2ForTokenClassification").
+  nlohmann::json to_hf_json(const std::string& architecture = "") const;
+  // Writes `dir/config.json` (created if missing), atomically.
+  void save(const std::filesystem::path& dir, const std::string& architecture = "") const;
+
+  int64_t q_size() const { return num_heads * head_dim; }
+  int64_t kv_size() const { return num_kv_heads * head_dim; }
+};
+
+}  // namespace baton::engine
