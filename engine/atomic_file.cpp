@@ -1,0 +1,77 @@
+#include "engine/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "engine/errors.h"
+
+namespace baton::engine {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+// pid + counter: unique across processes and threads writing the same target.
+fs::path temp_path_for(const fs::path& file) {
+  static std::atomic<uint64_t> counter{0};
+  return fs::path(detail::cat(file.string(), ".tmp.", ::getpid(), ".", counter++));
+}
+
+void fsync_directory(const fs::path& dir) {
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // best effort: the rename has happened either way
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+void write_file_atomically(const fs::path& file,
+                           const std::function<void(const AppendFn& append)>& fill) {
+  if (!file.parent_path().empty()) fs::create_directories(file.parent_path());
+  const fs::path tmp = temp_path_for(file);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw EngineError(detail::cat(tmp.string(), ": cannot create: ", errno_text()));
+  AppendFn append = [&](const void* data, size_t size) {
+    auto p = static_cast<const char*>(data);
+    while (size > 0) {
+      ssize_t n = ::write(fd, p, size);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw EngineError(detail::cat(file.string(), ": write failed: ", errno_text()));
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
+  };
+  try {
+    fill(append);
+    if (::fsync(fd) != 0)
+      throw EngineError(detail::cat(file.string(), ": fsync failed: ", errno_text()));
+    int rc = ::close(fd);
+    fd = -1;
+    if (rc != 0) throw EngineError(detail::cat(file.string(), ": close failed: ", errno_text()));
+    if (::rename(tmp.c_str(), file.c_str()) != 0)
+      throw EngineError(detail::cat(file.string(), ": cannot rename ", tmp.string(),
+                                    " over it: ", errno_text()));
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
+  }
+  fsync_directory(file.parent_path());
+}
+
+void write_file_atomically(const fs::path& file, std::string_view contents) {
+  write_file_atomically(file,
+                        [&](const AppendFn& append) { append(contents.data(), contents.size()); });
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,34 @@
+// Atomic file replacement: the new contents are written to a temporary file
+// beside the target, flushed to disk and renamed over it, so a reader (or a
+// crash at any point) sees either the old file or the complete new one.
+//
+// Example:
+//   write_file_atomically(dir / "layout.json", json.dump(2));
+//   write_file_atomically(file, [&](const AppendFn& append) {
+//     append(header.data(), header.size());
+//     append(tensor.data_ptr(), tensor.nbytes());
+//   });
+//
+// Errors: EngineError naming the file (the temporary file is removed); an
+// exception thrown by `fill` is passed on after the same clean-up. Blocking:
+// synchronous I/O including fsync of the file and its directory. Thread
+// safety: concurrent calls for the same target do not corrupt it (each writes
+// its own temporary file; the last rename wins).
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <string_view>
+
+namespace baton::engine {
+
+// Appends `size` bytes to the file being written; throws EngineError on failure.
+using AppendFn = std::function<void(const void* data, size_t size)>;
+
+// Creates the parent directory if missing, then writes `file` through `fill`.
+void write_file_atomically(const std::filesystem::path& file,
+                           const std::function<void(const AppendFn& append)>& fill);
+void write_file_atomically(const std::filesystem::path& file, std::string_view contents);
+
+}  // namespace baton::engine

@@ -1,0 +1,172 @@
+#include "engine/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "engine/errors.h"
+#include "engine/safetensors.h"
+#include "engine/weight_conversion.h"
+
+namespace fs = std::filesystem;
+
+namespace baton::engine {
+namespace {
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string shard_suffix(const ParallelState& ps) {
+  return detail::cat("tp", ps.coords().tp, "-pp", ps.coords().pp);
+}
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_text_atomically(const fs::path& file, const std::string& text) {
+  auto tmp = file;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw EngineError(tmp.string() + ": write failed");
+  }
+  fsync_path(tmp);
+  fs::rename(tmp, file);
+  fsync_path(file.parent_path());
+}
+
+nlohmann::json read_json(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) throw EngineError(file.string() + ": missing checkpoint file");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw EngineError(file.string() + ": corrupt JSON: " + e.what());
+  }
+}
+
+nlohmann::json layout_json(const Transformer& model, int64_t step) {
+  const ParallelState& ps = model.parallel();
+  const ParallelConfig& pc = ps.config();
+  nlohmann::json j;
+  j["format"] = "baton-checkpoint-v1";
+  j["step"] = step;
+  j["tp"] = pc.tp;
+  j["pp"] = pc.pp;
+  j["dp"] = pc.dp;
+  j["cp"] = pc.cp;
+  j["layer_split"] =
+      pc.layer_split.empty() ? even_layer_split(model.config().num_layers, pc.pp) : pc.layer_split;
+  j["num_layers"] = model.config().num_layers;
+  j["value_model"] = model.options().value_model;
+  return j;
+}
+
+void barrier(const ParallelState& ps) {
+  if (ps.world().size > 1) ps.world().pg->barrier()->wait();
+}
+
+at::Tensor rng_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
+
+void set_rng_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
+void save_checkpoint(const fs::path& root, int64_t step, const Transformer& model,
+                     const Optimizer& optimizer, const nlohmann::json& extra) {
+  const ParallelState& ps = model.parallel();
+  auto final_dir = root / step_dir_name(step);
+  auto partial = root / (step_dir_name(step) + ".partial");
+  if (ps.rank() == 0) {
+    fs::create_directories(root);
+    fs::remove_all(partial);
+    fs::create_directories(partial);
+  }
+  barrier(ps);
+  const Coords& c = ps.coords();
+  if (c.dp == 0 && c.cp == 0) {
+    write_safetensors(partial / ("model-" + shard_suffix(ps) + ".safetensors"), model.state_dict());
+    write_safetensors(partial / ("optim-" + shard_suffix(ps) + ".safetensors"),
+                      optimizer.state_dict());
+  }
+  write_safetensors(partial / detail::cat("rng-", ps.rank(), ".safetensors"),
+                    {{"cpu", rng_state()}});
+  if (ps.rank() == 0) {
+    write_text_atomically(partial / "layout.json", layout_json(model, step).dump(2));
+    model.config().save(partial);
+    write_text_atomically(partial / "extra.json", extra.dump(2));
+  }
+  barrier(ps);  // every rank's files are on disk
+  if (ps.rank() == 0) {
+    fsync_path(partial);
+    if (fs::exists(final_dir)) {
+      auto old = root / (step_dir_name(step) + ".old");
+      fs::remove_all(old);
+      fs::rename(final_dir, old);
+      fs::rename(partial, final_dir);
+      fs::remove_all(old);
+    } else {
+      fs::rename(partial, final_dir);
+    }
+    fsync_path(root);
+    write_text_atomically(root / "latest", std::to_string(step) + "\n");
+  }
+  barrier(ps);
+}
+
+std::optional<int64_t> latest_checkpoint(const fs::path& root) {
+  std::ifstream in(root / "latest");
+  if (!in) return std::nullopt;
+  long long step = -1;
+  if (!(in >> step) || step < 0)
+    throw EngineError((root / "latest").string() + ": corrupt (expected a step number)");
+  if (!fs::is_directory(root / step_dir_name(step)))
+    throw EngineError(detail::cat((root / "latest").string(), " names step ", step, " but ",
+                                  (root / step_dir_name(step)).string(), " does not exist"));
+  return step;
+}
+
+nlohmann::json load_checkpoint(const fs::path& root, Transformer& model, Optimizer& optimizer,
+                               std::optional<int64_t> step) {
+  if (!step) step = latest_checkpoint(root);
+  if (!step) throw EngineError(root.string() + ": no checkpoint (no 'latest' file)");
+  auto dir = root / step_dir_name(*step);
+  const ParallelState& ps = model.parallel();
+  auto saved = read_json(dir / "layout.json");
+  auto want = layout_json(model, *step);
+  for (const char* key : {"tp", "pp", "layer_split", "num_layers", "value_model"}) {
+    if (saved.value(key, nlohmann::json()) != want[key])
+      throw EngineError(detail::cat(
+          dir.string(), ": checkpoint ", key, " = ", saved.value(key, nlohmann::json()).dump(),
+          " but the model has ", want[key].dump(), "; convert it (baton-convert) first"));
+  }
+  model.load_state_dict(read_safetensors(dir / ("model-" + shard_suffix(ps) + ".safetensors")));
+  optimizer.load_state_dict(read_safetensors(dir / ("optim-" + shard_suffix(ps) + ".safetensors")));
+  auto rng_file = dir / detail::cat("rng-", ps.rank(), ".safetensors");
+  if (fs::exists(rng_file)) {
+    auto rng = read_safetensors(rng_file);
+    if (rng.count("cpu")) set_rng_state(rng.at("cpu"));
+  }
+  return read_json(dir / "extra.json");
+}
+
+}  // namespace baton::engine

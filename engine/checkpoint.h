@@ -1,0 +1,46 @@
+// Sharded training checkpoints: model, optimizer (moments, master weights,
+// step — the schedule position), RNG state and a JSON of the caller's own
+// (data-loader position, ...), one directory per step:
+//
+//   root/latest                        "12" (the newest complete checkpoint)
+//   root/step_00000012/
+//     layout.json                      tp, pp, dp, layer_split, value model, step
+//     config.json                      the model's HF config
+//     model-tp{t}-pp{p}.safetensors    engine-named weights (DP rank 0 writes)
+//     optim-tp{t}-pp{p}.safetensors    optimizer state (DP rank 0 writes)
+//     rng-{rank}.safetensors           every rank's generator state
+//     extra.json                       the caller's JSON
+//
+// Atomic: every rank writes into `step_N.partial/`; after a barrier rank 0
+// renames it to `step_N` and then rewrites `latest` by rename. A crash at any
+// point leaves the previous checkpoint and `latest` intact; a leftover
+// `.partial` directory is ignored and replaced by the next save.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+
+#include "engine/optimizer.h"
+#include "engine/transformer.h"
+
+namespace baton::engine {
+
+// Collective over the model's world: every rank calls it with the same
+// arguments. Blocks until the checkpoint is complete on disk.
+void save_checkpoint(const std::filesystem::path& root, int64_t step, const Transformer& model,
+                     const Optimizer& optimizer, const nlohmann::json& extra = {});
+
+// The newest complete checkpoint's step under `root`, if any.
+std::optional<int64_t> latest_checkpoint(const std::filesystem::path& root);
+
+// Restores this rank's model, optimizer and RNG from `root` at `step` (the
+// latest when empty) and returns the caller's JSON. Throws EngineError when
+// there is no checkpoint, a file is missing or corrupt, or the checkpoint's
+// layout (tp, pp, layer split, model kind) differs from the model's.
+nlohmann::json load_checkpoint(const std::filesystem::path& root, Transformer& model,
+                               Optimizer& optimizer, std::optional<int64_t> step = std::nullopt);
+
+}  // namespace baton::engine

@@ -1,0 +1,118 @@
+// Optimizer: one training step after forward_backward — reduce gradients
+// (sequence-parallel params over TP, tied embeddings over the embedding group,
+// everything over DP in buckets), clip by the global norm across TP × PP × DP,
+// then AdamW with a learning-rate schedule. Parameters that are not fp32 (bf16
+// on GPU) keep fp32 master weights here.
+//
+// Gradient convention: gradients are SUMMED over DP ranks (and over
+// micro-batches), not averaged — the loss function scales by the global
+// token count (ARCHITECTURE.md: token-mean is the true mean over the
+// mini-batch whatever the split). Use `OptimizerOptions::average_dp` for a
+// per-rank-mean loss instead.
+//
+// Example:
+//   Optimizer opt(model, OptimizerOptions().set_lr(1e-5).set_warmup_cosine(10, 1000, 1e-6));
+//   opt.zero_grad();
+//   forward_backward(*model, mbs, loss);
+//   auto stats = opt.step();   // stats.grad_norm, stats.lr
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/transformer.h"
+
+namespace baton::engine {
+
+enum class LrSchedule { kConstant, kWarmupCosine };
+
+struct OptimizerOptions {
+  double lr = 1e-5;     // peak learning rate
+  double min_lr = 0.0;  // cosine floor
+  LrSchedule schedule = LrSchedule::kConstant;
+  int64_t warmup_steps = 0;  // linear warm-up from 0 (both schedules)
+  int64_t total_steps = 0;   // cosine decay ends here (kWarmupCosine)
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  // not applied to 1-D parameters (norms, biases)
+  double clip_grad = 1.0;      // global-norm clip; <= 0 disables
+  bool average_dp = false;     // divide DP-summed gradients by the DP size
+  int64_t bucket_bytes = 25 << 20;
+
+  OptimizerOptions& set_lr(double v) {
+    lr = v;
+    return *this;
+  }
+  OptimizerOptions& set_warmup_cosine(int64_t warmup, int64_t total, double floor) {
+    schedule = LrSchedule::kWarmupCosine;
+    warmup_steps = warmup;
+    total_steps = total;
+    min_lr = floor;
+    return *this;
+  }
+  OptimizerOptions& set_clip_grad(double v) {
+    clip_grad = v;
+    return *this;
+  }
+  OptimizerOptions& set_weight_decay(double v) {
+    weight_decay = v;
+    return *this;
+  }
+};
+
+// The learning rate of step `step` (0 = the first step).
+double learning_rate(const OptimizerOptions& options, int64_t step);
+
+struct StepStats {
+  double grad_norm = 0;  // before clipping, over every rank's gradients
+  double lr = 0;
+  bool skipped = false;  // non-finite gradient norm: no update was applied
+};
+
+class Optimizer {
+ public:
+  Optimizer(std::shared_ptr<Transformer> model, OptimizerOptions options);
+
+  void zero_grad();
+  // Collective over the model's TP, PP, DP and embedding groups.
+  StepStats step();
+
+  // Global norm of the current gradients, counted once per distinct
+  // parameter across the layout. Collective. Call after gradient reduction
+  // (step() does); exposed for tests and logging.
+  double global_grad_norm();
+  // The gradient reduction step() does first. Collective.
+  void reduce_gradients();
+
+  int64_t steps_done() const { return steps_; }
+  const OptimizerOptions& options() const { return options_; }
+
+  // "exp_avg.<param>", "exp_avg_sq.<param>", "master.<param>" (non-fp32
+  // params) and "step" (int64 0-dim).
+  std::map<std::string, at::Tensor> state_dict() const;
+  // Throws EngineError naming missing or mis-shaped entries.
+  void load_state_dict(const std::map<std::string, at::Tensor>& state);
+
+ private:
+  struct Slot {
+    std::string name;
+    at::Tensor param;
+    at::Tensor master;  // fp32 copy when param is not fp32, else undefined
+    at::Tensor exp_avg, exp_avg_sq;
+    bool tp_replicated = false;
+    bool tied_copy = false;  // the last stage's copy of tied embeddings (pp > 1)
+  };
+  void all_reduce_buckets(std::vector<at::Tensor> grads, const Group& group);
+
+  std::shared_ptr<Transformer> model_;
+  OptimizerOptions options_;
+  std::vector<Slot> slots_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace baton::engine

@@ -1,0 +1,321 @@
+#include "engine/parallel_state.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#if defined(BATON_CUDA)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <array>
+#include <cstdlib>
+#include <map>
+
+#include "engine/errors.h"
+
+namespace baton::engine {
+namespace {
+
+constexpr const char* kStorePrefix = "baton/parallel_state/";
+constexpr int kNumGroupKinds = static_cast<int>(GroupKind::kEmbedding) + 1;
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+// Which coordinates a rank shares with the other members of its group.
+struct Fixed {
+  bool tp, cp, dp, pp;
+};
+
+Fixed fixed_coords(GroupKind kind) {
+  switch (kind) {
+    case GroupKind::kWorld:
+      return {false, false, false, false};
+    case GroupKind::kTensor:
+      return {false, true, true, true};
+    case GroupKind::kContext:
+      return {true, false, true, true};
+    case GroupKind::kData:
+      return {true, true, false, true};
+    case GroupKind::kDataContext:
+      return {true, false, false, true};
+    case GroupKind::kPipeline:
+    case GroupKind::kEmbedding:
+      return {true, true, true, false};
+    case GroupKind::kModel:
+      return {false, true, true, false};
+  }
+  ENGINE_CHECK(false, "unknown group kind ", static_cast<int>(kind));
+}
+
+}  // namespace
+
+void ParallelConfig::validate(int64_t world_size) const {
+  if (tp < 1 || cp < 1 || dp < 1 || pp < 1)
+    throw EngineError("parallel config " + to_string() + ": every size must be at least 1");
+  if (!layer_split.empty() && static_cast<int64_t>(layer_split.size()) != pp)
+    throw EngineError(detail::cat("parallel config ", to_string(), ": layer_split has ",
+                                  layer_split.size(), " entries for ", pp, " pipeline stages"));
+  for (int64_t n : layer_split)
+    if (n < 0)
+      throw EngineError("parallel config " + to_string() + ": negative layer count in layer_split");
+  if (world_size >= 0 && world_size != this->world_size())
+    throw EngineError(detail::cat("parallel config ", to_string(), " needs ", this->world_size(),
+                                  " ranks (tp*cp*dp*pp) but the world has ", world_size));
+}
+
+std::string ParallelConfig::to_string() const {
+  std::string s = detail::cat("tp=", tp, " cp=", cp, " dp=", dp, " pp=", pp);
+  if (!layer_split.empty()) s += " layer_split=[" + join(layer_split) + "]";
+  return s;
+}
+
+bool operator==(const ParallelConfig& a, const ParallelConfig& b) {
+  return a.tp == b.tp && a.cp == b.cp && a.dp == b.dp && a.pp == b.pp &&
+         a.layer_split == b.layer_split;
+}
+
+bool operator==(const Coords& a, const Coords& b) {
+  return a.tp == b.tp && a.cp == b.cp && a.dp == b.dp && a.pp == b.pp;
+}
+
+Coords coords_of(int64_t rank, const ParallelConfig& config) {
+  if (rank < 0 || rank >= config.world_size())
+    throw EngineError(detail::cat("rank ", rank, " is outside the parallel config ",
+                                  config.to_string(), " (", config.world_size(), " ranks)"));
+  Coords c;
+  c.tp = rank % config.tp;
+  rank /= config.tp;
+  c.cp = rank % config.cp;
+  rank /= config.cp;
+  c.dp = rank % config.dp;
+  c.pp = rank / config.dp;
+  return c;
+}
+
+int64_t rank_of(const Coords& c, const ParallelConfig& config) {
+  if (c.tp < 0 || c.tp >= config.tp || c.cp < 0 || c.cp >= config.cp || c.dp < 0 ||
+      c.dp >= config.dp || c.pp < 0 || c.pp >= config.pp)
+    throw EngineError(detail::cat("coordinates tp=", c.tp, " cp=", c.cp, " dp=", c.dp, " pp=", c.pp,
+                                  " are outside the parallel config ", config.to_string()));
+  return ((c.pp * config.dp + c.dp) * config.cp + c.cp) * config.tp + c.tp;
+}
+
+const char* to_string(GroupKind kind) {
+  switch (kind) {
+    case GroupKind::kWorld:
+      return "world";
+    case GroupKind::kTensor:
+      return "tp";
+    case GroupKind::kContext:
+      return "cp";
+    case GroupKind::kData:
+      return "dp";
+    case GroupKind::kDataContext:
+      return "dp_cp";
+    case GroupKind::kPipeline:
+      return "pp";
+    case GroupKind::kModel:
+      return "model_parallel";
+    case GroupKind::kEmbedding:
+      return "embedding";
+  }
+  return "?";
+}
+
+std::vector<int64_t> group_ranks(GroupKind kind, int64_t rank, const ParallelConfig& config) {
+  const Coords me = coords_of(rank, config);
+  const Fixed f = fixed_coords(kind);
+  std::vector<int64_t> ranks;
+  for (int64_t r = 0; r < config.world_size(); ++r) {
+    const Coords c = coords_of(r, config);
+    if ((f.tp && c.tp != me.tp) || (f.cp && c.cp != me.cp) || (f.dp && c.dp != me.dp) ||
+        (f.pp && c.pp != me.pp))
+      continue;
+    ranks.push_back(r);
+  }
+  if (kind == GroupKind::kEmbedding) {
+    // The pipeline group in stage order: keep its first and last stage.
+    const bool end_stage = me.pp == 0 || me.pp == config.pp - 1;
+    if (config.pp == 1 || !end_stage) return {rank};
+    return {ranks.front(), ranks.back()};
+  }
+  return ranks;
+}
+
+std::vector<std::vector<int64_t>> all_group_ranks(GroupKind kind, const ParallelConfig& config) {
+  std::vector<std::vector<int64_t>> groups;
+  std::vector<bool> seen(config.world_size(), false);
+  for (int64_t r = 0; r < config.world_size(); ++r) {
+    if (seen[r]) continue;
+    groups.push_back(group_ranks(kind, r, config));
+    for (int64_t m : groups.back()) seen[m] = true;
+  }
+  return groups;
+}
+
+std::pair<int64_t, int64_t> stage_layer_range(int64_t stage, int64_t num_layers,
+                                              const ParallelConfig& config) {
+  ENGINE_CHECK(stage >= 0 && stage < config.pp, "stage ", stage, " of ", config.pp);
+  if (num_layers < 0) throw EngineError(detail::cat("negative layer count ", num_layers));
+  if (!config.layer_split.empty()) {
+    config.validate();
+    int64_t total = 0, begin = 0;
+    for (int64_t p = 0; p < config.pp; ++p) {
+      if (p == stage) begin = total;
+      total += config.layer_split[p];
+    }
+    if (total != num_layers)
+      throw EngineError(detail::cat("layer_split [", join(config.layer_split), "] sums to ", total,
+                                    " but the model has ", num_layers, " layers"));
+    return {begin, begin + config.layer_split[stage]};
+  }
+  if (num_layers < config.pp)
+    throw EngineError(detail::cat("cannot split ", num_layers, " layers over ", config.pp,
+                                  " pipeline stages: every stage needs a layer (or give "
+                                  "layer_split explicitly)"));
+  const int64_t base = num_layers / config.pp, extra = num_layers % config.pp;
+  const int64_t begin = stage * base + std::min(stage, extra);
+  return {begin, begin + base + (stage < extra ? 1 : 0)};
+}
+
+namespace {
+
+std::shared_ptr<::gloo::transport::Device> gloo_device() {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+}
+
+// Builds the process groups of one ParallelState, sharing one process group
+// between group kinds with the same ranks.
+class GroupFactory {
+ public:
+  GroupFactory(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds timeout,
+               CollectiveBackend backend)
+      : store_(std::move(store)), timeout_(timeout), backend_(backend) {}
+
+  c10::intrusive_ptr<c10d::ProcessGroup> get(const std::vector<int64_t>& ranks, int64_t rank) {
+    auto it = cache_.find(ranks);
+    if (it != cache_.end()) return it->second;
+    int64_t group_rank = 0;
+    while (ranks[group_rank] != rank) ++group_rank;
+    // Members of a size-1 group never talk to anyone: a private store will do.
+    c10::intrusive_ptr<c10d::Store> store;
+    if (ranks.size() == 1)
+      store = c10::make_intrusive<c10d::HashStore>();
+    else
+      store = c10::make_intrusive<c10d::PrefixStore>(detail::cat(kStorePrefix, "pg/", join(ranks)),
+                                                     store_);
+    auto pg = make(store, static_cast<int>(group_rank), static_cast<int>(ranks.size()));
+    cache_.emplace(ranks, pg);
+    return pg;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> make(const c10::intrusive_ptr<c10d::Store>& store,
+                                              int rank, int size) {
+    if (backend_ == CollectiveBackend::kNccl) {
+#if defined(BATON_CUDA)
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = timeout_;
+      return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+#else
+      throw EngineError("ParallelState: the NCCL backend needs a CUDA build (BATON_CUDA)");
+#endif
+    }
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
+    if (!device_) device_ = gloo_device();
+    options->devices.push_back(device_);
+    if (size == 1) options->threads = 1;
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  CollectiveBackend backend_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::map<std::vector<int64_t>, c10::intrusive_ptr<c10d::ProcessGroup>> cache_;
+};
+
+}  // namespace
+
+ParallelState::ParallelState(ParallelConfig config, int64_t rank)
+    : config_(std::move(config)), rank_(rank), coords_(coords_of(rank, config_)) {}
+
+ParallelState::~ParallelState() = default;
+
+std::shared_ptr<ParallelState> ParallelState::create(c10::intrusive_ptr<c10d::Store> store,
+                                                     int64_t rank, ParallelConfig config,
+                                                     std::chrono::milliseconds timeout,
+                                                     CollectiveBackend backend) {
+  if (!store) throw EngineError("ParallelState::create: no store");
+  config.validate();
+  std::shared_ptr<ParallelState> state(new ParallelState(config, rank));
+
+  // Every rank must agree on the layout, or the groups below would never form.
+  const std::string key = detail::cat(kStorePrefix, "config");
+  const std::string mine = config.to_string();
+  if (rank == 0) {
+    store->set(key, std::vector<uint8_t>(mine.begin(), mine.end()));
+  } else {
+    const std::vector<uint8_t> v = store->get(key);
+    const std::string theirs(v.begin(), v.end());
+    if (theirs != mine)
+      throw EngineError(detail::cat("ParallelState::create: rank ", rank, "'s parallel config (",
+                                    mine, ") differs from rank 0's (", theirs, ")"));
+  }
+
+  // All ranks build the kinds in the same order; within one kind the groups
+  // partition the world, so no rank waits on a group another rank builds later.
+  GroupFactory factory(store, timeout, backend);
+  state->groups_.resize(kNumGroupKinds);
+  for (int k = 0; k < kNumGroupKinds; ++k) {
+    Group& g = state->groups_[k];
+    g.ranks = group_ranks(static_cast<GroupKind>(k), rank, state->config_);
+    g.size = static_cast<int64_t>(g.ranks.size());
+    while (g.ranks[g.rank] != rank) ++g.rank;
+    g.pg = factory.get(g.ranks, rank);
+  }
+  return state;
+}
+
+std::shared_ptr<ParallelState> ParallelState::single() {
+  std::shared_ptr<ParallelState> state(new ParallelState(ParallelConfig{}, 0));
+  GroupFactory factory(c10::intrusive_ptr<c10d::Store>(), std::chrono::minutes(5),
+                       CollectiveBackend::kGloo);
+  auto pg = factory.get({0}, 0);
+  state->groups_.assign(kNumGroupKinds, Group{pg, 0, 1, {0}});
+  return state;
+}
+
+const Group& ParallelState::group(GroupKind kind) const {
+  const int k = static_cast<int>(kind);
+  ENGINE_CHECK(k >= 0 && k < static_cast<int>(groups_.size()), "group kind ", k);
+  return groups_[k];
+}
+
+void ParallelState::set_num_layers(int64_t num_layers) {
+  layers_ = stage_layer_range(coords_.pp, num_layers, config_);
+  num_layers_ = num_layers;
+}
+
+int64_t ParallelState::num_layers() const {
+  ENGINE_CHECK(num_layers_ >= 0, "ParallelState::set_num_layers was not called");
+  return num_layers_;
+}
+
+int64_t ParallelState::layer_begin() const {
+  num_layers();
+  return layers_.first;
+}
+
+int64_t ParallelState::layer_end() const {
+  num_layers();
+  return layers_.second;
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,201 @@
+#include "engine/transformer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
+
+#include <set>
+
+#include "engine/errors.h"
+#include "engine/tensor_parallel.h"
+#include "engine/vocab_parallel.h"
+
+namespace baton::engine {
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+}  // namespace
+
+Transformer::Transformer(ModelConfig config, std::shared_ptr<ParallelState> state,
+                         TransformerOptions options)
+    : config_(std::move(config)), state_(std::move(state)), options_(options) {
+  if (config_.family == ModelFamily::kLlama && (config_.qkv_bias || config_.mlp_bias))
+    throw EngineError(config_.architecture +
+                      ": attention_bias / mlp_bias are not supported for Llama models");
+  const Group& tp = state_->tp();
+  int64_t h = config_.hidden_size;
+  if (config_.vocab_size % tp.size != 0)
+    throw EngineError(detail::cat(config_.architecture, ": vocab_size ", config_.vocab_size,
+                                  " is not divisible by the tensor-parallel size ", tp.size));
+  if (first_stage()) {
+    VocabParallelEmbeddingOptions emb;
+    emb.vocab_size = config_.vocab_size;
+    emb.hidden_size = h;
+    emb.sequence_parallel = options_.sequence_parallel;
+    embedding_ = register_module("embedding", VocabParallelEmbedding(emb, tp));
+  }
+  auto [begin, end] = stage_layer_range(state_->coords().pp, config_.num_layers, state_->config());
+  for (int64_t id = begin; id < end; ++id) {
+    auto layer = std::make_shared<TransformerLayer>(config_, tp, id, options_.sequence_parallel);
+    layers_.push_back(register_module("layer" + std::to_string(id), layer));
+  }
+  if (last_stage()) {
+    final_norm_ = register_parameter("final_norm", at::ones({h}));
+    if (options_.value_model) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(options_.value_head_seed);
+      value_head_ = register_parameter("value_head", at::normal(0.0, 0.02, {1, h}, gen));
+      value_bias_ = register_parameter("value_bias", at::zeros({1}));
+    } else if (!(config_.tie_word_embeddings && first_stage())) {
+      output_weight_ = register_parameter("output_layer",
+                                          at::normal(0.0, 0.02, {config_.vocab_size / tp.size, h}));
+    }
+  }
+}
+
+bool Transformer::first_stage() const { return state_->is_first_stage(); }
+bool Transformer::last_stage() const { return state_->is_last_stage(); }
+
+at::Tensor Transformer::forward(const at::Tensor& input, const at::Tensor& position_ids,
+                                const at::Tensor& attention_mask) {
+  if (position_ids.dim() != 2 || attention_mask.sizes() != position_ids.sizes())
+    throw EngineError("Transformer::forward: position_ids " + shape_of(position_ids) +
+                      " and attention_mask " + shape_of(attention_mask) + " must both be [B, S]");
+  int64_t b = position_ids.size(0), s = position_ids.size(1);
+  int64_t tp = state_->tp().size;
+  if (options_.sequence_parallel && s % tp != 0)
+    throw EngineError(detail::cat("Transformer::forward: sequence length ", s,
+                                  " is not divisible by tp ", tp, " (sequence parallelism)"));
+  at::Tensor h;
+  if (first_stage()) {
+    if (input.dim() != 2 || input.size(0) != b || input.size(1) != s ||
+        input.scalar_type() != at::kLong)
+      throw EngineError("Transformer::forward: input_ids must be int64 [" + std::to_string(b) +
+                        ", " + std::to_string(s) + "], got " + shape_of(input));
+    h = embedding_->forward(input);
+  } else {
+    int64_t local_s = options_.sequence_parallel ? s / tp : s;
+    if (input.dim() != 3 || input.size(0) != b || input.size(1) != local_s ||
+        input.size(2) != config_.hidden_size)
+      throw EngineError(detail::cat("Transformer::forward: stage ", state_->coords().pp,
+                                    " expects hidden states [", b, ", ", local_s, ", ",
+                                    config_.hidden_size, "], got ", shape_of(input)));
+    h = input;
+  }
+  auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
+  auto bias = causal_attention_bias(attention_mask, h.scalar_type());
+  for (auto& layer : layers_) h = layer->forward(h, rotary, bias);
+  if (!last_stage()) return h;
+  h = rms_norm(h, final_norm_, config_.rms_norm_eps);
+  return options_.value_model ? value_head(h) : lm_head(h);
+}
+
+at::Tensor Transformer::lm_head(const at::Tensor& h) {
+  const Group& tp = state_->tp();
+  auto x =
+      options_.sequence_parallel ? gather_from_sequence_region(h, tp) : copy_to_tp_region(h, tp);
+  const at::Tensor& w = output_weight_.defined() ? output_weight_ : embedding_->weight;
+  return at::linear(x, w);
+}
+
+at::Tensor Transformer::value_head(const at::Tensor& h) {
+  auto v = at::linear(h, value_head_, value_bias_);  // [B, S(/tp), 1]
+  if (!options_.sequence_parallel) return v;
+  // Values of the local sequence part, gathered along the sequence; the
+  // backward keeps each rank's own part (no sum: every rank computed its own).
+  return gather_from_tp_region(v.transpose(1, 2), state_->tp()).transpose(1, 2);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::named_params() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (embedding_) out.emplace_back("embedding.word_embeddings.weight", embedding_->weight);
+  for (const auto& layer : layers_) {
+    auto p = layer->named_params();
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  if (final_norm_.defined()) out.emplace_back("decoder.final_layernorm.weight", final_norm_);
+  if (output_weight_.defined()) out.emplace_back("output_layer.weight", output_weight_);
+  if (value_head_.defined()) {
+    out.emplace_back("value_head.weight", value_head_);
+    out.emplace_back("value_head.bias", value_bias_);
+  }
+  return out;
+}
+
+std::vector<std::string> Transformer::sequence_parallel_params() const {
+  std::vector<std::string> out;
+  if (!options_.sequence_parallel || state_->tp().size == 1) return out;
+  for (const auto& [name, t] : named_params())
+    if (tp_replicated(name)) out.push_back(name);
+  return out;
+}
+
+bool Transformer::tp_replicated(const std::string& name) {
+  return name.find("layer_norm_weight") != std::string::npos ||
+         name == "decoder.final_layernorm.weight" || name.rfind("value_head.", 0) == 0;
+}
+
+std::map<std::string, at::Tensor> Transformer::state_dict() const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : named_params()) out.emplace(name, t.detach().clone());
+  return out;
+}
+
+void Transformer::load_state_dict(const std::map<std::string, at::Tensor>& weights) {
+  std::vector<std::string> missing, mismatched;
+  std::set<std::string> known;
+  for (const auto& [name, param] : named_params()) {
+    known.insert(name);
+    auto it = weights.find(name);
+    if (it == weights.end()) {
+      if (name.rfind("value_head.", 0) == 0) {
+        spdlog::info(
+            "value model: no {} in the checkpoint (a causal-LM checkpoint?); it "
+            "keeps its fresh initialisation",
+            name);
+        continue;
+      }
+      missing.push_back(name);
+      continue;
+    }
+    if (it->second.sizes() != param.sizes()) {
+      mismatched.push_back(name + " (checkpoint " + shape_of(it->second) + ", model " +
+                           shape_of(param) + ")");
+      continue;
+    }
+    at::NoGradGuard no_grad;
+    param.copy_(it->second);
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : weights)
+    if (!known.count(name)) unexpected.push_back(name);
+  if (missing.empty() && mismatched.empty() && unexpected.empty()) return;
+  std::string msg = detail::cat("Transformer::load_state_dict (tp rank ", state_->coords().tp,
+                                ", pp stage ", state_->coords().pp, "):");
+  auto list = [&](const char* what, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    msg += std::string(" ") + what + ":";
+    for (const auto& n : names) msg += " " + n;
+    msg += ";";
+  };
+  list("missing", missing);
+  list("wrong shape", mismatched);
+  list("unexpected", unexpected);
+  throw EngineError(msg);
+}
+
+at::Tensor next_token_log_probs(const at::Tensor& logits_shard, const at::Tensor& input_ids,
+                                const Group& tp) {
+  int64_t s = input_ids.size(1);
+  if (logits_shard.dim() != 3 || logits_shard.size(1) != s)
+    throw EngineError("next_token_log_probs: logits " + shape_of(logits_shard) +
+                      " do not match input_ids " + shape_of(input_ids));
+  auto logits = logits_shard.narrow(1, 0, s - 1);
+  auto targets = input_ids.narrow(1, 1, s - 1);
+  return vocab_parallel_log_probs(logits, targets, tp);
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,115 @@
+// Transformer: the decoder-only model of the HF Llama/Qwen2 family, as one
+// pipeline stage of a Megatron-style TP × PP layout (the whole model when
+// pp = 1). The first stage embeds tokens; the last stage applies the final norm
+// and either the LM head (logits sharded over the vocabulary on TP ranks) or
+// the value head (hidden → 1, the critic's model, seed 000).
+//
+// Example (one process, whole model):
+//   auto cfg = ModelConfig::load(dir);
+//   auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
+//   model->load_state_dict(hf_to_shard(read_hf_weights(dir), cfg, spec));
+//   auto logits = model->forward(ids, position_ids, attention_mask);  // [B, S, V]
+//
+// Thread safety: none; a model belongs to one worker thread. forward() is
+// collective over the TP group (every TP rank calls it with the same batch).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/model_config.h"
+#include "engine/parallel_linear.h"
+#include "engine/parallel_state.h"
+#include "engine/transformer_layer.h"
+
+namespace baton::engine {
+
+struct TransformerOptions {
+  // Value head (hidden → 1) on the last stage instead of the LM head.
+  bool value_model = false;
+  // Megatron sequence parallelism: the residual stream between TP regions is
+  // split over the sequence (S must divide by tp). LayerNorm and value-head
+  // gradients then need a TP all-reduce (`sequence_parallel_params`).
+  bool sequence_parallel = false;
+  // Seed of the value head's fresh initialisation (same on every rank).
+  uint64_t value_head_seed = 1234;
+
+  TransformerOptions& set_value_model(bool v) {
+    value_model = v;
+    return *this;
+  }
+  TransformerOptions& set_sequence_parallel(bool v) {
+    sequence_parallel = v;
+    return *this;
+  }
+};
+
+class Transformer : public torch::nn::Module {
+ public:
+  // Builds this rank's stage: layers [state->layer_begin(), layer_end()).
+  // Throws EngineError for unsupported options (Llama with attention or MLP
+  // biases) and sizes the TP size does not divide.
+  Transformer(ModelConfig config, std::shared_ptr<ParallelState> state,
+              TransformerOptions options = {});
+
+  // One stage's forward. `input`: token ids [B, S] (int64) on the first
+  // stage, else the previous stage's output. `position_ids` and
+  // `attention_mask` ([B, S], 1 = real token) are the whole batch's, on every
+  // stage. Returns the next stage's input, or on the last stage the logits
+  // shard [B, S, V/tp] (LM) or values [B, S, 1] (value model).
+  at::Tensor forward(const at::Tensor& input, const at::Tensor& position_ids,
+                     const at::Tensor& attention_mask);
+
+  // This rank's parameters under their engine names (docs/engine.md), in a
+  // fixed order. The tensors are the parameters themselves.
+  std::vector<std::pair<std::string, at::Tensor>> named_params() const;
+  // Whether a parameter is the same on every TP rank (norm weights, value
+  // head) rather than a shard.
+  static bool tp_replicated(const std::string& name);
+  // The TP-replicated parameters whose gradients are partial sums under
+  // sequence parallelism (they need a TP all-reduce). Empty otherwise.
+  std::vector<std::string> sequence_parallel_params() const;
+
+  // Detached copies of the parameters, by engine name.
+  std::map<std::string, at::Tensor> state_dict() const;
+  // Copies `weights` into the parameters. Every parameter must be present
+  // with its exact shape, and nothing else, except a value model's head
+  // (`value_head.weight`, `value_head.bias`): when absent (an LM checkpoint)
+  // it keeps its fresh initialisation and a notice is logged. Errors name the
+  // keys and shapes.
+  void load_state_dict(const std::map<std::string, at::Tensor>& weights);
+
+  const ModelConfig& config() const { return config_; }
+  const ParallelState& parallel() const { return *state_; }
+  const TransformerOptions& options() const { return options_; }
+  bool first_stage() const;
+  bool last_stage() const;
+
+ private:
+  at::Tensor lm_head(const at::Tensor& h);
+  at::Tensor value_head(const at::Tensor& h);
+
+  ModelConfig config_;
+  std::shared_ptr<ParallelState> state_;
+  TransformerOptions options_;
+  VocabParallelEmbedding embedding_{nullptr};
+  std::vector<std::shared_ptr<TransformerLayer>> layers_;
+  at::Tensor final_norm_;
+  at::Tensor output_weight_;  // [V/tp, H]; undefined when tied to the embedding
+  at::Tensor value_head_;     // [1, H]
+  at::Tensor value_bias_;     // [1]
+};
+
+// Log-probabilities of each next token: position t scores input_ids[:, t+1]
+// under logits[:, t]. logits_shard [B, S, V/tp] → [B, S-1]. Collective over
+// `tp`; differentiable; the full vocabulary is never gathered.
+at::Tensor next_token_log_probs(const at::Tensor& logits_shard, const at::Tensor& input_ids,
+                                const Group& tp);
+
+}  // namespace baton::engine

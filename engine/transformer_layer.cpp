@@ -1,0 +1,155 @@
+#include "engine/transformer_layer.h"
+
+#include <torch/version.h>
+
+#include <cmath>
+#include <limits>
+
+#include "engine/errors.h"
+
+namespace baton::engine {
+
+Rotary rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
+                     at::ScalarType dtype) {
+  // As HF: inv_freq in fp32 from integer exponents, angles in fp32, then cast.
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(position_ids.device());
+  auto exponents = at::arange(0, head_dim, 2, opts.dtype(at::kLong)).to(at::kFloat) / head_dim;
+  auto inv_freq = at::pow(theta, exponents).reciprocal();              // [d/2]
+  auto angles = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, S, d/2]
+  auto emb = at::cat({angles, angles}, -1);                            // [B, S, d]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  auto xf = x.to(at::kFloat);
+  auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor causal_attention_bias(const at::Tensor& attention_mask, at::ScalarType dtype) {
+  ENGINE_CHECK(attention_mask.dim() == 2, "attention_mask must be [B, S], got ",
+               attention_mask.sizes());
+  int64_t s = attention_mask.size(1);
+  auto dev = attention_mask.device();
+  auto causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(dev)).tril();
+  auto keys = attention_mask.to(at::kBool).unsqueeze(1).unsqueeze(1);  // [B, 1, 1, S]
+  auto allowed = causal.unsqueeze(0).unsqueeze(0).logical_and(keys);   // [B, 1, S, S]
+  auto bias = at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype).device(dev));
+  double lowest = dtype == at::kDouble     ? std::numeric_limits<double>::lowest()
+                  : dtype == at::kBFloat16 ? -3.38e38
+                  : dtype == at::kHalf     ? -65504.0
+                                           : std::numeric_limits<float>::lowest();
+  return bias.masked_fill(allowed.logical_not(), lowest);
+}
+
+namespace {
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const Rotary& r) {
+  auto cos = r.cos.unsqueeze(1);  // [B, 1, S, d] against x [B, heads, S, d]
+  auto sin = r.sin.unsqueeze(1);
+  return x * cos + rotate_half(x) * sin;
+}
+
+void require_divisible(int64_t n, int64_t tp, const char* what, const ModelConfig& c) {
+  if (n % tp != 0)
+    throw EngineError(detail::cat(c.architecture, ": ", what, " ", n,
+                                  " is not divisible by the tensor-parallel size ", tp));
+}
+
+}  // namespace
+
+TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
+                                   bool sequence_parallel)
+    : config_(config), layer_id_(layer_id) {
+  require_divisible(config.num_kv_heads, tp.size, "num_key_value_heads", config);
+  require_divisible(config.intermediate_size, tp.size, "intermediate_size", config);
+  local_groups_ = config.num_kv_heads / tp.size;
+  int64_t h = config.hidden_size;
+  input_norm_ = register_parameter("input_norm", at::ones({h}));
+  post_norm_ = register_parameter("post_norm", at::ones({h}));
+
+  ColumnParallelLinearOptions qkv;
+  qkv.in_features = h;
+  qkv.out_features = config.q_size() + 2 * config.kv_size();
+  qkv.bias = config.qkv_bias;
+  qkv.sequence_parallel = sequence_parallel;
+  qkv_ = register_module("linear_qkv", ColumnParallelLinear(qkv, tp));
+
+  RowParallelLinearOptions proj;
+  proj.in_features = config.q_size();
+  proj.out_features = h;
+  proj.sequence_parallel = sequence_parallel;
+  proj_ = register_module("linear_proj", RowParallelLinear(proj, tp));
+
+  ColumnParallelLinearOptions fc1;
+  fc1.in_features = h;
+  fc1.out_features = 2 * config.intermediate_size;
+  fc1.sequence_parallel = sequence_parallel;
+  fc1_ = register_module("linear_fc1", ColumnParallelLinear(fc1, tp));
+
+  RowParallelLinearOptions fc2;
+  fc2.in_features = config.intermediate_size;
+  fc2.out_features = h;
+  fc2.sequence_parallel = sequence_parallel;
+  fc2_ = register_module("linear_fc2", RowParallelLinear(fc2, tp));
+}
+
+at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary,
+                                       const at::Tensor& bias) {
+  int64_t d = config_.head_dim;
+  int64_t r = config_.num_heads / config_.num_kv_heads;
+  int64_t g = local_groups_;
+  auto qkv = qkv_->forward(x);  // [B, S, g * (r + 2) * d], full sequence
+  int64_t b = qkv.size(0), s = qkv.size(1);
+  auto grouped = qkv.view({b, s, g, r + 2, d});
+  auto q = grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2);
+  auto k = grouped.select(3, r).transpose(1, 2);      // [B, g, S, d]
+  auto v = grouped.select(3, r + 1).transpose(1, 2);  // [B, g, S, d]
+  q = apply_rotary(q, rotary);
+  k = apply_rotary(k, rotary);
+  if (r > 1) {
+    k = k.repeat_interleave(r, 1);
+    v = v.repeat_interleave(r, 1);
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  auto ctx = at::scaled_dot_product_attention(q, k, v, bias);
+#else
+  auto scores = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(d)) + bias;
+  auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  auto ctx = at::matmul(probs, v);
+#endif
+  ctx = ctx.transpose(1, 2).reshape({b, s, g * r * d});
+  return proj_->forward(ctx);
+}
+
+at::Tensor TransformerLayer::mlp(const at::Tensor& x) {
+  auto gate_up = fc1_->forward(x);
+  auto parts = gate_up.chunk(2, -1);
+  return fc2_->forward(at::silu(parts[0]) * parts[1]);
+}
+
+at::Tensor TransformerLayer::forward(const at::Tensor& x, const Rotary& rotary,
+                                     const at::Tensor& bias) {
+  auto h = x + attention(rms_norm(x, input_norm_, config_.rms_norm_eps), rotary, bias);
+  return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> TransformerLayer::named_params() const {
+  std::string p = "decoder.layers." + std::to_string(layer_id_) + ".";
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.emplace_back(p + "self_attention.linear_qkv.layer_norm_weight", input_norm_);
+  out.emplace_back(p + "self_attention.linear_qkv.weight", qkv_->weight);
+  if (qkv_->bias.defined()) out.emplace_back(p + "self_attention.linear_qkv.bias", qkv_->bias);
+  out.emplace_back(p + "self_attention.linear_proj.weight", proj_->weight);
+  out.emplace_back(p + "mlp.linear_fc1.layer_norm_weight", post_norm_);
+  out.emplace_back(p + "mlp.linear_fc1.weight", fc1_->weight);
+  out.emplace_back(p + "mlp.linear_fc2.weight", fc2_->weight);
+  return out;
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,67 @@
+// TransformerLayer: one decoder block of the Llama/Qwen2 family, tensor
+// parallel. Pre-norm residual block:
+//   h = x + linear_proj(attention(rope(linear_qkv(rmsnorm(x)))))
+//   y = h + linear_fc2(silu(gate) * up),  [gate; up] = linear_fc1(rmsnorm(h))
+// Attention is causal with grouped-query heads; the fused QKV rows of one TP
+// rank are its kv groups, each `r` query heads then one key and one value head
+// (docs/engine.md). With sequence parallelism `x` and `y` are [B, S/tp, H].
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/model_config.h"
+#include "engine/parallel_linear.h"
+#include "engine/parallel_state.h"
+
+namespace baton::engine {
+
+// Rotary tables for given positions: cos and sin, each [B, S, head_dim], in
+// HF's layout (the frequency vector repeated twice along the last dim).
+struct Rotary {
+  at::Tensor cos;
+  at::Tensor sin;
+};
+Rotary rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
+                     at::ScalarType dtype);
+
+// x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 as HF does.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The additive attention bias [B, 1, S, S]: 0 where query i may see key j
+// (j <= i and key j is not padding), the dtype's lowest value elsewhere.
+at::Tensor causal_attention_bias(const at::Tensor& attention_mask, at::ScalarType dtype);
+
+class TransformerLayer : public torch::nn::Module {
+ public:
+  // `layer_id` is the global layer index (names and nothing else).
+  TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
+                   bool sequence_parallel);
+
+  // x: [B, S(/tp), H]; rotary and bias as built above for the full sequence.
+  at::Tensor forward(const at::Tensor& x, const Rotary& rotary, const at::Tensor& bias);
+
+  // Parameters under their engine names ("decoder.layers.{id}.…").
+  std::vector<std::pair<std::string, at::Tensor>> named_params() const;
+
+ private:
+  at::Tensor attention(const at::Tensor& x, const Rotary& rotary, const at::Tensor& bias);
+  at::Tensor mlp(const at::Tensor& x);
+
+  ModelConfig config_;
+  int64_t layer_id_;
+  int64_t local_groups_;  // kv heads on this TP rank
+  at::Tensor input_norm_;
+  at::Tensor post_norm_;
+  ColumnParallelLinear qkv_{nullptr};
+  RowParallelLinear proj_{nullptr};
+  ColumnParallelLinear fc1_{nullptr};
+  RowParallelLinear fc2_{nullptr};
+};
+
+}  // namespace baton::engine

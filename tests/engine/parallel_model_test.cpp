@@ -1,0 +1,194 @@
+// TP / PP / DP / sequence-parallel runs of the model over real Gloo process
+// groups against the single-process model in the same process: logits,
+// gradients (after the optimizer's reduction) and twenty training steps.
+// Tolerances (fp32): logits 1e-4, gradients 1e-5 relative to their scale,
+// losses 2e-4 relative over the twenty steps.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <string>
+
+#include "engine/optimizer.h"
+#include "engine/pipeline_schedule.h"
+#include "engine/safetensors.h"
+#include "engine/transformer.h"
+#include "engine/weight_conversion.h"
+#include "tests/engine/multiprocess.h"
+
+namespace baton::engine {
+namespace {
+
+using test::run_world;
+
+const std::string kFixtures = BATON_FIXTURES_DIR;
+
+struct Layout {
+  std::string fixture;
+  int64_t tp = 1, pp = 1, dp = 1;
+  bool sequence_parallel = false;
+  std::vector<int64_t> split;  // empty: even
+};
+
+void PrintTo(const Layout& l, std::ostream* os) {
+  *os << l.fixture << " tp" << l.tp << " pp" << l.pp << " dp" << l.dp
+      << (l.sequence_parallel ? " sp" : "");
+}
+
+std::string layout_name(const ::testing::TestParamInfo<Layout>& info) {
+  const Layout& l = info.param;
+  std::string n = l.fixture.substr(5) + "_tp" + std::to_string(l.tp) + "_pp" +
+                  std::to_string(l.pp) + "_dp" + std::to_string(l.dp);
+  if (l.sequence_parallel) n += "_sp";
+  for (auto s : l.split) n += "_" + std::to_string(s);
+  return n;
+}
+
+// Four rows of ten tokens: the fixture's two (row 1 left-padded) and two
+// seeded random rows (one left-padded by 2).
+struct Batch {
+  at::Tensor ids, pos, mask, loss_mask;
+};
+
+Batch make_batch(const TensorMap& ref, int64_t vocab) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  auto extra = at::randint(1, vocab, {2, 10}, gen, at::kLong);
+  auto extra_mask = at::ones({2, 10}, at::kLong);
+  extra_mask.narrow(0, 1, 1).narrow(1, 0, 2).zero_();
+  Batch b;
+  b.ids = at::cat({ref.at("input_ids"), extra});
+  b.mask = at::cat({ref.at("attention_mask"), extra_mask});
+  b.pos = (b.mask.cumsum(1) - 1).clamp_min(0);
+  auto m = b.mask.to(at::kFloat);
+  b.loss_mask = m.narrow(1, 0, 9) * m.narrow(1, 1, 9);
+  return b;
+}
+
+std::vector<MicroBatch> micro_batches(const Batch& b, int64_t begin, int64_t end) {
+  std::vector<MicroBatch> out;
+  for (int64_t r = begin; r < end; ++r) {
+    MicroBatch mb;
+    mb.input_ids = b.ids.narrow(0, r, 1);
+    mb.position_ids = b.pos.narrow(0, r, 1);
+    mb.attention_mask = b.mask.narrow(0, r, 1);
+    mb.extra["loss_mask"] = b.loss_mask.narrow(0, r, 1);
+    out.push_back(mb);
+  }
+  return out;
+}
+
+std::shared_ptr<Transformer> build(const ModelConfig& cfg, const TensorMap& hf,
+                                   std::shared_ptr<ParallelState> ps, const Layout& l) {
+  auto model = std::make_shared<Transformer>(
+      cfg, ps, TransformerOptions().set_sequence_parallel(l.sequence_parallel));
+  auto split = l.split.empty() ? even_layer_split(cfg.num_layers, l.pp) : l.split;
+  auto spec = ShardSpec::for_rank(cfg, ps->coords().tp, l.tp, ps->coords().pp, split);
+  model->load_state_dict(hf_to_shard(hf, cfg, spec));
+  return model;
+}
+
+class ParallelModel : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(ParallelModel, MatchesTheSingleProcessModel) {
+  Layout l = GetParam();
+  run_world(l.tp * l.pp * l.dp, [l](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto dir = kFixtures + "/" + l.fixture;
+    auto cfg = ModelConfig::load(dir);
+    auto hf = read_hf_weights(dir);
+    auto batch = make_batch(read_safetensors(dir + "/reference.safetensors"), cfg.vocab_size);
+    ParallelConfig pc;
+    pc.tp = l.tp;
+    pc.pp = l.pp;
+    pc.dp = l.dp;
+    pc.layer_split = l.split;
+    auto ps = ParallelState::create(store, rank, pc);
+    auto model = build(cfg, hf, ps, l);
+    auto dense = build(cfg, hf, ParallelState::single(), Layout{l.fixture});
+    const Group& tp = ps->tp();
+    int64_t rows = batch.ids.size(0) / l.dp;
+    int64_t row0 = ps->coords().dp * rows;
+    auto mbs = micro_batches(batch, row0, row0 + rows);
+    auto dense_mbs = micro_batches(batch, 0, batch.ids.size(0));
+    double tokens = batch.loss_mask.sum().item<double>();
+
+    // 1. Logits: this rank's vocabulary shard of its rows.
+    auto outs = forward_only(*model, mbs, [](const at::Tensor& o, const MicroBatch&) { return o; });
+    if (ps->is_last_stage()) {
+      ASSERT_EQ(outs.size(), mbs.size());
+      auto full = dense->forward(batch.ids, batch.pos, batch.mask).detach();
+      int64_t v = cfg.vocab_size / l.tp;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        auto expected = full.narrow(0, row0 + i, 1).narrow(2, ps->coords().tp * v, v);
+        auto valid = mbs[i].attention_mask.to(at::kBool).unsqueeze(-1);
+        double diff = ((outs[i] - expected).abs() * valid).max().item<double>();
+        EXPECT_LT(diff, 1e-4) << "rank " << rank << " micro-batch " << i;
+      }
+    } else {
+      EXPECT_TRUE(outs.empty());
+    }
+
+    // 2. Gradients of the token-mean loss over the whole batch.
+    auto loss_fn = [&](const Group& g) {
+      return [&, g](const at::Tensor& logits, const MicroBatch& mb) {
+        auto lp = next_token_log_probs(logits, mb.input_ids, g);
+        return -(lp * mb.extra.at("loss_mask")).sum() / tokens;
+      };
+    };
+    OptimizerOptions oo;
+    oo.lr = 1e-3;
+    Optimizer opt(model, oo);
+    Optimizer dense_opt(dense, oo);
+    forward_backward(*model, mbs, loss_fn(tp));
+    forward_backward(*dense, dense_mbs, loss_fn(dense->parallel().tp()));
+    opt.reduce_gradients();
+    TensorMap dense_grads;
+    for (const auto& [name, p] : dense->named_params()) dense_grads[name] = p.grad();
+    auto hf_grads = shards_to_hf({{dense_grads}}, cfg, {cfg.num_layers}, false);
+    auto split = l.split.empty() ? even_layer_split(cfg.num_layers, l.pp) : l.split;
+    auto expected = hf_to_shard(
+        hf_grads, cfg, ShardSpec::for_rank(cfg, ps->coords().tp, l.tp, ps->coords().pp, split));
+    for (const auto& [name, p] : model->named_params()) {
+      ASSERT_TRUE(expected.count(name)) << name;
+      double scale = expected.at(name).abs().max().item<double>();
+      EXPECT_LT((p.grad() - expected.at(name)).abs().max().item<double>(), 1e-5 * (1 + scale))
+          << "rank " << rank << " " << name;
+    }
+    EXPECT_NEAR(opt.global_grad_norm(), dense_opt.global_grad_norm(),
+                1e-5 * (1 + dense_opt.global_grad_norm()));
+
+    // 3. Twenty training steps give the same losses.
+    opt.zero_grad();
+    dense_opt.zero_grad();
+    for (int step = 0; step < 20; ++step) {
+      opt.zero_grad();
+      auto losses = forward_backward(*model, mbs, loss_fn(tp));
+      opt.step();
+      dense_opt.zero_grad();
+      auto dense_losses = forward_backward(*dense, dense_mbs, loss_fn(dense->parallel().tp()));
+      dense_opt.step();
+      auto local = at::zeros({1});
+      for (auto& x : losses) local += x;
+      if (ps->dp().size > 1) {
+        std::vector<at::Tensor> ts{local};
+        ps->dp().pg->allreduce(ts)->wait();
+      }
+      double want = 0;
+      for (auto& x : dense_losses) want += x.item<double>();
+      if (ps->is_last_stage())
+        EXPECT_NEAR(local.item<double>(), want, 2e-4 * std::abs(want)) << "step " << step;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ParallelModel,
+    ::testing::Values(Layout{"tiny-llama", 2, 1, 1}, Layout{"tiny-qwen2", 2, 1, 1},
+                      Layout{"tiny-llama", 2, 1, 1, true},
+                      Layout{"tiny-llama", 1, 2, 1, false, {3, 1}}, Layout{"tiny-qwen2", 1, 2, 1},
+                      Layout{"tiny-qwen2", 2, 2, 1}, Layout{"tiny-llama", 1, 1, 2},
+                      Layout{"tiny-llama", 2, 2, 2}),
+    layout_name);
+
+}  // namespace
+}  // namespace baton::engine

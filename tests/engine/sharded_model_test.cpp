@@ -1,0 +1,118 @@
+#include "engine/sharded_model.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "engine/errors.h"
+#include "engine/hf_model.h"
+#include "engine/weight_conversion.h"
+#include "tests/engine/temp_dir.h"
+
+namespace baton::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+template <typename F>
+void expect_error(F&& f, std::vector<std::string> needles) {
+  try {
+    f();
+    FAIL() << "expected EngineError";
+  } catch (const EngineError& e) {
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "\"" << n << "\" not in: "
+                                                                  << e.what();
+  }
+}
+
+ModelConfig tiny() {
+  return ModelConfig::from_hf_json({{"architectures", {"Qwen2ForCausalLM"}},
+                                    {"model_type", "qwen2"},
+                                    {"vocab_size", 8},
+                                    {"hidden_size", 4},
+                                    {"intermediate_size", 4},
+                                    {"num_hidden_layers", 3},
+                                    {"num_attention_heads", 2},
+                                    {"num_key_value_heads", 2},
+                                    {"tie_word_embeddings", true}},
+                                   "tiny");
+}
+
+// Fake per-rank contents: the format does not look inside them.
+std::vector<std::vector<TensorMap>> fake_shards(int64_t tp, int64_t pp) {
+  std::vector<std::vector<TensorMap>> s(pp);
+  for (int64_t p = 0; p < pp; ++p)
+    for (int64_t k = 0; k < tp; ++k) s[p].push_back({{"w", at::full({2}, double(10 * p + k))}});
+  return s;
+}
+
+TEST(ShardedModel, WritesLayoutConfigAndOneFilePerRank) {
+  TempDir dir;
+  auto cfg = tiny();
+  nlohmann::json base = {{"bos_token_id", 1}, {"architectures", {"Qwen2ForCausalLM"}}};
+  save_sharded(dir.path(), cfg, {2, 2, {2, 1}, true}, fake_shards(2, 2), &base);
+  auto layout = nlohmann::json::parse(std::ifstream(dir / "layout.json"));
+  EXPECT_EQ(layout, (nlohmann::json{{"format", "baton-sharded-v1"},
+                                    {"tp", 2},
+                                    {"pp", 2},
+                                    {"layer_split", {2, 1}},
+                                    {"value_model", true}}));
+  auto config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  EXPECT_EQ(config["architectures"][0], "Qwen2ForTokenClassification");
+  EXPECT_EQ(config["id2label"], (nlohmann::json{{"0", "LABEL_0"}}));
+  EXPECT_EQ(config["bos_token_id"], 1);  // the source config's other keys survive
+  EXPECT_TRUE(is_value_architecture(ModelConfig::load(dir.path()).architecture));
+  for (int64_t p = 0; p < 2; ++p)
+    for (int64_t k = 0; k < 2; ++k)
+      EXPECT_TRUE(at::equal(load_sharded_rank(dir.path(), k, p).at("w"),
+                            at::full({2}, double(10 * p + k))));
+  auto all = load_sharded_all(dir.path());
+  ASSERT_EQ(all.size(), 2u);
+  ASSERT_EQ(all[1].size(), 2u);
+  EXPECT_TRUE(at::equal(all[1][0].at("w"), at::full({2}, 10.0)));
+}
+
+TEST(ShardedModel, EmptySplitMeansEvenAndStaleRankFilesGo) {
+  TempDir dir;
+  auto cfg = tiny();
+  save_sharded(dir.path(), cfg, {2, 2, {}, false}, fake_shards(2, 2));
+  EXPECT_EQ(load_sharded_layout(dir.path()).layer_split, (std::vector<int64_t>{2, 1}));
+  save_sharded(dir.path(), cfg, {1, 1, {}, false}, fake_shards(1, 1));
+  EXPECT_TRUE(fs::exists(dir / "model-tp0-pp0.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "model-tp1-pp0.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "model-tp0-pp1.safetensors"));
+}
+
+TEST(ShardedModel, RejectsLayoutsThatDoNotFit) {
+  TempDir dir;
+  auto cfg = tiny();
+  expect_error([&] { save_sharded(dir.path(), cfg, {1, 2, {2, 2}, false}, fake_shards(1, 2)); },
+               {"sums to 4"});
+  expect_error([&] { save_sharded(dir.path(), cfg, {3, 1, {}, false}, fake_shards(3, 1)); },
+               {"tensor parallel size 3", "vocab_size 8"});
+  expect_error([&] { save_sharded(dir.path(), cfg, {1, 2, {}, false}, fake_shards(1, 1)); },
+               {"1 stages of shards for pp 2"});
+}
+
+TEST(ShardedModel, LoadNamesMissingAndCorruptFiles) {
+  TempDir dir;
+  auto cfg = tiny();
+  expect_error([&] { load_sharded_layout(dir.path()); }, {"layout.json", "missing"});
+  save_sharded(dir.path(), cfg, {2, 1, {}, false}, fake_shards(2, 1));
+  expect_error([&] { load_sharded_rank(dir.path(), 2, 0); }, {"outside the layout"});
+  fs::remove(dir / "model-tp1-pp0.safetensors");
+  expect_error([&] { load_sharded_all(dir.path()); }, {"model-tp1-pp0.safetensors", "missing"});
+  std::ofstream(dir / "model-tp1-pp0.safetensors") << "garbage!garbage!";
+  expect_error([&] { load_sharded_rank(dir.path(), 1, 0); }, {"model-tp1-pp0.safetensors"});
+  std::ofstream(dir / "layout.json") << R"({"format": "other", "tp": 2})";
+  expect_error([&] { load_sharded_layout(dir.path()); }, {"layout.json", "format"});
+  std::ofstream(dir / "layout.json")
+      << R"({"format": "baton-sharded-v1", "tp": 2, "pp": 1, "layer_split": [2], "value_model": false})";
+  expect_error([&] { load_sharded_layout(dir.path()); }, {"layout.json", "sums to 2"});
+}
+
+}  // namespace
+}  // namespace baton::engine

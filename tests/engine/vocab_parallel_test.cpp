@@ -1,0 +1,146 @@
+// Log-probs and entropy of vocab-sharded logits, at tp=2 over real Gloo
+// processes and at tp=1, against log_softmax of the full logits (computed in
+// double from the same fp32 logits). fp32: atol 1e-5, rtol 1e-5; for logits
+// of magnitude 1e4 the log-probs themselves reach 1e4, so rtol 1e-5 applies.
+#include "engine/vocab_parallel.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include "engine/errors.h"
+#include "tests/engine/multiprocess.h"
+
+namespace baton::engine {
+namespace {
+
+using test::expect_close;
+using test::run_world;
+using test::seeded_randn;
+
+constexpr double kTol = 1e-5;
+constexpr int64_t B = 2, S = 3, V = 8;
+
+std::shared_ptr<ParallelState> tp_state(int64_t tp, int64_t rank,
+                                        c10::intrusive_ptr<c10d::Store> store) {
+  ParallelConfig cfg;
+  cfg.tp = tp;
+  return ParallelState::create(store, rank, cfg, std::chrono::seconds(60));
+}
+
+at::Tensor targets() {
+  at::Tensor t = at::randint(V, {B, S}, at::make_generator<at::CPUGeneratorImpl>(3), at::kLong);
+  t[0][0] = 0;
+  t[0][1] = V - 1;
+  t[1][0] = V / 2;
+  return t;
+}
+
+// The expected values and gradients, from the full logits in one process.
+struct Reference {
+  at::Tensor log_probs, entropy;
+  at::Tensor grad_log_probs, grad_entropy, grad_both;  // d/d logits, [B, S, V]
+
+  Reference(const at::Tensor& logits, const at::Tensor& tgt, const at::Tensor& up_lp,
+            const at::Tensor& up_ent) {
+    auto run = [&](bool lp, bool ent) {
+      at::Tensor x = logits.to(at::kDouble).requires_grad_(true);
+      at::Tensor logp = at::log_softmax(x, -1);
+      at::Tensor l = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1);
+      at::Tensor h = -(logp.exp() * logp).sum(-1);
+      at::Tensor loss = at::zeros({}, at::kDouble);
+      if (lp) loss = loss + (l * up_lp).sum();
+      if (ent) loss = loss + (h * up_ent).sum();
+      loss.backward();
+      log_probs = l.detach();
+      entropy = h.detach();
+      return x.grad();
+    };
+    grad_log_probs = run(true, false);
+    grad_entropy = run(false, true);
+    grad_both = run(true, true);
+  }
+};
+
+// Checks the three entry points on this rank's shard of `logits`.
+void check_against_reference(const at::Tensor& logits, const Group& tp) {
+  const at::Tensor tgt = targets();
+  const at::Tensor up_lp = seeded_randn({B, S}, 4), up_ent = seeded_randn({B, S}, 5);
+  const Reference ref(logits, tgt, up_lp, up_ent);
+  const int64_t v = V / tp.size;
+  auto shard_of = [&](const at::Tensor& t) { return t.narrow(-1, tp.rank * v, v); };
+
+  at::Tensor x = shard_of(logits).clone().requires_grad_(true);
+  at::Tensor lp = vocab_parallel_log_probs(x, tgt, tp);
+  EXPECT_EQ(lp.scalar_type(), at::kFloat);
+  expect_close(lp, ref.log_probs, kTol, kTol, "log_probs");
+  (lp * up_lp).sum().backward();
+  expect_close(x.grad(), shard_of(ref.grad_log_probs), kTol, kTol, "log_probs grad");
+
+  x = shard_of(logits).clone().requires_grad_(true);
+  at::Tensor ent = vocab_parallel_entropy(x, tp);
+  expect_close(ent, ref.entropy, kTol, kTol, "entropy");
+  (ent * up_ent).sum().backward();
+  expect_close(x.grad(), shard_of(ref.grad_entropy), kTol, kTol, "entropy grad");
+
+  x = shard_of(logits).clone().requires_grad_(true);
+  LogProbsEntropy both = vocab_parallel_log_probs_entropy(x, tgt, tp);
+  expect_close(both.log_probs, ref.log_probs, kTol, kTol, "log_probs (both)");
+  expect_close(both.entropy, ref.entropy, kTol, kTol, "entropy (both)");
+  ((both.log_probs * up_lp).sum() + (both.entropy * up_ent).sum()).backward();
+  expect_close(x.grad(), shard_of(ref.grad_both), kTol, kTol, "grad (both)");
+
+  // Only one output of the pair used: the other contributes no gradient.
+  x = shard_of(logits).clone().requires_grad_(true);
+  both = vocab_parallel_log_probs_entropy(x, tgt, tp);
+  (both.entropy * up_ent).sum().backward();
+  expect_close(x.grad(), shard_of(ref.grad_entropy), kTol, kTol, "grad (entropy of both)");
+}
+
+at::Tensor ordinary_logits() { return seeded_randn({B, S, V}, 1) * 3.0; }
+
+// Logits around 1e5 with spreads of 1e4: exp() of them overflows without the
+// max subtraction.
+at::Tensor huge_logits() { return seeded_randn({B, S, V}, 2) * 1e4 + 1e5; }
+
+TEST(VocabParallel, MatchesFullSoftmaxAtTp2) {
+  run_world(2, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto ps = tp_state(2, rank, store);
+    check_against_reference(ordinary_logits(), ps->tp());
+    check_against_reference(huge_logits(), ps->tp());
+  });
+}
+
+TEST(VocabParallel, MatchesFullSoftmaxAtTp1) {
+  auto ps = ParallelState::single();
+  check_against_reference(ordinary_logits(), ps->tp());
+  check_against_reference(huge_logits(), ps->tp());
+}
+
+TEST(VocabParallel, LowPrecisionLogitsGiveFloatResultsAndGradsInTheirDtype) {
+  auto ps = ParallelState::single();
+  at::Tensor x = ordinary_logits().to(at::kBFloat16).requires_grad_(true);
+  at::Tensor lp = vocab_parallel_log_probs(x, targets(), ps->tp());
+  EXPECT_EQ(lp.scalar_type(), at::kFloat);
+  lp.sum().backward();
+  EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
+  expect_close(lp,
+               at::log_softmax(x.detach().to(at::kFloat), -1)
+                   .gather(-1, targets().unsqueeze(-1))
+                   .squeeze(-1),
+               1e-5, 1e-5, "bf16 logits");
+}
+
+TEST(VocabParallel, BadTargetsAreErrors) {
+  auto ps = ParallelState::single();
+  const at::Tensor logits = ordinary_logits();
+  EXPECT_THROW(vocab_parallel_log_probs(logits, at::full({B, S}, V, at::kLong), ps->tp()),
+               EngineError);
+  EXPECT_THROW(vocab_parallel_log_probs(logits, at::full({B, S}, -1, at::kLong), ps->tp()),
+               EngineError);
+  EXPECT_THROW(vocab_parallel_log_probs(logits, at::zeros({B}, at::kLong), ps->tp()), EngineError);
+  EXPECT_THROW(vocab_parallel_log_probs(logits, at::zeros({B, S}, at::kInt), ps->tp()),
+               EngineError);
+}
+
+}  // namespace
+}  // namespace baton::engine
