@@ -1,0 +1,112 @@
+// baton-logprobs, run as a program: its log-probs equal HF's reference for the
+// fixture's unpadded row (atol 1e-4), sharded or not; bad inputs exit non-zero
+// with a message naming what was wrong.
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "engine/safetensors.h"
+#include "tests/engine/temp_dir.h"
+
+namespace baton::engine {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kFixtures = BATON_FIXTURES_DIR;
+
+struct Run {
+  int status = -1;
+  std::string out;
+};
+
+Run logprobs(const std::string& args) {
+  std::string cmd = std::string("'") + BATON_LOGPROBS_EXE + "' " + args + " 2>&1";
+  Run r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int raw = ::pclose(p);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return r;
+}
+
+std::string row0_tokens(const TensorMap& ref) {
+  auto ids = ref.at("input_ids")[0];
+  std::string s;
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    s += (i ? "," : "") + std::to_string(ids[i].item<int64_t>());
+  return s;
+}
+
+struct Case {
+  std::string fixture;
+  int tp, pp;
+};
+
+class BatonLogprobs : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BatonLogprobs, MatchesHfReference) {
+  const Case& c = GetParam();
+  auto dir = kFixtures / c.fixture;
+  auto ref = read_safetensors(dir / "reference.safetensors");
+  auto r = logprobs("--model '" + dir.string() + "' --tokens " + row0_tokens(ref) + " --tp " +
+                    std::to_string(c.tp) + " --pp " + std::to_string(c.pp));
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto line = r.out.substr(r.out.rfind('{'));
+  auto j = nlohmann::json::parse(line);
+  auto got = j.at("log_probs").get<std::vector<double>>();
+  auto want = ref.at("log_probs")[0];
+  ASSERT_EQ(static_cast<int64_t>(got.size()), want.numel());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i].item<double>(), 1e-4) << "position " << i;
+  EXPECT_EQ(j.at("tp"), c.tp);
+  EXPECT_EQ(j.at("pp"), c.pp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, BatonLogprobs,
+                         ::testing::Values(Case{"tiny-llama", 1, 1}, Case{"tiny-llama", 2, 2},
+                                           Case{"tiny-qwen2", 2, 1}, Case{"tiny-qwen2", 1, 2}),
+                         [](const auto& info) {
+                           return info.param.fixture.substr(5) + "_tp" +
+                                  std::to_string(info.param.tp) + "_pp" +
+                                  std::to_string(info.param.pp);
+                         });
+
+TEST(BatonLogprobsErrors, MissingModelNamesThePath) {
+  auto r = logprobs("--model /nonexistent/model --tokens 1,2,3");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("/nonexistent/model"), std::string::npos) << r.out;
+}
+
+TEST(BatonLogprobsErrors, TruncatedSafetensorsIsAnError) {
+  testing::TempDir tmp;
+  auto src = kFixtures / "tiny-llama";
+  fs::copy_file(src / "config.json", tmp / "config.json");
+  auto size = fs::file_size(src / "model.safetensors");
+  fs::copy_file(src / "model.safetensors", tmp / "model.safetensors");
+  fs::resize_file(tmp / "model.safetensors", size / 2);
+  auto r = logprobs("--model '" + tmp.path().string() + "' --tokens 1,2,3");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
+}
+
+TEST(BatonLogprobsErrors, TokenOutsideVocabularyAndBadLayout) {
+  auto dir = (kFixtures / "tiny-llama").string();
+  auto r = logprobs("--model '" + dir + "' --tokens 1,500");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("500"), std::string::npos) << r.out;
+  r = logprobs("--model '" + dir + "' --tokens 1,2 --tp 3");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("3"), std::string::npos) << r.out;
+  r = logprobs("--model '" + dir + "' --tokens 1");
+  EXPECT_EQ(r.status, 2) << r.out;
+}
+
+}  // namespace
+}  // namespace baton::engine
