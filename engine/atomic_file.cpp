@@ -58,8 +58,8 @@ void write_file_atomically(const fs::path& file,
     fd = -1;
     if (rc != 0) throw EngineError(detail::cat(file.string(), ": close failed: ", errno_text()));
     if (::rename(tmp.c_str(), file.c_str()) != 0)
-      throw EngineError(detail::cat(file.string(), ": cannot rename ", tmp.string(),
-                                    " over it: ", errno_text()));
+      throw EngineError(
+          detail::cat(file.string(), ": cannot rename ", tmp.string(), " over it: ", errno_text()));
   } catch (...) {
     if (fd >= 0) ::close(fd);
     std::error_code ignored;

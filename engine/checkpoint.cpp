@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "engine/atomic_file.h"
 #include "engine/errors.h"
 #include "engine/safetensors.h"
 #include "engine/weight_conversion.h"
@@ -34,20 +35,6 @@ void fsync_path(const fs::path& p) {
   if (fd < 0) return;
   ::fsync(fd);
   ::close(fd);
-}
-
-void write_text_atomically(const fs::path& file, const std::string& text) {
-  auto tmp = file;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw EngineError(tmp.string() + ": write failed");
-  }
-  fsync_path(tmp);
-  fs::rename(tmp, file);
-  fsync_path(file.parent_path());
 }
 
 nlohmann::json read_json(const fs::path& file) {
@@ -92,7 +79,11 @@ void set_rng_state(const at::Tensor& state) {
 }  // namespace
 
 void save_checkpoint(const fs::path& root, int64_t step, const Transformer& model,
-                     const Optimizer& optimizer, const nlohmann::json& extra) {
+                     const Optimizer& optimizer, const nlohmann::json& extra,
+                     const SaveOptions& options) {
+  auto phase = [&](const char* name) {
+    if (options.on_phase) options.on_phase(name);
+  };
   const ParallelState& ps = model.parallel();
   auto final_dir = root / step_dir_name(step);
   auto partial = root / (step_dir_name(step) + ".partial");
@@ -111,13 +102,15 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
   write_safetensors(partial / detail::cat("rng-", ps.rank(), ".safetensors"),
                     {{"cpu", rng_state()}});
   if (ps.rank() == 0) {
-    write_text_atomically(partial / "layout.json", layout_json(model, step).dump(2));
+    write_file_atomically(partial / "layout.json", layout_json(model, step).dump(2));
     model.config().save(partial);
-    write_text_atomically(partial / "extra.json", extra.dump(2));
+    write_file_atomically(partial / "extra.json", extra.dump(2));
   }
+  phase("files_written");
   barrier(ps);  // every rank's files are on disk
   if (ps.rank() == 0) {
     fsync_path(partial);
+    phase("before_publish");
     if (fs::exists(final_dir)) {
       auto old = root / (step_dir_name(step) + ".old");
       fs::remove_all(old);
@@ -128,7 +121,7 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
       fs::rename(partial, final_dir);
     }
     fsync_path(root);
-    write_text_atomically(root / "latest", std::to_string(step) + "\n");
+    write_file_atomically(root / "latest", std::to_string(step) + "\n");
   }
   barrier(ps);
 }

@@ -21,17 +21,27 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <string>
 
 #include "engine/optimizer.h"
 #include "engine/transformer.h"
 
 namespace baton::engine {
 
+struct SaveOptions {
+  // Test seam: called on every rank at each phase of a save ("files_written"
+  // after this rank's files, "before_publish" on rank 0 before the rename).
+  // A hook that throws (or kills the process) simulates a crash there.
+  std::function<void(const std::string& phase)> on_phase;
+};
+
 // Collective over the model's world: every rank calls it with the same
 // arguments. Blocks until the checkpoint is complete on disk.
 void save_checkpoint(const std::filesystem::path& root, int64_t step, const Transformer& model,
-                     const Optimizer& optimizer, const nlohmann::json& extra = {});
+                     const Optimizer& optimizer, const nlohmann::json& extra = {},
+                     const SaveOptions& options = {});
 
 // The newest complete checkpoint's step under `root`, if any.
 std::optional<int64_t> latest_checkpoint(const std::filesystem::path& root);

@@ -105,9 +105,9 @@ void Optimizer::reduce_gradients() {
   std::vector<at::Tensor> grads;
   for (auto it = slots_.rbegin(); it != slots_.rend(); ++it)
     grads.push_back(it->param.mutable_grad());
-  all_reduce_buckets(grads, ps.dp());
-  if (options_.average_dp && ps.dp().size > 1)
-    for (auto& g : grads) g.div_(static_cast<double>(ps.dp().size));
+  all_reduce_buckets(grads, ps.dp_cp());
+  if (options_.average_dp && ps.dp_cp().size > 1)
+    for (auto& g : grads) g.div_(static_cast<double>(ps.dp_cp().size));
 }
 
 double Optimizer::global_grad_norm() {

@@ -151,9 +151,8 @@ TensorMap read_safetensors(const fs::path& file, std::map<std::string, std::stri
       continue;
     }
     if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
-        !entry.contains("shape") || !entry["shape"].is_array() ||
-        !entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
-        entry["data_offsets"].size() != 2)
+        !entry.contains("shape") || !entry["shape"].is_array() || !entry.contains("data_offsets") ||
+        !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2)
       throw EngineError(detail::cat(file.string(), ": tensor \"", name,
                                     "\": malformed header entry (needs dtype, shape and two "
                                     "data_offsets): ",
@@ -172,27 +171,27 @@ TensorMap read_safetensors(const fs::path& file, std::map<std::string, std::stri
         throw EngineError(detail::cat(file.string(), ": tensor \"", name, "\": shape ",
                                       entry["shape"].dump(), " overflows"));
     }
-    auto begin = static_cast<uint64_t>(json_nonnegative(entry["data_offsets"][0], file, name,
-                                                        "data_offsets"));
-    auto end = static_cast<uint64_t>(json_nonnegative(entry["data_offsets"][1], file, name,
-                                                      "data_offsets"));
+    auto begin = static_cast<uint64_t>(
+        json_nonnegative(entry["data_offsets"][0], file, name, "data_offsets"));
+    auto end = static_cast<uint64_t>(
+        json_nonnegative(entry["data_offsets"][1], file, name, "data_offsets"));
     const auto elem = static_cast<uint64_t>(c10::elementSize(dtype));
     uint64_t expected = 0;
     if (__builtin_mul_overflow(numel, elem, &expected))
       throw EngineError(detail::cat(file.string(), ": tensor \"", name, "\": shape ",
                                     entry["shape"].dump(), " overflows"));
     if (begin > end)
-      throw EngineError(detail::cat(file.string(), ": tensor \"", name, "\": data_offsets [",
-                                    begin, ", ", end, "] are reversed"));
+      throw EngineError(detail::cat(file.string(), ": tensor \"", name, "\": data_offsets [", begin,
+                                    ", ", end, "] are reversed"));
     if (end - begin != expected)
-      throw EngineError(detail::cat(file.string(), ": tensor \"", name, "\": data_offsets [",
-                                    begin, ", ", end, "] hold ", end - begin,
-                                    " bytes but shape ", entry["shape"].dump(), " of ",
-                                    dtype_name, " needs ", expected));
+      throw EngineError(detail::cat(file.string(), ": tensor \"", name, "\": data_offsets [", begin,
+                                    ", ", end, "] hold ", end - begin, " bytes but shape ",
+                                    entry["shape"].dump(), " of ", dtype_name, " needs ",
+                                    expected));
     if (end > data_size)
-      throw EngineError(detail::cat(file.string(), ": tensor \"", name, "\": data_offsets [",
-                                    begin, ", ", end, "] lie outside the data area of ",
-                                    data_size, " bytes (truncated file?)"));
+      throw EngineError(detail::cat(file.string(), ": tensor \"", name, "\": data_offsets [", begin,
+                                    ", ", end, "] lie outside the data area of ", data_size,
+                                    " bytes (truncated file?)"));
 
     auto options = at::TensorOptions().dtype(dtype).device(at::kCPU);
     const uint8_t* ptr = data_area + begin;
@@ -339,8 +338,8 @@ TensorMap read_hf_weights(const fs::path& path) {
 
 void write_hf_weights(const fs::path& dir, const TensorMap& tensors, int64_t max_shard_bytes) {
   if (max_shard_bytes <= 0)
-    throw EngineError(detail::cat("write_hf_weights: max_shard_bytes must be positive, got ",
-                                  max_shard_bytes));
+    throw EngineError(
+        detail::cat("write_hf_weights: max_shard_bytes must be positive, got ", max_shard_bytes));
   fs::create_directories(dir);
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
 

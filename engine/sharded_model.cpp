@@ -19,9 +19,9 @@ namespace {
 ShardedLayout checked(const ModelConfig& cfg, ShardedLayout layout, const std::string& where) {
   try {
     if (layout.tp < 1 || layout.pp < 1)
-      throw EngineError(detail::cat("tp ", layout.tp, " and pp ", layout.pp,
-                                    " must be positive"));
-    if (layout.layer_split.empty()) layout.layer_split = even_layer_split(cfg.num_layers, layout.pp);
+      throw EngineError(detail::cat("tp ", layout.tp, " and pp ", layout.pp, " must be positive"));
+    if (layout.layer_split.empty())
+      layout.layer_split = even_layer_split(cfg.num_layers, layout.pp);
     if (static_cast<int64_t>(layout.layer_split.size()) != layout.pp)
       throw EngineError(detail::cat("layer split has ", layout.layer_split.size(),
                                     " entries but pp is ", layout.pp));
@@ -52,7 +52,8 @@ std::vector<std::vector<TensorMap>> shard_all(const TensorMap& hf, const ModelCo
   for (int64_t p = 0; p < layout.pp; ++p)
     for (int64_t k = 0; k < layout.tp; ++k)
       shards[p].push_back(hf_to_shard(
-          hf, cfg, ShardSpec::for_rank(cfg, k, layout.tp, p, layout.layer_split, layout.value_model)));
+          hf, cfg,
+          ShardSpec::for_rank(cfg, k, layout.tp, p, layout.layer_split, layout.value_model)));
   return shards;
 }
 
@@ -82,8 +83,8 @@ void save_sharded(const fs::path& dir, const ModelConfig& cfg, const ShardedLayo
                   const nlohmann::json* base_config) {
   auto layout = checked(cfg, layout_in, dir.string());
   if (static_cast<int64_t>(shards.size()) != layout.pp)
-    throw EngineError(detail::cat(dir.string(), ": ", shards.size(), " stages of shards for pp ",
-                                  layout.pp));
+    throw EngineError(
+        detail::cat(dir.string(), ": ", shards.size(), " stages of shards for pp ", layout.pp));
   std::set<std::string> written;
   for (int64_t p = 0; p < layout.pp; ++p) {
     if (static_cast<int64_t>(shards[p].size()) != layout.tp)
@@ -125,27 +126,35 @@ ShardedLayout load_sharded_layout(const fs::path& dir) {
   return checked(ModelConfig::load(dir), layout, file.string());
 }
 
-TensorMap load_sharded_rank(const fs::path& dir, int64_t tp_rank, int64_t pp_rank) {
-  auto layout = load_sharded_layout(dir);
+namespace {
+
+TensorMap load_rank(const fs::path& dir, const ShardedLayout& layout, int64_t tp_rank,
+                    int64_t pp_rank) {
   if (tp_rank < 0 || tp_rank >= layout.tp || pp_rank < 0 || pp_rank >= layout.pp)
     throw EngineError(detail::cat(dir.string(), ": rank (tp ", tp_rank, ", pp ", pp_rank,
-                                  ") is outside the layout tp ", layout.tp, " × pp ", layout.pp));
+                                  ") is outside the layout tp ", layout.tp, " x pp ", layout.pp));
   const fs::path file = dir / sharded_rank_file(tp_rank, pp_rank);
   if (!fs::exists(file)) throw EngineError(detail::cat(file.string(), ": missing rank file"));
   std::map<std::string, std::string> metadata;
   TensorMap shard = read_safetensors(file, &metadata);
   if (metadata.count("tp_rank") && (metadata["tp_rank"] != std::to_string(tp_rank) ||
                                     metadata["pp_rank"] != std::to_string(pp_rank)))
-    throw EngineError(detail::cat(file.string(), ": holds rank (tp ", metadata["tp_rank"],
-                                  ", pp ", metadata["pp_rank"], "), not its name's"));
+    throw EngineError(detail::cat(file.string(), ": holds rank (tp ", metadata["tp_rank"], ", pp ",
+                                  metadata["pp_rank"], "), not the one its name says"));
   return shard;
 }
 
+}  // namespace
+
+TensorMap load_sharded_rank(const fs::path& dir, int64_t tp_rank, int64_t pp_rank) {
+  return load_rank(dir, load_sharded_layout(dir), tp_rank, pp_rank);
+}
+
 std::vector<std::vector<TensorMap>> load_sharded_all(const fs::path& dir) {
-  auto layout = load_sharded_layout(dir);
+  const auto layout = load_sharded_layout(dir);
   std::vector<std::vector<TensorMap>> shards(layout.pp);
   for (int64_t p = 0; p < layout.pp; ++p)
-    for (int64_t k = 0; k < layout.tp; ++k) shards[p].push_back(load_sharded_rank(dir, k, p));
+    for (int64_t k = 0; k < layout.tp; ++k) shards[p].push_back(load_rank(dir, layout, k, p));
   return shards;
 }
 

@@ -51,8 +51,7 @@ std::vector<std::vector<TensorMap>> shard_all(const TensorMap& hf, const ModelCo
 // extra keys) and layout.json. Throws EngineError for a layout that does not
 // fit the config (layer split, TP divisibility).
 void write_sharded_layout(const std::filesystem::path& dir, const ModelConfig& cfg,
-                          const ShardedLayout& layout,
-                          const nlohmann::json* base_config = nullptr);
+                          const ShardedLayout& layout, const nlohmann::json* base_config = nullptr);
 // Writes one rank's file; ranks may call this concurrently for their own files.
 void write_sharded_rank(const std::filesystem::path& dir, int64_t tp_rank, int64_t pp_rank,
                         const TensorMap& shard);

@@ -26,7 +26,8 @@ struct AutogradContext;
 
 namespace baton::engine {
 
-// Forward identity; backward all-reduce (sum) of the gradient.
+// Forward identity (the result shares x's storage: do not modify it in place);
+// backward all-reduce (sum) of the gradient.
 at::Tensor copy_to_tp_region(const at::Tensor& x, const Group& tp);
 // Forward all-reduce (sum); backward identity.
 at::Tensor reduce_from_tp_region(const at::Tensor& x, const Group& tp);

@@ -20,97 +20,67 @@ std::vector<ConversionRule> trunk_rules(bool attention_bias_on_proj, bool mlp_bi
   const std::string L = "model.layers.{i}.";
   const std::string E = "decoder.layers.{i}.";
   std::vector<ConversionRule> r = {
-      {"embedding.word_embeddings.weight",
-       Scope::kFirstStage,
-       Condition::kAlways,
-       Transform::kSplitRows,
-       {{"model.embed_tokens.weight", {D::kVocab, D::kHidden}}}},
-      {E + "self_attention.linear_qkv.layer_norm_weight",
-       Scope::kLayer,
-       Condition::kAlways,
-       Transform::kReplicated,
-       {{L + "input_layernorm.weight", {D::kHidden}}}},
-      {E + "self_attention.linear_qkv.weight",
-       Scope::kLayer,
-       Condition::kAlways,
-       Transform::kQkv,
-       {{L + "self_attn.q_proj.weight", {D::kQ, D::kHidden}},
-        {L + "self_attn.k_proj.weight", {D::kKv, D::kHidden}},
-        {L + "self_attn.v_proj.weight", {D::kKv, D::kHidden}}}},
-      {E + "self_attention.linear_qkv.bias",
-       Scope::kLayer,
-       Condition::kQkvBias,
-       Transform::kQkv,
-       {{L + "self_attn.q_proj.bias", {D::kQ}},
-        {L + "self_attn.k_proj.bias", {D::kKv}},
-        {L + "self_attn.v_proj.bias", {D::kKv}}}},
-      {E + "self_attention.linear_proj.weight",
-       Scope::kLayer,
-       Condition::kAlways,
-       Transform::kSplitCols,
-       {{L + "self_attn.o_proj.weight", {D::kHidden, D::kQ}}}},
-      {E + "mlp.linear_fc1.layer_norm_weight",
-       Scope::kLayer,
-       Condition::kAlways,
-       Transform::kReplicated,
-       {{L + "post_attention_layernorm.weight", {D::kHidden}}}},
-      {E + "mlp.linear_fc1.weight",
-       Scope::kLayer,
-       Condition::kAlways,
-       Transform::kGateUp,
-       {{L + "mlp.gate_proj.weight", {D::kIntermediate, D::kHidden}},
-        {L + "mlp.up_proj.weight", {D::kIntermediate, D::kHidden}}}},
-      {E + "mlp.linear_fc2.weight",
-       Scope::kLayer,
-       Condition::kAlways,
-       Transform::kSplitCols,
-       {{L + "mlp.down_proj.weight", {D::kHidden, D::kIntermediate}}}},
-      {"decoder.final_layernorm.weight",
-       Scope::kLastStage,
-       Condition::kAlways,
-       Transform::kReplicated,
-       {{"model.norm.weight", {D::kHidden}}}},
-      {"output_layer.weight",
-       Scope::kLmHead,
-       Condition::kAlways,
-       Transform::kSplitRows,
-       {{"lm_head.weight", {D::kVocab, D::kHidden}}},
-       /*tied_hf_name=*/"model.embed_tokens.weight"},
-      {"value_head.weight",
-       Scope::kValueHead,
-       Condition::kAlways,
-       Transform::kReplicated,
-       {{"score.weight", {D::kOne, D::kHidden}}},
-       "",
-       /*optional=*/true},
-      {"value_head.bias",
-       Scope::kValueHead,
-       Condition::kAlways,
-       Transform::kReplicated,
-       {{"score.bias", {D::kOne}}},
-       "",
-       /*optional=*/true,
-       /*zero_fill_on_export=*/true},
+      {.engine_name = "embedding.word_embeddings.weight",
+       .scope = Scope::kFirstStage,
+       .transform = Transform::kSplitRows,
+       .hf = {{"model.embed_tokens.weight", {D::kVocab, D::kHidden}}}},
+      {.engine_name = E + "self_attention.linear_qkv.layer_norm_weight",
+       .hf = {{L + "input_layernorm.weight", {D::kHidden}}}},
+      {.engine_name = E + "self_attention.linear_qkv.weight",
+       .transform = Transform::kQkv,
+       .hf = {{L + "self_attn.q_proj.weight", {D::kQ, D::kHidden}},
+              {L + "self_attn.k_proj.weight", {D::kKv, D::kHidden}},
+              {L + "self_attn.v_proj.weight", {D::kKv, D::kHidden}}}},
+      {.engine_name = E + "self_attention.linear_qkv.bias",
+       .condition = Condition::kQkvBias,
+       .transform = Transform::kQkv,
+       .hf = {{L + "self_attn.q_proj.bias", {D::kQ}},
+              {L + "self_attn.k_proj.bias", {D::kKv}},
+              {L + "self_attn.v_proj.bias", {D::kKv}}}},
+      {.engine_name = E + "self_attention.linear_proj.weight",
+       .transform = Transform::kSplitCols,
+       .hf = {{L + "self_attn.o_proj.weight", {D::kHidden, D::kQ}}}},
+      {.engine_name = E + "mlp.linear_fc1.layer_norm_weight",
+       .hf = {{L + "post_attention_layernorm.weight", {D::kHidden}}}},
+      {.engine_name = E + "mlp.linear_fc1.weight",
+       .transform = Transform::kGateUp,
+       .hf = {{L + "mlp.gate_proj.weight", {D::kIntermediate, D::kHidden}},
+              {L + "mlp.up_proj.weight", {D::kIntermediate, D::kHidden}}}},
+      {.engine_name = E + "mlp.linear_fc2.weight",
+       .transform = Transform::kSplitCols,
+       .hf = {{L + "mlp.down_proj.weight", {D::kHidden, D::kIntermediate}}}},
+      {.engine_name = "decoder.final_layernorm.weight",
+       .scope = Scope::kLastStage,
+       .hf = {{"model.norm.weight", {D::kHidden}}}},
+      {.engine_name = "output_layer.weight",
+       .scope = Scope::kLmHead,
+       .transform = Transform::kSplitRows,
+       .hf = {{"lm_head.weight", {D::kVocab, D::kHidden}}},
+       .tied_hf_name = "model.embed_tokens.weight"},
+      {.engine_name = "value_head.weight",
+       .scope = Scope::kValueHead,
+       .hf = {{"score.weight", {D::kOne, D::kHidden}}},
+       .optional = true},
+      {.engine_name = "value_head.bias",
+       .scope = Scope::kValueHead,
+       .hf = {{"score.bias", {D::kOne}}},
+       .optional = true,
+       .zero_fill_on_export = true},
   };
   // Row-parallel biases are added once, after the reduction: replicated.
   if (attention_bias_on_proj)
-    r.push_back({E + "self_attention.linear_proj.bias",
-                 Scope::kLayer,
-                 Condition::kQkvBias,
-                 Transform::kReplicated,
-                 {{L + "self_attn.o_proj.bias", {D::kHidden}}}});
+    r.push_back({.engine_name = E + "self_attention.linear_proj.bias",
+                 .condition = Condition::kQkvBias,
+                 .hf = {{L + "self_attn.o_proj.bias", {D::kHidden}}}});
   if (mlp_biases) {
-    r.push_back({E + "mlp.linear_fc1.bias",
-                 Scope::kLayer,
-                 Condition::kMlpBias,
-                 Transform::kGateUp,
-                 {{L + "mlp.gate_proj.bias", {D::kIntermediate}},
-                  {L + "mlp.up_proj.bias", {D::kIntermediate}}}});
-    r.push_back({E + "mlp.linear_fc2.bias",
-                 Scope::kLayer,
-                 Condition::kMlpBias,
-                 Transform::kReplicated,
-                 {{L + "mlp.down_proj.bias", {D::kHidden}}}});
+    r.push_back({.engine_name = E + "mlp.linear_fc1.bias",
+                 .condition = Condition::kMlpBias,
+                 .transform = Transform::kGateUp,
+                 .hf = {{L + "mlp.gate_proj.bias", {D::kIntermediate}},
+                        {L + "mlp.up_proj.bias", {D::kIntermediate}}}});
+    r.push_back({.engine_name = E + "mlp.linear_fc2.bias",
+                 .condition = Condition::kMlpBias,
+                 .hf = {{L + "mlp.down_proj.bias", {D::kHidden}}}});
   }
   return r;
 }
@@ -274,8 +244,8 @@ Shape with_lead(at::IntArrayRef lead, const at::Tensor& t) {
   return s;
 }
 
-at::Tensor shard_of(Transform transform, const std::vector<at::Tensor>& src, int64_t k,
-                    int64_t t, const ModelConfig& cfg) {
+at::Tensor shard_of(Transform transform, const std::vector<at::Tensor>& src, int64_t k, int64_t t,
+                    const ModelConfig& cfg) {
   switch (transform) {
     case Transform::kReplicated:
       return src[0];
@@ -377,8 +347,8 @@ void validate_layer_split(const std::vector<int64_t>& split, int64_t num_layers)
 }
 
 void validate_tensor_parallel(const ModelConfig& cfg, int64_t tp_size) {
-  if (tp_size < 1) throw EngineError(detail::cat("tensor parallel size must be positive, got ",
-                                                 tp_size));
+  if (tp_size < 1)
+    throw EngineError(detail::cat("tensor parallel size must be positive, got ", tp_size));
   auto require = [&](int64_t n, const char* what) {
     if (n % tp_size != 0)
       throw EngineError(detail::cat(where(cfg), "tensor parallel size ", tp_size,
@@ -435,8 +405,7 @@ TensorMap hf_to_shard(const TensorMap& hf, const ModelConfig& cfg, const ShardSp
   if (spec.tp_rank < 0 || spec.tp_rank >= spec.tp_size)
     throw EngineError(
         detail::cat("tp rank ", spec.tp_rank, " is out of range for tp size ", spec.tp_size));
-  if (spec.layer_begin < 0 || spec.layer_begin >= spec.layer_end ||
-      spec.layer_end > cfg.num_layers)
+  if (spec.layer_begin < 0 || spec.layer_begin >= spec.layer_end || spec.layer_end > cfg.num_layers)
     throw EngineError(detail::cat("layer range [", spec.layer_begin, ", ", spec.layer_end,
                                   ") is not a non-empty part of the model's ", cfg.num_layers,
                                   " layers"));
@@ -464,8 +433,8 @@ TensorMap hf_to_shard(const TensorMap& hf, const ModelConfig& cfg, const ShardSp
                      (name == "lm_head.weight" && (spec.value_model || cfg.tie_word_embeddings));
       if (!ignored) unexpected.push_back(name);
     } else if (t.sizes() != at::IntArrayRef(it->second)) {
-      wrong_shape.push_back(detail::cat(name, " expected ", shape_str(it->second), " got ",
-                                        shape_str(t.sizes())));
+      wrong_shape.push_back(
+          detail::cat(name, " expected ", shape_str(it->second), " got ", shape_str(t.sizes())));
     }
   }
   if (!missing.empty() || !unexpected.empty() || !wrong_shape.empty()) {
@@ -484,8 +453,7 @@ TensorMap hf_to_shard(const TensorMap& hf, const ModelConfig& cfg, const ShardSp
       if (it != hf.end()) src.push_back(it->second);
     }
     if (src.size() != p.hf_names.size()) continue;  // an optional tensor that is absent
-    out.emplace(p.engine_name,
-                shard_of(p.rule->transform, src, spec.tp_rank, spec.tp_size, cfg));
+    out.emplace(p.engine_name, shard_of(p.rule->transform, src, spec.tp_rank, spec.tp_size, cfg));
   }
   return out;
 }

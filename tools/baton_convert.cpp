@@ -167,6 +167,9 @@ int to_hf(const Args& a) {
   save_hf_model(out, cfg, hf, layout.value_model, max_shard_bytes, &base_config);
   std::cout << "baton-convert: wrote " << out.string() << " (" << hf.size() << " tensors, "
             << hf_architecture(cfg.family, layout.value_model) << ")\n";
+  if (layout.value_model && !hf.count("score.weight"))
+    std::cout << "baton-convert: note: the shards hold no value head; HF will initialise "
+                 "score.weight randomly\n";
   return 0;
 }
 

@@ -32,8 +32,8 @@ struct Result {
 // Runs baton-convert with `args`; stdout is discarded, stderr captured.
 Result convert(const std::string& args, const TempDir& scratch) {
   const fs::path err = scratch / "stderr.txt";
-  std::string cmd = std::string("'") + BATON_CONVERT_EXE + "' " + args + " >/dev/null 2>'" +
-                    err.string() + "'";
+  std::string cmd =
+      std::string("'") + BATON_CONVERT_EXE + "' " + args + " >/dev/null 2>'" + err.string() + "'";
   int raw = std::system(cmd.c_str());
   Result r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
@@ -99,9 +99,9 @@ INSTANTIATE_TEST_SUITE_P(HfFixtures, BatonConvert,
 
 TEST(BatonConvertErrors, MissingDirectory) {
   TempDir scratch;
-  auto r = convert("--to-sharded --hf " + q(scratch / "nope") + " --out " + q(scratch / "o") +
-                       " --tp 1 --pp 1",
-                   scratch);
+  auto r = convert(
+      "--to-sharded --hf " + q(scratch / "nope") + " --out " + q(scratch / "o") + " --tp 1 --pp 1",
+      scratch);
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("nope"), std::string::npos) << r.err;
 }

@@ -245,7 +245,8 @@ void run_world(int64_t world_size, const RankBody& body, std::chrono::seconds ti
   const at::Tensor e = expected.detach().to(at::kCPU, at::kDouble).reshape(-1);
   if (a.numel() == 0) return ::testing::AssertionSuccess();
   const at::Tensor diff = (a - e).abs().nan_to_num(INFINITY, INFINITY, INFINITY);
-  const at::Tensor bad = diff > (e.abs() * rtol + atol);
+  const at::Tensor bad =
+      (diff > e.abs() * rtol + atol).logical_or_(a.isnan()).logical_or_(e.isnan());
   const int64_t count = bad.sum().item<int64_t>();
   if (count == 0) return ::testing::AssertionSuccess();
   const int64_t at = diff.argmax().item<int64_t>();

@@ -47,8 +47,8 @@ void expect_error(F&& f, std::vector<std::string> needles) {
     FAIL() << "expected EngineError";
   } catch (const EngineError& e) {
     for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "\"" << n << "\" not in: "
-                                                                  << e.what();
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "\"" << n << "\" not in: " << e.what();
   }
 }
 
@@ -99,8 +99,8 @@ TEST(Safetensors, HeaderIsPaddedAndDataIsDenseAndAligned) {
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (const auto& [name, e] : header.items()) {
     int64_t begin = e["data_offsets"][0], end = e["data_offsets"][1];
-    int64_t elem = e["dtype"] == "F64" || e["dtype"] == "I64" ? 8
-                   : e["dtype"] == "F32" || e["dtype"] == "I32" ? 4
+    int64_t elem = e["dtype"] == "F64" || e["dtype"] == "I64"                           ? 8
+                   : e["dtype"] == "F32" || e["dtype"] == "I32"                         ? 4
                    : e["dtype"] == "F16" || e["dtype"] == "BF16" || e["dtype"] == "I16" ? 2
                                                                                         : 1;
     EXPECT_EQ(begin % elem, 0) << name;
@@ -206,8 +206,11 @@ TEST(Safetensors, TruncatedDataNamesTheTensor) {
 
 TEST(Safetensors, WriteRejectsUndefinedTensorsNamingThem) {
   TempDir dir;
-  expect_error([&] { write_safetensors(dir / "u.safetensors", {{"w", at::Tensor()}}); },
-               {"u.safetensors", "\"w\""});
+  expect_error(
+      [&] {
+        write_safetensors(dir / "u.safetensors", {{"w", at::Tensor()}});
+      },
+      {"u.safetensors", "\"w\""});
   EXPECT_TRUE(fs::is_empty(dir.path()));
 }
 

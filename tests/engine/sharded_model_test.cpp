@@ -23,8 +23,8 @@ void expect_error(F&& f, std::vector<std::string> needles) {
     FAIL() << "expected EngineError";
   } catch (const EngineError& e) {
     for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "\"" << n << "\" not in: "
-                                                                  << e.what();
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "\"" << n << "\" not in: " << e.what();
   }
 }
 
@@ -89,12 +89,21 @@ TEST(ShardedModel, EmptySplitMeansEvenAndStaleRankFilesGo) {
 TEST(ShardedModel, RejectsLayoutsThatDoNotFit) {
   TempDir dir;
   auto cfg = tiny();
-  expect_error([&] { save_sharded(dir.path(), cfg, {1, 2, {2, 2}, false}, fake_shards(1, 2)); },
-               {"sums to 4"});
-  expect_error([&] { save_sharded(dir.path(), cfg, {3, 1, {}, false}, fake_shards(3, 1)); },
-               {"tensor parallel size 3", "vocab_size 8"});
-  expect_error([&] { save_sharded(dir.path(), cfg, {1, 2, {}, false}, fake_shards(1, 1)); },
-               {"1 stages of shards for pp 2"});
+  expect_error(
+      [&] {
+        save_sharded(dir.path(), cfg, {1, 2, {2, 2}, false}, fake_shards(1, 2));
+      },
+      {"sums to 4"});
+  expect_error(
+      [&] {
+        save_sharded(dir.path(), cfg, {3, 1, {}, false}, fake_shards(3, 1));
+      },
+      {"tensor parallel size 3", "vocab_size 8"});
+  expect_error(
+      [&] {
+        save_sharded(dir.path(), cfg, {1, 2, {}, false}, fake_shards(1, 1));
+      },
+      {"1 stages of shards for pp 2"});
 }
 
 TEST(ShardedModel, LoadNamesMissingAndCorruptFiles) {

@@ -44,23 +44,23 @@ void expect_error(F&& f, std::vector<std::string> needles) {
     FAIL() << "expected EngineError";
   } catch (const EngineError& e) {
     for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "\"" << n << "\" not in: "
-                                                                  << e.what();
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "\"" << n << "\" not in: " << e.what();
   }
 }
 
 // Tiny configs: V=32, H=16, F=24, nq=4, nkv=2, d=4 (q 16, kv 8), 4 layers.
 ModelConfig tiny_config(ModelFamily family, bool tied) {
-  nlohmann::json j = {{"architectures", {family == ModelFamily::kLlama ? "LlamaForCausalLM"
-                                                                       : "Qwen2ForCausalLM"}},
-                      {"model_type", family == ModelFamily::kLlama ? "llama" : "qwen2"},
-                      {"vocab_size", 32},
-                      {"hidden_size", 16},
-                      {"intermediate_size", 24},
-                      {"num_hidden_layers", 4},
-                      {"num_attention_heads", 4},
-                      {"num_key_value_heads", 2},
-                      {"tie_word_embeddings", tied}};
+  nlohmann::json j = {
+      {"architectures", {family == ModelFamily::kLlama ? "LlamaForCausalLM" : "Qwen2ForCausalLM"}},
+      {"model_type", family == ModelFamily::kLlama ? "llama" : "qwen2"},
+      {"vocab_size", 32},
+      {"hidden_size", 16},
+      {"intermediate_size", 24},
+      {"num_hidden_layers", 4},
+      {"num_attention_heads", 4},
+      {"num_key_value_heads", 2},
+      {"tie_word_embeddings", tied}};
   return ModelConfig::from_hf_json(j, "tiny");
 }
 
@@ -113,8 +113,8 @@ struct Layout {
   std::vector<int64_t> split;
 };
 
-const std::vector<Layout> kLayouts = {{1, {4}}, {2, {4}}, {1, {2, 2}}, {2, {3, 1}},
-                                      {2, {1, 1, 1, 1}}};
+const std::vector<Layout> kLayouts = {
+    {1, {4}}, {2, {4}}, {1, {2, 2}}, {2, {3, 1}}, {2, {1, 1, 1, 1}}};
 
 TEST(WeightConversion, LlamaUntiedRoundTripsBitExactlyThroughEveryLayout) {
   auto cfg = tiny_config(ModelFamily::kLlama, /*tied=*/false);
@@ -150,8 +150,7 @@ TEST(WeightConversion, ShardNamesAndShapesFollowTheLayoutContract) {
             (at::IntArrayRef{16, 8}));
   EXPECT_EQ(first.at("decoder.layers.0.mlp.linear_fc1.weight").sizes(),
             (at::IntArrayRef{24, 16}));  // 2F / t
-  EXPECT_EQ(first.at("decoder.layers.0.mlp.linear_fc2.weight").sizes(),
-            (at::IntArrayRef{16, 12}));
+  EXPECT_EQ(first.at("decoder.layers.0.mlp.linear_fc2.weight").sizes(), (at::IntArrayRef{16, 12}));
   EXPECT_EQ(first.at("decoder.layers.1.mlp.linear_fc1.layer_norm_weight").sizes(),
             (at::IntArrayRef{16}));
   EXPECT_FALSE(first.count("decoder.layers.3.mlp.linear_fc2.weight"));
@@ -161,10 +160,9 @@ TEST(WeightConversion, ShardNamesAndShapesFollowTheLayoutContract) {
   EXPECT_EQ(last.size(), 7 + 2u);
   EXPECT_FALSE(last.count("embedding.word_embeddings.weight"));
   EXPECT_TRUE(last.count("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight"));
-  EXPECT_TRUE(at::equal(last.at("output_layer.weight"),
-                        hf.at("lm_head.weight").narrow(0, 0, 16)));
-  EXPECT_TRUE(at::equal(g[1][1].at("output_layer.weight"),
-                        hf.at("lm_head.weight").narrow(0, 16, 16)));
+  EXPECT_TRUE(at::equal(last.at("output_layer.weight"), hf.at("lm_head.weight").narrow(0, 0, 16)));
+  EXPECT_TRUE(
+      at::equal(g[1][1].at("output_layer.weight"), hf.at("lm_head.weight").narrow(0, 16, 16)));
   EXPECT_TRUE(at::equal(last.at("decoder.final_layernorm.weight"), hf.at("model.norm.weight")));
   // Vocab split of the embedding.
   EXPECT_TRUE(at::equal(first.at("embedding.word_embeddings.weight"),
@@ -331,16 +329,25 @@ TEST(WeightConversion, ShardsToHfNamesBadShards) {
   auto g = to_grid(hf, cfg, 2, {2, 2});
   auto bad = g;
   bad[1][1].erase("decoder.layers.3.mlp.linear_fc2.weight");
-  expect_error([&] { shards_to_hf(bad, cfg, {2, 2}, false); },
-               {"tp rank 1, pp stage 1", "missing", "decoder.layers.3.mlp.linear_fc2.weight"});
+  expect_error(
+      [&] {
+        shards_to_hf(bad, cfg, {2, 2}, false);
+      },
+      {"tp rank 1, pp stage 1", "missing", "decoder.layers.3.mlp.linear_fc2.weight"});
   bad = g;
   bad[0][0]["decoder.layers.3.mlp.linear_fc2.weight"] = at::zeros({16, 12});  // wrong stage
-  expect_error([&] { shards_to_hf(bad, cfg, {2, 2}, false); },
-               {"tp rank 0, pp stage 0", "unexpected", "decoder.layers.3.mlp.linear_fc2.weight"});
+  expect_error(
+      [&] {
+        shards_to_hf(bad, cfg, {2, 2}, false);
+      },
+      {"tp rank 0, pp stage 0", "unexpected", "decoder.layers.3.mlp.linear_fc2.weight"});
   bad = g;
   bad[0][1]["embedding.word_embeddings.weight"] = at::zeros({32, 16});
-  expect_error([&] { shards_to_hf(bad, cfg, {2, 2}, false); },
-               {"embedding.word_embeddings.weight", "expected [16, 16]", "got [32, 16]"});
+  expect_error(
+      [&] {
+        shards_to_hf(bad, cfg, {2, 2}, false);
+      },
+      {"embedding.word_embeddings.weight", "expected [16, 16]", "got [32, 16]"});
   expect_error([&] { shards_to_hf(g, cfg, {3, 1}, false); }, {"tp rank"});
   expect_error([&] { shards_to_hf(g, cfg, {4}, false); }, {"2 pipeline stages"});
 }
