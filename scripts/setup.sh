@@ -31,3 +31,7 @@ if ((${#missing[@]})); then
 else
   echo "setup: all packages present"
 fi
+
+# The Python side of the HF-compatibility test (tests/engine/hf_export_test.sh):
+# Debian's python3-torch plus transformers in a venv, about a minute the first time.
+bash "$(dirname "$0")/setup_hf.sh" >/dev/null

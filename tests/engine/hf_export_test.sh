@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# HF transformers loads what baton exports: each fixture goes HF → baton
+# sharded (TP2 × PP2, uneven split) → HF with baton-convert, and
+# scripts/hf_check.py loads the result with transformers and compares its
+# logits (or values) with the fixture's reference (atol 1e-4).
+# Exit 77 (skipped) only when torch/transformers cannot be imported.
+set -euo pipefail
+convert="$1"
+fixtures="$2"
+repo="$3"
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
+check() {
+  local name="$1" ref="$2" extra="${3:-}"
+  "$convert" --to-sharded --hf "$fixtures/$name" --out "$scratch/$name-sharded" --tp 2 --pp 2 \
+    --layer-split 3,1 >/dev/null
+  "$convert" --to-hf --sharded "$scratch/$name-sharded" --out "$scratch/$name-hf" >/dev/null
+  local status=0
+  python3 "$repo/scripts/hf_check.py" --model "$scratch/$name-hf" --reference "$ref" $extra || status=$?
+  if [[ $status -eq 77 ]]; then exit 77; fi
+  if [[ $status -ne 0 ]]; then echo "hf_check failed for $name" >&2; exit 1; fi
+}
+
+check tiny-llama "$fixtures/tiny-llama/reference.safetensors"
+check tiny-qwen2 "$fixtures/tiny-qwen2/reference.safetensors"
+check tiny-qwen2-value "$fixtures/tiny-qwen2-value/reference.safetensors" --value
