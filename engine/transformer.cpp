@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <spdlog/spdlog.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <set>
 
@@ -17,6 +19,46 @@ std::string shape_of(const at::Tensor& t) {
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + "]";
 }
+
+// One layer under full activation recomputation: forward runs without
+// autograd and keeps only the layer's input; backward runs the layer again
+// with autograd and differentiates it. The layer's parameters are inputs of
+// the node so that their gradients flow (they accumulate into .grad()).
+// Collectives inside the layer run again in backward, in the same order on
+// every TP rank, because every rank recomputes the same layer.
+class RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, TransformerLayer* layer,
+                            const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& bias, at::TensorList params) {
+    ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+    ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    ctx->save_for_backward({x, cos, sin, bias});
+    at::AutoGradMode no_grad(false);
+    return layer->forward(x, Rotary{cos, sin}, bias);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto* layer = reinterpret_cast<TransformerLayer*>(ctx->saved_data["layer"].toInt());
+    auto saved = ctx->get_saved_variables();
+    auto x = saved[0].detach().requires_grad_(true);
+    at::Tensor out;
+    {
+      at::AutoGradMode grad(true);
+      out = layer->forward(x, Rotary{saved[1], saved[2]}, saved[3]);
+    }
+    torch::autograd::variable_list inputs{x};
+    for (const auto& p : layer->parameters()) inputs.push_back(p);
+    auto grads = torch::autograd::grad({out}, inputs, {grad_out[0]}, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    // One gradient per forward input: layer, x, cos, sin, bias, then params.
+    torch::autograd::variable_list result{at::Tensor(), grads[0], at::Tensor(), at::Tensor(),
+                                          at::Tensor()};
+    result.insert(result.end(), grads.begin() + 1, grads.end());
+    return result;
+  }
+};
 
 }  // namespace
 
@@ -87,7 +129,17 @@ at::Tensor Transformer::forward(const at::Tensor& input, const at::Tensor& posit
   }
   auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
   auto bias = causal_attention_bias(attention_mask, h.scalar_type());
-  for (auto& layer : layers_) h = layer->forward(h, rotary, bias);
+  bool recompute = options_.recompute_activations && at::GradMode::is_enabled();
+  for (auto& layer : layers_) {
+    if (recompute) {
+      // As a TensorList, so that autograd sees each parameter as an input.
+      auto params = layer->parameters();
+      h = RecomputedLayer::apply(layer.get(), h, rotary.cos, rotary.sin, bias,
+                                 at::TensorList(params));
+    } else {
+      h = layer->forward(h, rotary, bias);
+    }
+  }
   if (!last_stage()) return h;
   h = rms_norm(h, final_norm_, config_.rms_norm_eps);
   return options_.value_model ? value_head(h) : lm_head(h);

@@ -37,6 +37,9 @@ struct TransformerOptions {
   // split over the sequence (S must divide by tp). LayerNorm and value-head
   // gradients then need a TP all-reduce (`sequence_parallel_params`).
   bool sequence_parallel = false;
+  // Full activation recomputation: each layer keeps only its input during
+  // forward and runs again in backward (memory for compute).
+  bool recompute_activations = false;
   // Seed of the value head's fresh initialisation (same on every rank).
   uint64_t value_head_seed = 1234;
 
@@ -46,6 +49,10 @@ struct TransformerOptions {
   }
   TransformerOptions& set_sequence_parallel(bool v) {
     sequence_parallel = v;
+    return *this;
+  }
+  TransformerOptions& set_recompute_activations(bool v) {
+    recompute_activations = v;
     return *this;
   }
 };

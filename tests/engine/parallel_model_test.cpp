@@ -34,11 +34,12 @@ struct Layout {
   int64_t tp = 1, pp = 1, dp = 1;
   bool sequence_parallel = false;
   std::vector<int64_t> split;  // empty: even
+  bool recompute = false;
 };
 
 void PrintTo(const Layout& l, std::ostream* os) {
   *os << l.fixture << " tp" << l.tp << " pp" << l.pp << " dp" << l.dp
-      << (l.sequence_parallel ? " sp" : "");
+      << (l.sequence_parallel ? " sp" : "") << (l.recompute ? " recompute" : "");
 }
 
 std::string layout_name(const ::testing::TestParamInfo<Layout>& info) {
@@ -46,6 +47,7 @@ std::string layout_name(const ::testing::TestParamInfo<Layout>& info) {
   std::string n = l.fixture.substr(5) + "_tp" + std::to_string(l.tp) + "_pp" +
                   std::to_string(l.pp) + "_dp" + std::to_string(l.dp);
   if (l.sequence_parallel) n += "_sp";
+  if (l.recompute) n += "_recompute";
   for (auto s : l.split) n += "_" + std::to_string(s);
   return n;
 }
@@ -85,8 +87,10 @@ std::vector<MicroBatch> micro_batches(const Batch& b, int64_t begin, int64_t end
 
 std::shared_ptr<Transformer> build(const ModelConfig& cfg, const TensorMap& hf,
                                    std::shared_ptr<ParallelState> ps, const Layout& l) {
-  auto model = std::make_shared<Transformer>(
-      cfg, ps, TransformerOptions().set_sequence_parallel(l.sequence_parallel));
+  auto model = std::make_shared<Transformer>(cfg, ps,
+                                             TransformerOptions()
+                                                 .set_sequence_parallel(l.sequence_parallel)
+                                                 .set_recompute_activations(l.recompute));
   auto split = l.split.empty() ? even_layer_split(cfg.num_layers, l.pp) : l.split;
   auto spec = ShardSpec::for_rank(cfg, ps->coords().tp, l.tp, ps->coords().pp, split);
   model->load_state_dict(hf_to_shard(hf, cfg, spec));
@@ -257,7 +261,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"tiny-llama", 2, 1, 1, true},
                       Layout{"tiny-llama", 1, 2, 1, false, {3, 1}}, Layout{"tiny-qwen2", 1, 2, 1},
                       Layout{"tiny-qwen2", 2, 2, 1}, Layout{"tiny-llama", 1, 1, 2},
-                      Layout{"tiny-llama", 2, 2, 2}),
+                      Layout{"tiny-llama", 2, 2, 2},
+                      Layout{"tiny-qwen2", 2, 2, 1, true, {}, /*recompute=*/true}),
     layout_name);
 
 }  // namespace

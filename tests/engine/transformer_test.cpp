@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
+
+#include <torch/csrc/autograd/function.h>
 
 #include "engine/errors.h"
 #include "engine/safetensors.h"
@@ -151,6 +154,47 @@ TEST(Transformer, ForwardRejectsMismatchedShapes) {
   EXPECT_THROW(
       model->forward(ids.to(at::kInt), f.ref.at("position_ids"), f.ref.at("attention_mask")),
       EngineError);
+}
+
+}  // namespace
+}  // namespace baton::engine
+
+namespace baton::engine {
+namespace {
+
+bool graph_has(const std::shared_ptr<torch::autograd::Node>& root, const std::string& name) {
+  std::vector<std::shared_ptr<torch::autograd::Node>> stack{root};
+  std::set<torch::autograd::Node*> seen;
+  while (!stack.empty()) {
+    auto n = stack.back();
+    stack.pop_back();
+    if (!n || !seen.insert(n.get()).second) continue;
+    if (n->name().find(name) != std::string::npos) return true;
+    for (const auto& e : n->next_edges()) stack.push_back(e.function);
+  }
+  return false;
+}
+
+TEST(Transformer, RecomputedActivationsGiveTheSameGradients) {
+  auto f = load_fixture("tiny-qwen2");
+  auto plain = build(f);
+  auto recomputed = std::make_shared<Transformer>(
+      f.config, ParallelState::single(), TransformerOptions().set_recompute_activations(true));
+  recomputed->load_state_dict(plain->state_dict());
+  const auto& ids = f.ref.at("input_ids");
+  auto mask = f.ref.at("response_mask").to(at::kFloat);
+  for (auto* m : {plain.get(), recomputed.get()}) {
+    auto logits = m->forward(ids, f.ref.at("position_ids"), f.ref.at("attention_mask"));
+    if (m == recomputed.get()) {
+      EXPECT_TRUE(graph_has(logits.grad_fn(), "RecomputedLayer"));
+    } else {
+      EXPECT_FALSE(graph_has(logits.grad_fn(), "RecomputedLayer"));
+    }
+    ((next_token_log_probs(logits, ids, m->parallel().tp()) * mask).sum()).backward();
+  }
+  auto a = plain->named_params(), b = recomputed->named_params();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(at::allclose(a[i].second.grad(), b[i].second.grad(), 1e-6, 1e-6)) << a[i].first;
 }
 
 }  // namespace

@@ -1,0 +1,82 @@
+// bf16 parameters with fp32 master weights (the GPU setting), run on the CPU
+// here; the same on a GPU in the _CUDA test (skipped without a device).
+#include <gtest/gtest.h>
+
+#include <ATen/Context.h>
+
+#include "engine/optimizer.h"
+#include "engine/pipeline_schedule.h"
+#include "engine/safetensors.h"
+#include "engine/transformer.h"
+#include "engine/weight_conversion.h"
+
+namespace baton::engine {
+namespace {
+
+const std::string kDir = std::string(BATON_FIXTURES_DIR) + "/tiny-llama";
+
+std::shared_ptr<Transformer> load_model() {
+  auto cfg = ModelConfig::load(kDir);
+  auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
+  model->load_state_dict(
+      hf_to_shard(read_hf_weights(kDir), cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers})));
+  return model;
+}
+
+MicroBatch batch(const at::Device& device) {
+  auto ref = read_safetensors(kDir + "/reference.safetensors");
+  MicroBatch mb;
+  mb.input_ids = ref.at("input_ids").to(device);
+  mb.position_ids = ref.at("position_ids").to(device);
+  mb.attention_mask = ref.at("attention_mask").to(device);
+  mb.extra["mask"] = ref.at("response_mask").to(at::kFloat).to(device);
+  return mb;
+}
+
+// Trains `steps` steps; returns the losses. Checks the master-weight
+// invariant after every step: parameters are their fp32 masters rounded.
+std::vector<double> train_bf16(const at::Device& device, int steps) {
+  auto model = load_model();
+  model->to(device, at::kBFloat16);
+  Optimizer opt(model, OptimizerOptions().set_lr(1e-3));
+  auto mb = batch(device);
+  const Group& tp = model->parallel().tp();
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    auto l = forward_backward(*model, {mb}, [&](const at::Tensor& logits, const MicroBatch& m) {
+      auto lp = next_token_log_probs(logits, m.input_ids, tp);
+      return -(lp * m.extra.at("mask")).sum() / m.extra.at("mask").sum();
+    });
+    opt.step();
+    losses.push_back(l.at(0).item<double>());
+    auto state = opt.state_dict();
+    for (const auto& [name, p] : model->named_params()) {
+      EXPECT_EQ(p.scalar_type(), at::kBFloat16) << name;
+      auto master = state.at("master." + name);
+      EXPECT_EQ(master.scalar_type(), at::kFloat) << name;
+      EXPECT_TRUE(at::equal(master.to(at::kBFloat16), p.detach())) << name;
+    }
+  }
+  return losses;
+}
+
+TEST(MixedPrecision, Bf16ParametersTrainWithFp32MasterWeights) {
+  auto losses = train_bf16(at::kCPU, 4);
+  // The bf16 model's first loss is the fp32 model's within bf16 rounding,
+  // and training lowers it.
+  auto ref = read_safetensors(kDir + "/reference.safetensors");
+  double fp32_loss = -ref.at("loss_masked").item<double>();
+  EXPECT_NEAR(losses[0], fp32_loss, 0.05 * std::abs(fp32_loss));
+  EXPECT_LT(losses.back(), losses.front());
+}
+
+TEST(MixedPrecision, Bf16TrainingOnTheGpu_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  auto cpu = train_bf16(at::kCPU, 3);
+  auto gpu = train_bf16(at::Device(at::kCUDA, 0), 3);
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 0.05 * std::abs(cpu[i]));
+}
+
+}  // namespace
+}  // namespace baton::engine
