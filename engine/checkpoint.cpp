@@ -13,6 +13,7 @@
 #include "engine/atomic_file.h"
 #include "engine/errors.h"
 #include "engine/safetensors.h"
+#include "engine/sharded_model.h"
 #include "engine/weight_conversion.h"
 
 namespace fs = std::filesystem;
@@ -47,21 +48,20 @@ nlohmann::json read_json(const fs::path& file) {
   }
 }
 
-nlohmann::json layout_json(const Transformer& model, int64_t step) {
-  const ParallelState& ps = model.parallel();
-  const ParallelConfig& pc = ps.config();
-  nlohmann::json j;
-  j["format"] = "baton-checkpoint-v1";
-  j["step"] = step;
-  j["tp"] = pc.tp;
-  j["pp"] = pc.pp;
-  j["dp"] = pc.dp;
-  j["cp"] = pc.cp;
-  j["layer_split"] =
+ShardedLayout sharded_layout(const Transformer& model) {
+  const ParallelConfig& pc = model.parallel().config();
+  ShardedLayout l;
+  l.tp = pc.tp;
+  l.pp = pc.pp;
+  l.layer_split =
       pc.layer_split.empty() ? even_layer_split(model.config().num_layers, pc.pp) : pc.layer_split;
-  j["num_layers"] = model.config().num_layers;
-  j["value_model"] = model.options().value_model;
-  return j;
+  l.value_model = model.options().value_model;
+  return l;
+}
+
+nlohmann::json checkpoint_json(const Transformer& model, int64_t step) {
+  const ParallelConfig& pc = model.parallel().config();
+  return {{"format", "baton-checkpoint-v1"}, {"step", step}, {"dp", pc.dp}, {"cp", pc.cp}};
 }
 
 void barrier(const ParallelState& ps) {
@@ -95,15 +95,15 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
   barrier(ps);
   const Coords& c = ps.coords();
   if (c.dp == 0 && c.cp == 0) {
-    write_safetensors(partial / ("model-" + shard_suffix(ps) + ".safetensors"), model.state_dict());
+    write_sharded_rank(partial, c.tp, c.pp, model.state_dict());
     write_safetensors(partial / ("optim-" + shard_suffix(ps) + ".safetensors"),
                       optimizer.state_dict());
   }
   write_safetensors(partial / detail::cat("rng-", ps.rank(), ".safetensors"),
                     {{"cpu", rng_state()}});
   if (ps.rank() == 0) {
-    write_file_atomically(partial / "layout.json", layout_json(model, step).dump(2));
-    model.config().save(partial);
+    write_sharded_layout(partial, model.config(), sharded_layout(model));
+    write_file_atomically(partial / "checkpoint.json", checkpoint_json(model, step).dump(2));
     write_file_atomically(partial / "extra.json", extra.dump(2));
   }
   phase("files_written");
@@ -144,15 +144,24 @@ nlohmann::json load_checkpoint(const fs::path& root, Transformer& model, Optimiz
   if (!step) throw EngineError(root.string() + ": no checkpoint (no 'latest' file)");
   auto dir = root / step_dir_name(*step);
   const ParallelState& ps = model.parallel();
-  auto saved = read_json(dir / "layout.json");
-  auto want = layout_json(model, *step);
-  for (const char* key : {"tp", "pp", "layer_split", "num_layers", "value_model"}) {
-    if (saved.value(key, nlohmann::json()) != want[key])
-      throw EngineError(detail::cat(
-          dir.string(), ": checkpoint ", key, " = ", saved.value(key, nlohmann::json()).dump(),
-          " but the model has ", want[key].dump(), "; convert it (baton-convert) first"));
-  }
-  model.load_state_dict(read_safetensors(dir / ("model-" + shard_suffix(ps) + ".safetensors")));
+  read_json(dir / "checkpoint.json");  // present and well-formed: a complete checkpoint
+  ShardedLayout saved = load_sharded_layout(dir);
+  ShardedLayout want = sharded_layout(model);
+  auto mismatch = [&](const char* key, const std::string& a, const std::string& b) {
+    throw EngineError(detail::cat(dir.string(), ": checkpoint ", key, " = ", a,
+                                  " but the model has ", b,
+                                  "; convert it first (baton-convert --to-hf, then --to-sharded)"));
+  };
+  auto split_text = [](const std::vector<int64_t>& v) { return nlohmann::json(v).dump(); };
+  if (saved.tp != want.tp) mismatch("tp", std::to_string(saved.tp), std::to_string(want.tp));
+  if (saved.pp != want.pp) mismatch("pp", std::to_string(saved.pp), std::to_string(want.pp));
+  if (saved.layer_split != want.layer_split)
+    mismatch("layer_split", split_text(saved.layer_split), split_text(want.layer_split));
+  if (saved.value_model != want.value_model)
+    mismatch("value_model", saved.value_model ? "true" : "false",
+             want.value_model ? "true" : "false");
+  const Coords& c = ps.coords();
+  model.load_state_dict(load_sharded_rank(dir, c.tp, c.pp));
   optimizer.load_state_dict(read_safetensors(dir / ("optim-" + shard_suffix(ps) + ".safetensors")));
   auto rng_file = dir / detail::cat("rng-", ps.rank(), ".safetensors");
   if (fs::exists(rng_file)) {

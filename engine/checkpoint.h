@@ -3,10 +3,11 @@
 // (data-loader position, ...), one directory per step:
 //
 //   root/latest                        "12" (the newest complete checkpoint)
-//   root/step_00000012/
-//     layout.json                      tp, pp, dp, layer_split, value model, step
-//     config.json                      the model's HF config
+//   root/step_00000012/               a baton-sharded-v1 model directory (so
+//                                      baton-convert --to-hf exports it) plus:
+//     config.json, layout.json         the model's HF config; tp, pp, layer split
 //     model-tp{t}-pp{p}.safetensors    engine-named weights (DP rank 0 writes)
+//     checkpoint.json                  step, dp, cp
 //     optim-tp{t}-pp{p}.safetensors    optimizer state (DP rank 0 writes)
 //     rng-{rank}.safetensors           every rank's generator state
 //     extra.json                       the caller's JSON

@@ -11,6 +11,7 @@
 #include "engine/errors.h"
 #include "engine/pipeline_schedule.h"
 #include "engine/safetensors.h"
+#include "engine/sharded_model.h"
 #include "engine/weight_conversion.h"
 #include "tests/engine/temp_dir.h"
 
@@ -60,6 +61,13 @@ TEST(Checkpoint, ResumeContinuesExactlyAsAnUninterruptedRun) {
     Trainer first;
     for (int i = 0; i < 3; ++i) EXPECT_EQ(first.step(), want[i]);
     save_checkpoint(dir.path(), 3, *first.model, *first.opt, {{"epoch", 1}});
+    // The step directory is a sharded model directory: it exports to HF.
+    auto exported = shards_to_hf(load_sharded_all(dir / "step_00000003"), first.cfg,
+                                 {first.cfg.num_layers}, false);
+    auto live =
+        shards_to_hf({{first.model->state_dict()}}, first.cfg, {first.cfg.num_layers}, false);
+    ASSERT_EQ(exported.size(), live.size());
+    for (const auto& [name, t] : live) EXPECT_TRUE(at::equal(exported.at(name), t)) << name;
   }
   Trainer resumed;  // fresh weights and optimizer, then the checkpoint
   auto extra = load_checkpoint(dir.path(), *resumed.model, *resumed.opt);
