@@ -255,6 +255,49 @@ TEST(ParallelCheckpoint, ResumeIsExactOnAPp2Dp2Layout) {
   });
 }
 
+// The critic's model over TP2 x PP2: the value head lives only on the last
+// stage, and the values equal the single-process value model's (which
+// matches HF's token classification, see transformer_test).
+TEST(ParallelValueModel, HeadOnlyOnTheLastStageAndValuesMatch) {
+  run_world(4, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto dir = kFixtures + "/tiny-qwen2-value";
+    auto cfg = ModelConfig::load(dir);
+    auto hf = read_hf_weights(dir);
+    auto batch = make_batch(read_safetensors(kFixtures + "/tiny-qwen2/reference.safetensors"),
+                            cfg.vocab_size);
+    ParallelConfig pc;
+    pc.tp = 2;
+    pc.pp = 2;
+    auto ps = ParallelState::create(store, rank, pc);
+    auto value = TransformerOptions().set_value_model(true);
+    auto model = std::make_shared<Transformer>(cfg, ps, value);
+    model->load_state_dict(hf_to_shard(
+        hf, cfg, ShardSpec::for_rank(cfg, ps->coords().tp, 2, ps->coords().pp, {2, 2}, true)));
+    bool has_head = false, has_lm_head = false;
+    for (const auto& [name, p] : model->named_params()) {
+      has_head |= name.rfind("value_head.", 0) == 0;
+      has_lm_head |= name == "output_layer.weight";
+    }
+    EXPECT_EQ(has_head, ps->is_last_stage());
+    EXPECT_FALSE(has_lm_head);
+
+    auto dense = std::make_shared<Transformer>(cfg, ParallelState::single(), value);
+    dense->load_state_dict(
+        hf_to_shard(hf, cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers}, true)));
+    auto expected = dense->forward(batch.ids, batch.pos, batch.mask).detach();
+    auto mbs = micro_batches(batch, 0, batch.ids.size(0));
+    auto outs = forward_only(*model, mbs, [](const at::Tensor& v, const MicroBatch&) { return v; });
+    if (!ps->is_last_stage()) return;
+    ASSERT_EQ(outs.size(), mbs.size());
+    for (size_t i = 0; i < outs.size(); ++i) {
+      ASSERT_EQ(outs[i].sizes(), (at::IntArrayRef{1, 10, 1}));
+      auto valid = mbs[i].attention_mask.to(at::kBool).unsqueeze(-1);
+      auto diff = ((outs[i] - expected.narrow(0, i, 1)).abs() * valid).max().item<double>();
+      EXPECT_LT(diff, 1e-4) << "row " << i;
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ParallelModel,
     ::testing::Values(Layout{"tiny-llama", 2, 1, 1}, Layout{"tiny-qwen2", 2, 1, 1},
