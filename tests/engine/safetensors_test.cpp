@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/errors.h"
+#include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
 
 namespace baton::engine {
@@ -39,18 +40,7 @@ void write_raw(const fs::path& file, const std::string& header, const std::strin
   write_raw(file, header, data, header.size());
 }
 
-// Expects EngineError whose message contains every one of `needles`.
-template <typename F>
-void expect_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    FAIL() << "expected EngineError";
-  } catch (const EngineError& e) {
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "\"" << n << "\" not in: " << e.what();
-  }
-}
+using testing::expect_error;
 
 TensorMap every_dtype() {
   at::manual_seed(7);

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "engine/errors.h"
+#include "tests/engine/expect_error.h"
 #include "engine/hf_model.h"
 #include "engine/weight_conversion.h"
 #include "tests/engine/temp_dir.h"
@@ -16,17 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::TempDir;
 
-template <typename F>
-void expect_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    FAIL() << "expected EngineError";
-  } catch (const EngineError& e) {
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "\"" << n << "\" not in: " << e.what();
-  }
-}
+using testing::expect_error;
 
 ModelConfig tiny() {
   return ModelConfig::from_hf_json({{"architectures", {"Qwen2ForCausalLM"}},

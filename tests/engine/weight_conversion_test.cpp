@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/errors.h"
+#include "tests/engine/expect_error.h"
 #include "engine/hf_model.h"
 #include "engine/sharded_model.h"
 #include "tests/engine/temp_dir.h"
@@ -37,17 +38,7 @@ void expect_same(const TensorMap& got, const TensorMap& want) {
   }
 }
 
-template <typename F>
-void expect_error(F&& f, std::vector<std::string> needles) {
-  try {
-    f();
-    FAIL() << "expected EngineError";
-  } catch (const EngineError& e) {
-    for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "\"" << n << "\" not in: " << e.what();
-  }
-}
+using testing::expect_error;
 
 // Tiny configs: V=32, H=16, F=24, nq=4, nkv=2, d=4 (q 16, kv 8), 4 layers.
 ModelConfig tiny_config(ModelFamily family, bool tied) {
