@@ -1,6 +1,7 @@
 #include "dispatch/dispatch_modes.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "dispatch/data_proto.h"
 #include "runtime/dispatch_registry.h"
@@ -147,27 +148,8 @@ Value collect_concat(const CollectInput& in) {
   return DataProto::concat(parts).unpad(in.pad).to_value();
 }
 
-}  // namespace
-
-std::string dispatch_mode::mesh_proto(const std::string& mesh) {
-  std::string name = "MESH_PROTO:" + mesh;
-  replace_dispatch_mode(
-      name,
-      [mesh](const WorkerGroup& g, const List& args) {
-        MeshInfo info = g.mesh(mesh);
-        DispatchPlan p;
-        p.chunks = split_protos(args, info.dp_size);
-        p.chunk_of_rank = info.dp_rank;
-        p.collect = info.collect;
-        return p;
-      },
-      [](const CollectInput& in) { return concat_protos(in.outputs, in.ranks); });
-  return name;
-}
-
-// Called from data_proto.cpp's static initialiser, so that linking DataProto
-// is enough to have these modes.
-void register_data_proto_modes() {
+// The modes, once per process.
+void register_modes_once() {
   // DP_COMPUTE lays arguments out exactly as ALL_TO_ALL does.
   DispatchMode all_to_all = find_dispatch_mode(dispatch_mode::kAllToAll);
   replace_dispatch_mode(dispatch_mode::kDpCompute, all_to_all.dispatch, all_to_all.collect);
@@ -220,6 +202,29 @@ void register_data_proto_modes() {
         return p;
       },
       collect_list);
+}
+
+}  // namespace
+
+std::string dispatch_mode::mesh_proto(const std::string& mesh) {
+  std::string name = "MESH_PROTO:" + mesh;
+  replace_dispatch_mode(
+      name,
+      [mesh](const WorkerGroup& g, const List& args) {
+        MeshInfo info = g.mesh(mesh);
+        DispatchPlan p;
+        p.chunks = split_protos(args, info.dp_size);
+        p.chunk_of_rank = info.dp_rank;
+        p.collect = info.collect;
+        return p;
+      },
+      [](const CollectInput& in) { return concat_protos(in.outputs, in.ranks); });
+  return name;
+}
+
+void register_dispatch_modes() {
+  static std::once_flag once;
+  std::call_once(once, register_modes_once);
 }
 
 }  // namespace baton

@@ -1,4 +1,10 @@
-// The DataProto dispatch modes (registered when this library is linked):
+// The DataProto dispatch modes. Every translation unit that includes this
+// header registers them during static initialisation (register_dispatch_modes
+// below), so naming a mode through these constants is enough to have it,
+// whatever the linker keeps of the static baton_dispatch library.
+//
+// DataProto arguments: a DataProto itself (it converts to a Value) or its
+// to_value().
 //
 //   DP_COMPUTE          every argument is a list with one element per rank (as
 //                       ALL_TO_ALL); results: a list, one per rank.
@@ -51,3 +57,17 @@ inline constexpr const char* kMegatronPpOnly = "MEGATRON_PP_ONLY";
 // registering it on first use.
 std::string mesh_proto(const std::string& mesh);
 }  // namespace baton::dispatch_mode
+
+namespace baton {
+
+// Registers the modes above. Idempotent and thread-safe: calling it again
+// changes nothing (a mode replaced since, with replace_dispatch_mode, stays
+// replaced). Including this header calls it; call it yourself only in a
+// program that names the modes by string without including it.
+void register_dispatch_modes();
+
+namespace detail {
+inline const bool dispatch_modes_registered = (register_dispatch_modes(), true);
+}  // namespace detail
+
+}  // namespace baton
