@@ -5,6 +5,7 @@
 #include "runtime/future.h"        // IWYU pragma: export
 #include "runtime/method_table.h"  // IWYU pragma: export
 #include "runtime/resource_pool.h" // IWYU pragma: export
+#include "runtime/role_set.h"      // IWYU pragma: export
 #include "runtime/runtime.h"       // IWYU pragma: export
 #include "runtime/value.h"         // IWYU pragma: export
 #include "runtime/worker.h"        // IWYU pragma: export

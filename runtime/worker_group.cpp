@@ -5,9 +5,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <map>
 #include <atomic>
+#include <map>
 #include <thread>
+#include <utility>
 
 #include "runtime/dispatch_registry.h"
 #include "runtime/driver.h"
@@ -19,7 +20,7 @@ namespace baton {
 struct WorkerGroup::State {
   std::string name;
   ParallelLayout layout;
-  const WorkerClassSpec* spec = nullptr;
+  std::unique_ptr<RoleSet> roles;
   ResourcePool pool;
   bool claimed = false;
   // The rendezvous for the workers' c10d groups; the driver only hosts it.
@@ -28,7 +29,7 @@ struct WorkerGroup::State {
   std::shared_ptr<std::function<void()>> exit_hook;
 
   std::mutex mu;
-  std::map<std::string, MeshInfo> meshes;  // cached mesh registrations
+  std::map<std::pair<int, std::string>, MeshInfo> meshes;  // (role or -1, mesh)
   std::string failure;  // what happened to the first worker that died
   bool stopping = false;
 
@@ -133,25 +134,99 @@ Sent send_chunks(const std::vector<std::shared_ptr<WorkerProcess>>& workers,
   return sent;
 }
 
+// Lays `args` out with the method's dispatch mode (on `view`: the group, or
+// the method's role), checking the plan and every chunk against the method.
+// Throws CallError prefixed with `where`.
+DispatchPlan plan_call(const WorkerGroup& view, const RoleSet& roles, const RoleSet::Target& t,
+                       const std::string& where, const DispatchMode& mode, const List& args) {
+  DispatchPlan plan;
+  try {
+    plan = mode.dispatch(view, args);
+  } catch (const Error& e) {  // CallError included
+    throw CallError(where + ": " + e.what());
+  }
+  const int n = view.world_size();
+  if (static_cast<int>(plan.chunk_of_rank.size()) != n ||
+      (!plan.collect.empty() && static_cast<int>(plan.collect.size()) != n)) {
+    throw CallError(where + ": the dispatch function planned for " +
+                    std::to_string(plan.chunk_of_rank.size()) + " ranks, the group has " +
+                    std::to_string(n));
+  }
+  for (int c : plan.chunk_of_rank) {
+    if (c < -1 || c >= static_cast<int>(plan.chunks.size())) {
+      throw CallError(where + ": the dispatch function refers to chunk " + std::to_string(c) +
+                      " of " + std::to_string(plan.chunks.size()));
+    }
+  }
+  for (const List& chunk : plan.chunks) t.method->check_args(roles.qualified(t), chunk);
+  return plan;
+}
+
+// Sends a planned call; its future completes with the collected result once
+// every rank that ran has answered (a failure anywhere fails the call).
+Future<Value> send_plan(const std::vector<std::shared_ptr<WorkerProcess>>& workers,
+                        const std::string& wire_name, const std::string& where,
+                        const CollectFn& collect, DispatchPlan plan, const CallOptions& options) {
+  Sent sent = send_chunks(workers, wire_name, plan.chunks, plan.chunk_of_rank, options);
+  // Hand the collected ranks' results, in rank order, to the collect function.
+  return gather(std::move(sent.futures))
+      .then([where, collect, ranks = std::move(sent.ranks), mask = std::move(plan.collect),
+             pad = plan.pad, info = std::move(plan.info)](const List& results) {
+        CollectInput in;
+        in.pad = pad;
+        in.info = info;
+        for (size_t i = 0; i < results.size(); ++i) {
+          if (!mask.empty() && !mask[ranks[i]]) continue;
+          in.outputs.push_back(results[i]);
+          in.ranks.push_back(ranks[i]);
+        }
+        try {
+          return collect(in);
+        } catch (const std::exception& e) {
+          throw Error(where + ": collecting the results failed: " + e.what());
+        }
+      });
+}
+
 }  // namespace
 
-WorkerGroup::WorkerGroup(std::shared_ptr<State> s) : s_(std::move(s)) {}
+WorkerGroup::WorkerGroup(std::shared_ptr<State> s, int role, bool owner)
+    : s_(std::move(s)), role_(role), owner_(owner) {}
 WorkerGroup::WorkerGroup(WorkerGroup&&) noexcept = default;
 WorkerGroup& WorkerGroup::operator=(WorkerGroup&& other) noexcept {
   if (this != &other) {
-    if (s_) s_->shutdown(std::chrono::seconds(10));
+    if (s_ && owner_) s_->shutdown(std::chrono::seconds(10));
     s_ = std::move(other.s_);
+    role_ = other.role_;
+    owner_ = other.owner_;
   }
   return *this;
 }
 WorkerGroup::~WorkerGroup() {
-  if (s_) s_->shutdown(std::chrono::seconds(10));
+  if (s_ && owner_) s_->shutdown(std::chrono::seconds(10));
 }
 
 WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool, List init_args,
                                WorkerGroupOptions options) {
+  return spawn_roles({RoleSpec{"", class_name, std::move(init_args)}}, pool, std::move(options));
+}
+
+WorkerGroup WorkerGroup::spawn_colocated(std::vector<RoleSpec> roles, ResourcePool& pool,
+                                         WorkerGroupOptions options) {
+  if (roles.empty()) throw CallError("spawn_colocated: no roles given");
+  for (const RoleSpec& r : roles) {
+    if (r.role.empty()) {
+      throw CallError("spawn_colocated: the role of class " + r.class_name + " has no name");
+    }
+  }
+  return spawn_roles(std::move(roles), pool, std::move(options));
+}
+
+WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& pool,
+                                     WorkerGroupOptions options) {
   auto s = std::make_shared<State>(pool);
-  s->spec = &WorkerRegistry::global().get(class_name);
+  s->roles = std::make_unique<RoleSet>(roles);
+  const std::string& class_name = s->roles->name();
   s->name = options.name.empty() ? class_name + "_" + std::to_string(group_counter++) : options.name;
   s->layout = options.layout.value_or(ParallelLayout::data_parallel(pool.world_size()));
   if (s->layout.world_size() != pool.world_size() || s->layout.tp < 1 || s->layout.cp < 1 ||
@@ -162,7 +237,7 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
   }
   s->pool.claim();
   s->claimed = true;
-  WorkerGroup group(s);  // from here on, a throw shuts the partial group down
+  WorkerGroup group(s, -1, true);  // from here on, a throw shuts the partial group down
 
   c10d::TCPStoreOptions store_options;
   store_options.port = 0;  // any free port
@@ -196,7 +271,7 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
   }
 
   std::vector<Future<Value>> inits;
-  for (auto& w : s->workers) inits.push_back(w->init(class_name, init_args));
+  for (auto& w : s->workers) inits.push_back(w->init(roles));
   std::string errors;
   for (size_t r = 0; r < inits.size(); ++r) {
     if (!inits[r].wait_for(options.start_timeout)) {
@@ -221,33 +296,63 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
   return group;
 }
 
+WorkerGroup WorkerGroup::role(const std::string& role) const {
+  if (role_ >= 0) {
+    throw CallError("role view '" + s_->roles->role(role_) + "' of group " + name() +
+                    " has no roles of its own; call role() on the group");
+  }
+  return WorkerGroup(s_, static_cast<int>(s_->roles->role_index(role)), false);
+}
+
+std::vector<std::string> WorkerGroup::roles() const {
+  std::vector<std::string> out;
+  if (!s_->roles->colocated()) return out;
+  for (size_t i = 0; i < s_->roles->size(); ++i) out.push_back(s_->roles->role(i));
+  return out;
+}
+
+RoleSet::Target WorkerGroup::target(const std::string& method) const {
+  return role_ < 0 ? s_->roles->find(method) : s_->roles->find(static_cast<size_t>(role_), method);
+}
+
 int WorkerGroup::world_size() const { return static_cast<int>(s_->workers.size()); }
-const std::string& WorkerGroup::class_name() const { return s_->spec->name; }
+const std::string& WorkerGroup::class_name() const {
+  return role_ < 0 ? s_->roles->name() : s_->roles->spec(static_cast<size_t>(role_)).name;
+}
 const std::string& WorkerGroup::name() const { return s_->name; }
 const ParallelLayout& WorkerGroup::layout() const { return s_->layout; }
 
 MeshInfo WorkerGroup::mesh(const std::string& mesh) const {
+  if (role_ < 0 && s_->roles->colocated()) {
+    throw CallError("colocated group " + name() +
+                    ": meshes are registered per role; use role(name).mesh(\"" + mesh + "\")");
+  }
+  const auto key = std::make_pair(role_, mesh);
   {
     std::lock_guard<std::mutex> lock(s_->mu);
-    auto it = s_->meshes.find(mesh);
+    auto it = s_->meshes.find(key);
     if (it != s_->meshes.end()) return it->second;
   }
+  const std::string who =
+      "group " + name() + (role_ < 0 ? "" : " role " + s_->roles->role(static_cast<size_t>(role_)));
+  // Sent directly, not in submission order: registrations are made in the
+  // workers' constructors, so any order gives the same answer.
   std::vector<int> everyone(s_->workers.size(), 0);
-  Sent sent = send_chunks(s_->workers, "_query_mesh", {{mesh}}, everyone, {});
+  Sent sent = send_chunks(s_->workers, target("_query_mesh").wire_name, {{mesh}}, everyone, {});
   MeshInfo info;
   for (size_t r = 0; r < sent.futures.size(); ++r) {  // the lowest failing rank is named
     Value entry;
     try {
       entry = sent.futures[r].get();
     } catch (const RemoteError& e) {
-      throw Error("group " + name() + ": rank " + std::to_string(r) + ": " + e.remote_message());
+      throw Error(who + ": rank " + std::to_string(r) + ": " + e.remote_message());
     }
     info.dp_rank.push_back(static_cast<int>(entry.as_list()[0].as_int()));
     info.collect.push_back(entry.as_list()[1].as_int() != 0);
     info.dp_size = std::max(info.dp_size, info.dp_rank.back() + 1);
   }
   std::lock_guard<std::mutex> lock(s_->mu);
-  s_->meshes[mesh] = info;
+  s_->meshes[key] = info;
   return info;
 }
 
@@ -267,62 +372,25 @@ bool WorkerGroup::alive() const {
 }
 
 Future<Value> WorkerGroup::call(const std::string& method, List args, CallOptions options) {
-  const MethodSpec& m = s_->spec->method(method);
-  if (m.options.execute_mode == Execute::kRankZero) {
+  RoleSet::Target t = target(method);
+  const MethodOptions& mo = t.method->options;
+  if (mo.execute_mode == Execute::kRankZero) {
     return call_rank(0, method, std::move(args), options);
   }
-  const std::string where = class_name() + "." + method + " (" + m.options.dispatch_mode + ")";
-  DispatchMode mode = find_dispatch_mode(m.options.dispatch_mode);
-  DispatchPlan plan;
-  try {
-    plan = mode.dispatch(*this, args);
-  } catch (const Error& e) {  // CallError included
-    throw CallError(where + ": " + e.what());
-  }
-  const int n = world_size();
-  if (static_cast<int>(plan.chunk_of_rank.size()) != n ||
-      (!plan.collect.empty() && static_cast<int>(plan.collect.size()) != n)) {
-    throw CallError(where + ": the dispatch function planned for " +
-                    std::to_string(plan.chunk_of_rank.size()) + " ranks, the group has " +
-                    std::to_string(n));
-  }
-  for (int c : plan.chunk_of_rank) {
-    if (c < -1 || c >= static_cast<int>(plan.chunks.size())) {
-      throw CallError(where + ": the dispatch function refers to chunk " + std::to_string(c) +
-                      " of " + std::to_string(plan.chunks.size()));
-    }
-  }
-  for (const List& chunk : plan.chunks) m.check_args(class_name(), chunk);
-
-  Sent sent = send_chunks(s_->workers, method, plan.chunks, plan.chunk_of_rank, options);
-  // Wait for every rank that ran (a failure anywhere fails the call), then
-  // hand the collected ranks' results, in rank order, to the collect function.
-  std::vector<bool> collect_mask = plan.collect;
-  std::vector<int> ranks = std::move(sent.ranks);
-  int64_t pad = plan.pad;
-  Value info = plan.info;
-  CollectFn collect = mode.collect;
-  return gather(std::move(sent.futures)).then([=](const List& results) {
-    CollectInput in;
-    in.pad = pad;
-    in.info = info;
-    for (size_t i = 0; i < results.size(); ++i) {
-      if (!collect_mask.empty() && !collect_mask[ranks[i]]) continue;
-      in.outputs.push_back(results[i]);
-      in.ranks.push_back(ranks[i]);
-    }
-    try {
-      return collect(in);
-    } catch (const std::exception& e) {
-      throw Error(where + ": collecting the results failed: " + e.what());
-    }
-  });
+  const std::string where = s_->roles->qualified(t) + " (" + mo.dispatch_mode + ")";
+  DispatchMode mode = find_dispatch_mode(mo.dispatch_mode);
+  // The dispatch function sees the method's role (its meshes) or the group.
+  const int view_role = s_->roles->colocated() ? static_cast<int>(t.role) : -1;
+  DispatchPlan plan =
+      plan_call(WorkerGroup(s_, view_role, false), *s_->roles, t, where, mode, args);
+  return send_plan(s_->workers, t.wire_name, where, mode.collect, std::move(plan), options);
 }
 
 Future<List> WorkerGroup::call_all(const std::string& method, List args, CallOptions options) {
-  s_->spec->method(method).check_args(class_name(), args);
+  RoleSet::Target t = target(method);
+  t.method->check_args(s_->roles->qualified(t), args);
   std::vector<int> everyone(s_->workers.size(), 0);
-  return gather(send_chunks(s_->workers, method, {args}, everyone, options).futures);
+  return gather(send_chunks(s_->workers, t.wire_name, {args}, everyone, options).futures);
 }
 
 Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, List args,
@@ -331,30 +399,31 @@ Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, List a
     throw CallError("rank " + std::to_string(rank) + " is out of range for group " + name() +
                     " of " + std::to_string(world_size()) + " workers");
   }
-  s_->spec->method(method).check_args(class_name(), args);
+  RoleSet::Target t = target(method);
+  t.method->check_args(s_->roles->qualified(t), args);
   std::vector<int> only(s_->workers.size(), -1);
   only[rank] = 0;
-  return send_chunks(s_->workers, method, {args}, only, options).futures[0];
+  return send_chunks(s_->workers, t.wire_name, {args}, only, options).futures[0];
 }
 
 Future<List> WorkerGroup::call_per_rank(const std::string& method, std::vector<List> per_rank_args,
                                         CallOptions options) {
+  RoleSet::Target t = target(method);
+  const std::string qualified = s_->roles->qualified(t);
   if (static_cast<int>(per_rank_args.size()) != world_size()) {
-    throw CallError(class_name() + "." + method + ": per-rank arguments for " +
-                    std::to_string(per_rank_args.size()) + " ranks, but group " + name() + " has " +
-                    std::to_string(world_size()));
+    throw CallError(qualified + ": per-rank arguments for " + std::to_string(per_rank_args.size()) +
+                    " ranks, but group " + name() + " has " + std::to_string(world_size()));
   }
-  const MethodSpec& m = s_->spec->method(method);
   for (size_t r = 0; r < per_rank_args.size(); ++r) {
     try {
-      m.check_args(class_name(), per_rank_args[r]);
+      t.method->check_args(qualified, per_rank_args[r]);
     } catch (const CallError& e) {
       throw CallError(std::string(e.what()) + " (rank " + std::to_string(r) + ")");
     }
   }
   std::vector<int> own(per_rank_args.size());
   for (size_t r = 0; r < own.size(); ++r) own[r] = static_cast<int>(r);
-  return gather(send_chunks(s_->workers, method, per_rank_args, own, options).futures);
+  return gather(send_chunks(s_->workers, t.wire_name, per_rank_args, own, options).futures);
 }
 
 void WorkerGroup::shutdown(std::chrono::milliseconds grace) { s_->shutdown(grace); }

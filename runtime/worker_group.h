@@ -1,5 +1,6 @@
-// WorkerGroup: N worker processes of one class, spawned on a ResourcePool,
-// and the calls made on them.
+// WorkerGroup: N worker processes, spawned on a ResourcePool, each hosting one
+// worker class (spawn) or several colocated roles (spawn_colocated), and the
+// calls made on them.
 //
 // Every call returns a Future immediately; nothing blocks unless the caller
 // waits. Calls on one worker run in submission order.
@@ -10,9 +11,15 @@
 // means spawning a new group (and loading a checkpoint).
 //
 // Example:
-//   auto group = baton::WorkerGroup::spawn<Adder>(pool, {10});
+//   auto group = baton::WorkerGroup::spawn("Adder", pool, {10});
 //   baton::Value sums = group.call("add", {5}).get();   // ONE_TO_ALL: a list, one per rank
 //   auto first = group.call_rank(0, "add", {1}).get().as<int64_t>();
+//
+//   // Colocated roles: one process per slot hosts an ActorWorker and a RefWorker.
+//   auto ar = baton::WorkerGroup::spawn_colocated(
+//       {{"actor", "ActorWorker", {cfg}}, {"ref", "RefWorker", {cfg}}}, pool);
+//   ar.call("actor_compute_log_prob", {batch});       // prefixed name, or
+//   ar.role("ref").call("compute_ref_log_prob", {batch});  // a role's own name
 #pragma once
 
 #include <sys/types.h>
@@ -27,6 +34,7 @@
 #include "runtime/method_table.h"
 #include "runtime/parallel_layout.h"
 #include "runtime/resource_pool.h"
+#include "runtime/role_set.h"
 #include "runtime/value.h"
 
 namespace baton {
@@ -76,18 +84,42 @@ class WorkerGroup {
   static WorkerGroup spawn(const std::string& class_name, ResourcePool& pool, List init_args = {},
                            WorkerGroupOptions options = {});
 
+  // As spawn, but each worker process hosts one instance of every role's
+  // class, constructed in the order given, each with its own init arguments
+  // and all with the same WorkerInfo (rank, layout, device slot). Methods are
+  // reached as "<role>_<method>" on this group, or by their own names through
+  // role(). Each role keeps its own mesh registrations. Throws CallError for
+  // no roles, a repeated or malformed role name, an unregistered class (naming
+  // the role), or two roles whose prefixed method names collide; Error naming
+  // the rank and the role if a constructor throws.
+  static WorkerGroup spawn_colocated(std::vector<RoleSpec> roles, ResourcePool& pool,
+                                     WorkerGroupOptions options = {});
+
   WorkerGroup(WorkerGroup&&) noexcept;
   WorkerGroup& operator=(WorkerGroup&&) noexcept;
-  // Shuts the group down (see shutdown()).
+  // Shuts the group down (see shutdown()), unless this is a role view.
   ~WorkerGroup();
 
+  // A view of one role of a colocated group: the same processes, the role's
+  // methods by their own names, the role's meshes, its registered dispatch
+  // modes. Destroying a view leaves the group running; the view must not
+  // outlive the use of the group (calls on it fail once the group is shut
+  // down). Throws CallError naming the roles there are for an unknown role,
+  // or if this group is not colocated or is already a view.
+  WorkerGroup role(const std::string& role) const;
+  // The roles of a colocated group, in spawn order; empty for a plain group.
+  std::vector<std::string> roles() const;
+
   int world_size() const;
+  // The class of a plain group; "ActorWorker+RefWorker" for a colocated one;
+  // the role's class for a role view.
   const std::string& class_name() const;
   const std::string& name() const;
   const ParallelLayout& layout() const;
-  // Each worker's registration of `mesh`, asked for once and then cached.
-  // Blocks on the first call. Throws Error naming the mesh and the rank if a
-  // worker never registered it.
+  // Each worker's registration of `mesh` (for a role view: the role's), asked
+  // for once and then cached. Blocks on the first call. Throws Error naming
+  // the mesh and the rank if a worker never registered it; CallError on a
+  // colocated group itself (meshes belong to roles: use role(name).mesh()).
   MeshInfo mesh(const std::string& mesh) const;
   std::vector<pid_t> pids() const;
   // False once any worker has died or the group was shut down.
@@ -109,14 +141,20 @@ class WorkerGroup {
 
   // Asks every worker to exit after the calls already submitted, waits for
   // them (killing any still alive after `grace`), and fails nothing that has
-  // already completed. Idempotent.
+  // already completed. On a role view, shuts down the whole group. Idempotent.
   void shutdown(std::chrono::milliseconds grace = std::chrono::seconds(10));
 
   struct State;  // internal
 
  private:
-  explicit WorkerGroup(std::shared_ptr<State> s);
+  WorkerGroup(std::shared_ptr<State> s, int role, bool owner);
+  static WorkerGroup spawn_roles(std::vector<RoleSpec> roles, ResourcePool& pool,
+                                 WorkerGroupOptions options);
+  RoleSet::Target target(const std::string& method) const;
+
   std::shared_ptr<State> s_;
+  int role_ = -1;      // a role view: the role's index
+  bool owner_ = true;  // false for views: they never shut the group down
 };
 
 }  // namespace baton

@@ -265,9 +265,3 @@ TEST(MegatronLayout, ALayoutThatDoesNotFillThePoolIsRejected) {
 
 }  // namespace
 }  // namespace baton
-
-int main(int argc, char** argv) {
-  baton::init(argc, argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
