@@ -3,8 +3,8 @@
 // below), so naming a mode through these constants is enough to have it,
 // whatever the linker keeps of the static baton_dispatch library.
 //
-// DataProto arguments: a DataProto itself (it converts to a Value) or its
-// to_value().
+// DataProto arguments: a DataProto itself (it converts to a Value), its
+// to_value(), or the Future of an earlier call that returns one.
 //
 //   DP_COMPUTE          every argument is a list with one element per rank (as
 //                       ALL_TO_ALL); results: a list, one per rank.

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
+#include <exception>
 #include <map>
 #include <thread>
 #include <utility>
@@ -17,7 +19,37 @@
 
 namespace baton {
 
-struct WorkerGroup::State {
+namespace {
+
+// A call that waits: for its future arguments, or behind an earlier such
+// call of its group.
+struct Deferred {
+  std::string where;  // "Class.method (MODE)", for errors
+  List values;        // the arguments; futures' values filled in as they complete
+  size_t unresolved = 0;
+  std::exception_ptr error;  // the first failed future, as UpstreamError
+  std::function<Future<Value>(const List&)> send;
+  Promise<Value> promise;
+};
+
+// `e` (a failed future argument) as the error of the call it was passed to.
+std::exception_ptr upstream_failure(const std::string& where, size_t arg, std::exception_ptr e) {
+  const std::string head =
+      where + ": argument " + std::to_string(arg) + " is the future of a call that failed";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {  // UpstreamError nests x
+    return std::make_exception_ptr(UpstreamError(head + ": " + x.what()));
+  } catch (...) {
+    return std::make_exception_ptr(UpstreamError(head));
+  }
+}
+
+}  // namespace
+
+struct WorkerGroup::State : std::enable_shared_from_this<WorkerGroup::State> {
+  using SendFn = std::function<Future<Value>(const List& args)>;
+
   std::string name;
   ParallelLayout layout;
   std::unique_ptr<RoleSet> roles;
@@ -28,12 +60,130 @@ struct WorkerGroup::State {
   std::vector<std::shared_ptr<WorkerProcess>> workers;
   std::shared_ptr<std::function<void()>> exit_hook;
 
-  std::mutex mu;
+  // Held while a call's messages are written, so that calls reach every
+  // worker in submission order. Only ever taken by threads that may block on
+  // a send (users' threads and the dispatch thread), never by the I/O thread.
+  std::mutex send_mu;
+
+  std::mutex mu;  // guards what follows; never held while sending
   std::map<std::pair<int, std::string>, MeshInfo> meshes;  // (role or -1, mesh)
+  std::deque<std::shared_ptr<Deferred>> deferred;          // calls not yet sent, in order
   std::string failure;  // what happened to the first worker that died
   bool stopping = false;
 
   explicit State(ResourcePool p) : pool(std::move(p)) {}
+
+  // Sends a call now (`send(args)` on this thread) if none of its arguments
+  // is a future and no earlier call waits; otherwise queues it, and the
+  // dispatch thread sends it once its futures (and every earlier queued
+  // call) are done. What `send` throws is thrown here, or fails the future.
+  Future<Value> submit(CallArgs args, std::string where, SendFn send) {
+    if (!args.has_futures()) {
+      std::lock_guard<std::mutex> sending(send_mu);
+      bool now;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        now = deferred.empty();
+      }
+      if (now) return send(args.take_values());
+    }
+    auto d = std::make_shared<Deferred>();
+    d->where = std::move(where);
+    d->send = std::move(send);
+    std::vector<size_t> waiting;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].is_future()) waiting.push_back(i);
+    }
+    d->unresolved = waiting.size();
+    d->values = args.take_values();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping) {
+        d->promise.fail(CallError(d->where + ": group " + name + " was shut down"));
+        return d->promise.future();
+      }
+      if (!failure.empty()) {
+        d->promise.fail(WorkerDiedError(d->where + ": not sent: " + failure));
+        return d->promise.future();
+      }
+      deferred.push_back(d);
+    }
+    std::weak_ptr<State> weak = weak_from_this();
+    for (size_t i : waiting) {
+      args[i].future().on_complete([weak, d, i](const Future<Value>& f) {
+        if (auto s = weak.lock()) s->resolved(d, i, f);
+      });
+    }
+    if (waiting.empty()) schedule_pump();
+    return d->promise.future();
+  }
+
+  void resolved(const std::shared_ptr<Deferred>& d, size_t i, const Future<Value>& f) {
+    std::exception_ptr e = f.error();
+    std::exception_ptr failed = e ? upstream_failure(d->where, i, e) : nullptr;
+    Value v = e ? Value() : f.get();
+    bool ready;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failed && !d->error) d->error = failed;
+      if (!e) d->values[i] = std::move(v);
+      ready = --d->unresolved == 0;
+    }
+    if (ready) schedule_pump();
+  }
+
+  void schedule_pump() {
+    std::weak_ptr<State> weak = weak_from_this();
+    Driver::get().post_dispatch([weak] {
+      if (auto s = weak.lock()) s->pump();
+    });
+  }
+
+  // On the dispatch thread: sends the queued calls that are ready, in order,
+  // up to the first that still waits.
+  void pump() {
+    std::lock_guard<std::mutex> sending(send_mu);
+    for (;;) {
+      std::shared_ptr<Deferred> d;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (deferred.empty() || deferred.front()->unresolved > 0) return;
+        d = std::move(deferred.front());
+        deferred.pop_front();
+      }
+      if (d->error) {
+        d->promise.set_error(d->error);
+      } else {
+        try {
+          Promise<Value> out = d->promise;
+          d->send(d->values).on_complete([out](const Future<Value>& r) {
+            if (auto e = r.error()) {
+              out.set_error(e);
+            } else {
+              out.set_value(r.get());
+            }
+          });
+        } catch (...) {
+          d->promise.set_error(std::current_exception());
+        }
+      }
+      d->send = nullptr;  // it holds the State
+    }
+  }
+
+  // Fails every queued call with make_error(where).
+  template <class MakeError>
+  void fail_deferred(MakeError make_error) {
+    std::deque<std::shared_ptr<Deferred>> failed;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      failed.swap(deferred);
+    }
+    for (auto& d : failed) {
+      d->promise.set_error(std::make_exception_ptr(make_error(d->where)));
+      d->send = nullptr;
+    }
+  }
 
   void on_death(WorkerProcess& dead, const std::string& what) {
     {
@@ -42,6 +192,8 @@ struct WorkerGroup::State {
       failure = what;
     }
     spdlog::error("baton: group {} failed, stopping its other workers: {}", name, what);
+    fail_deferred(
+        [&](const std::string& where) { return WorkerDiedError(where + ": not sent: " + what); });
     for (auto& w : workers) {
       if (w.get() != &dead) w->kill("its group " + name + " failed: " + what);
     }
@@ -53,6 +205,10 @@ struct WorkerGroup::State {
       if (stopping) return;
       stopping = true;
     }
+    fail_deferred([&](const std::string& where) {
+      return CallError(where + ": not sent: group " + name +
+                       " was shut down while the call waited for its arguments");
+    });
     for (auto& w : workers) {
       if (w->alive()) w->request_exit();
     }
@@ -108,6 +264,9 @@ Future<List> gather(std::vector<Future<Value>> futures) {
   }
   return acc->promise.future();
 }
+
+Value list_to_value(const List& l) { return Value(l); }
+List value_to_list(const Value& v) { return v.as_list(); }
 
 // Sends chunk `chunk_of_rank[r]` of `chunks` to each rank r (none where it
 // is -1), encoding each chunk once, however many ranks receive it. Returns
@@ -371,7 +530,7 @@ bool WorkerGroup::alive() const {
                      [](const auto& w) { return w->alive(); });
 }
 
-Future<Value> WorkerGroup::call(const std::string& method, List args, CallOptions options) {
+Future<Value> WorkerGroup::call(const std::string& method, CallArgs args, CallOptions options) {
   RoleSet::Target t = target(method);
   const MethodOptions& mo = t.method->options;
   if (mo.execute_mode == Execute::kRankZero) {
@@ -381,29 +540,76 @@ Future<Value> WorkerGroup::call(const std::string& method, List args, CallOption
   DispatchMode mode = find_dispatch_mode(mo.dispatch_mode);
   // The dispatch function sees the method's role (its meshes) or the group.
   const int view_role = s_->roles->colocated() ? static_cast<int>(t.role) : -1;
+  std::shared_ptr<State> s = s_;
+  if (args.has_futures()) {
+    return s_->submit(
+        std::move(args), where, [s, view_role, t, where, mode, options](const List& values) {
+          WorkerGroup view(s, view_role, false);
+          DispatchPlan plan = plan_call(view, *s->roles, t, where, mode, values);
+          return send_plan(s->workers, t.wire_name, where, mode.collect, std::move(plan), options);
+        });
+  }
+  // No futures: bad arguments throw here, before anything is queued or sent.
   DispatchPlan plan =
-      plan_call(WorkerGroup(s_, view_role, false), *s_->roles, t, where, mode, args);
-  return send_plan(s_->workers, t.wire_name, where, mode.collect, std::move(plan), options);
+      plan_call(WorkerGroup(s_, view_role, false), *s_->roles, t, where, mode, args.take_values());
+  return s_->submit(
+      {}, where,
+      [s, t, where, collect = mode.collect, plan = std::move(plan), options](const List&) mutable {
+        return send_plan(s->workers, t.wire_name, where, collect, std::move(plan), options);
+      });
 }
 
-Future<List> WorkerGroup::call_all(const std::string& method, List args, CallOptions options) {
+Future<List> WorkerGroup::call_all(const std::string& method, CallArgs args, CallOptions options) {
   RoleSet::Target t = target(method);
-  t.method->check_args(s_->roles->qualified(t), args);
-  std::vector<int> everyone(s_->workers.size(), 0);
-  return gather(send_chunks(s_->workers, t.wire_name, {args}, everyone, options).futures);
+  const std::string qualified = s_->roles->qualified(t);
+  std::shared_ptr<State> s = s_;
+  auto deliver = [s, t, options](const List& values) {
+    std::vector<int> everyone(s->workers.size(), 0);
+    return gather(send_chunks(s->workers, t.wire_name, {values}, everyone, options).futures)
+        .then(list_to_value);
+  };
+  if (!args.has_futures()) {
+    List values = args.take_values();
+    t.method->check_args(qualified, values);
+    return s_
+        ->submit({}, qualified,
+                 [deliver, values = std::move(values)](const List&) { return deliver(values); })
+        .then(value_to_list);
+  }
+  return s_
+      ->submit(std::move(args), qualified,
+               [deliver, t, qualified](const List& values) {
+                 t.method->check_args(qualified, values);
+                 return deliver(values);
+               })
+      .then(value_to_list);
 }
 
-Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, List args,
+Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, CallArgs args,
                                      CallOptions options) {
   if (rank < 0 || rank >= world_size()) {
     throw CallError("rank " + std::to_string(rank) + " is out of range for group " + name() +
                     " of " + std::to_string(world_size()) + " workers");
   }
   RoleSet::Target t = target(method);
-  t.method->check_args(s_->roles->qualified(t), args);
-  std::vector<int> only(s_->workers.size(), -1);
-  only[rank] = 0;
-  return send_chunks(s_->workers, t.wire_name, {args}, only, options).futures[0];
+  const std::string qualified = s_->roles->qualified(t);
+  std::shared_ptr<State> s = s_;
+  auto deliver = [s, t, rank, options](const List& values) {
+    std::vector<int> only(s->workers.size(), -1);
+    only[rank] = 0;
+    return send_chunks(s->workers, t.wire_name, {values}, only, options).futures[0];
+  };
+  if (!args.has_futures()) {
+    List values = args.take_values();
+    t.method->check_args(qualified, values);
+    return s_->submit({}, qualified, [deliver, values = std::move(values)](const List&) {
+      return deliver(values);
+    });
+  }
+  return s_->submit(std::move(args), qualified, [deliver, t, qualified](const List& values) {
+    t.method->check_args(qualified, values);
+    return deliver(values);
+  });
 }
 
 Future<List> WorkerGroup::call_per_rank(const std::string& method, std::vector<List> per_rank_args,
@@ -421,9 +627,17 @@ Future<List> WorkerGroup::call_per_rank(const std::string& method, std::vector<L
       throw CallError(std::string(e.what()) + " (rank " + std::to_string(r) + ")");
     }
   }
-  std::vector<int> own(per_rank_args.size());
-  for (size_t r = 0; r < own.size(); ++r) own[r] = static_cast<int>(r);
-  return gather(send_chunks(s_->workers, t.wire_name, per_rank_args, own, options).futures);
+  std::shared_ptr<State> s = s_;
+  return s_
+      ->submit(
+          {}, qualified,
+          [s, t, options, per_rank_args = std::move(per_rank_args)](const List&) {
+            std::vector<int> own(per_rank_args.size());
+            for (size_t r = 0; r < own.size(); ++r) own[r] = static_cast<int>(r);
+            return gather(send_chunks(s->workers, t.wire_name, per_rank_args, own, options).futures)
+                .then(list_to_value);
+          })
+      .then(value_to_list);
 }
 
 void WorkerGroup::shutdown(std::chrono::milliseconds grace) { s_->shutdown(grace); }

@@ -3,12 +3,15 @@
 // calls made on them.
 //
 // Every call returns a Future immediately; nothing blocks unless the caller
-// waits. Calls on one worker run in submission order.
+// waits. Calls on one group are sent, and run on each worker, in submission
+// order, including calls that wait for future arguments (see call()).
 //
 // Failure policy (fail-stop): if any worker of a group dies, the runtime kills
 // the rest of the group. Pending and later calls on the group fail with
 // WorkerDiedError naming the worker that died and its exit status. Recovery
 // means spawning a new group (and loading a checkpoint).
+//
+// Thread safety: calls may be made from any thread.
 //
 // Example:
 //   auto group = baton::WorkerGroup::spawn("Adder", pool, {10});
@@ -30,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/call_args.h"
 #include "runtime/future.h"
 #include "runtime/method_table.h"
 #include "runtime/parallel_layout.h"
@@ -128,20 +132,36 @@ class WorkerGroup {
   // Calls `method` the way it was registered (dispatch and execute mode).
   // ONE_TO_ALL and ALL_TO_ALL with execute ALL give a list with one result per
   // rank; execute RANK_ZERO gives rank 0's result. Throws CallError at once for
-  // an unknown method or arguments that do not fit its signature or mode.
-  Future<Value> call(const std::string& method, List args = {}, CallOptions options = {});
+  // an unknown method, and, when no argument is a future, for arguments that
+  // do not fit its signature or mode.
+  //
+  // Future arguments (CallArgs): the call returns at once and is sent when
+  // every future argument has completed; the group's later calls are sent
+  // after it, so submission order holds. The runtime, not the user's thread,
+  // waits: the driver's dispatch thread then plans the call with the futures'
+  // values and sends it. The data does pass through the driver process: a
+  // DataProto result of another group was concatenated in the driver when
+  // that call was collected, and each chunk of it is copied once more into
+  // the driver's shared memory for the receiving workers (the same two
+  // copies as get() followed by call(), minus the user's thread). A failed
+  // future fails this call with UpstreamError (naming this call, carrying the
+  // failed call's message, the original nested); errors of the dispatch
+  // (wrong types, sizes) fail the returned future instead of being thrown.
+  // Either way nothing is sent. A per-call timeout counts from the send.
+  Future<Value> call(const std::string& method, CallArgs args = {}, CallOptions options = {});
 
-  // Lower-level calls that ignore the registered modes.
-  Future<List> call_all(const std::string& method, List args = {}, CallOptions options = {});
-  Future<Value> call_rank(int rank, const std::string& method, List args = {},
+  // Lower-level calls that ignore the registered modes (futures as in call()).
+  Future<List> call_all(const std::string& method, CallArgs args = {}, CallOptions options = {});
+  Future<Value> call_rank(int rank, const std::string& method, CallArgs args = {},
                           CallOptions options = {});
   // per_rank_args[r] goes to rank r; its size must equal world_size().
   Future<List> call_per_rank(const std::string& method, std::vector<List> per_rank_args,
                              CallOptions options = {});
 
-  // Asks every worker to exit after the calls already submitted, waits for
-  // them (killing any still alive after `grace`), and fails nothing that has
-  // already completed. On a role view, shuts down the whole group. Idempotent.
+  // Asks every worker to exit after the calls already sent, waits for them
+  // (killing any still alive after `grace`), and fails nothing that has
+  // already completed. Calls still waiting for future arguments fail with
+  // CallError. On a role view, shuts down the whole group. Idempotent.
   void shutdown(std::chrono::milliseconds grace = std::chrono::seconds(10));
 
   struct State;  // internal
