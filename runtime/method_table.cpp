@@ -30,16 +30,19 @@ std::string join(const std::vector<std::string>& names) {
 std::string MethodSpec::signature() const {
   std::string s = name + "(";
   for (size_t i = 0; i < params.size(); ++i) s += (i ? ", " : "") + params[i].name();
-  return s + ") -> " + result.name();
+  return s + (variadic ? "...) -> " : ") -> ") + result.name();
 }
 
 void MethodSpec::check_args(const std::string& qualified_name, const List& args) const {
-  if (args.size() != params.size()) {
-    throw CallError(qualified_name + " takes " + std::to_string(params.size()) + " argument(s), " +
-                    std::to_string(args.size()) + " given; signature: " + signature());
+  const size_t fixed = variadic ? params.size() - 1 : params.size();
+  if (variadic ? args.size() < fixed : args.size() != fixed) {
+    throw CallError(qualified_name + " takes " + (variadic ? "at least " : "") +
+                    std::to_string(fixed) + " argument(s), " + std::to_string(args.size()) +
+                    " given; signature: " + signature());
   }
   for (size_t i = 0; i < args.size(); ++i) {
-    if (auto m = params[i].mismatch(args[i])) {
+    const TypeSpec& param = params[std::min(i, params.size() - 1)];
+    if (auto m = param.mismatch(args[i])) {
       throw CallError(qualified_name + ": argument " + std::to_string(i) + ": " + *m +
                       "; signature: " + signature());
     }
@@ -65,6 +68,9 @@ std::vector<std::string> WorkerClassSpec::method_names() const {
 }
 
 void register_builtin_method(MethodSpec spec) {
+  if (spec.variadic && spec.params.empty()) {
+    throw Error("built-in method " + spec.name + ": variadic, but without parameters");
+  }
   std::string name = spec.name;
   if (!builtins().emplace(name, std::move(spec)).second) {
     throw Error("built-in method " + name + " is already registered");

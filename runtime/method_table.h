@@ -49,11 +49,14 @@ struct MethodOptions {
 struct MethodSpec {
   std::string name;
   std::vector<TypeSpec> params;
+  // The last parameter repeats: it stands for zero or more trailing arguments
+  // of its type (params must not be empty).
+  bool variadic = false;
   TypeSpec result;
   MethodOptions options;
   std::function<Value(Worker&, const List&)> invoke;
 
-  // "add(int, list<float>) -> tensor"
+  // "add(int, list<float>) -> tensor", "execute_with_func(string, dict...) -> any"
   std::string signature() const;
   // Throws CallError naming the method (`qualified_name`, e.g. "Adder.add"),
   // the parameter and the mismatch.
@@ -74,7 +77,7 @@ struct WorkerClassSpec {
 
 // Built-in methods: every worker class has them, in addition to its own (a
 // class's own method of the same name wins). The runtime registers
-// "_query_mesh" (Worker::mesh_entry).
+// "_query_mesh" (Worker::mesh_entry); the dispatch library "execute_with_func".
 // REQUIRES: called during static initialisation, or at least before any
 // worker group is spawned: lookups do not lock. Throws baton::Error if `name`
 // is taken. Names starting with '_' are internal: error messages leave them out.

@@ -9,6 +9,7 @@
 
 #include "dispatch/data_proto.h"
 #include "dispatch/dispatch_modes.h"
+#include "dispatch/worker_function.h"
 #include "runtime/baton.h"
 
 namespace baton {
@@ -39,6 +40,7 @@ class ActorRole : public Worker {
     return DataProto({{"y", b.tensor("x") * scale_}, {"seen_by", ranks_tensor(b.size(), rank())}});
   }
   Value whoami() { return who(*this, "actor", ++calls_); }
+  int64_t scale() const { return scale_; }
 
   static void register_methods(MethodTable<ActorRole>& t) {
     t.def("compute", &ActorRole::compute, MethodOptions().dispatch(mode::kDpComputeProto));
@@ -88,6 +90,13 @@ class ClashTwo : public Worker {
   static void register_methods(MethodTable<ClashTwo>& t) { t.def("c", &ClashTwo::f); }
 };
 BATON_WORKER(ClashTwo);
+
+// Runs on the instance of the role it was called through.
+BATON_FUNCTION(scale_of_actor, [](Worker& w, const DataProto& b) {
+  auto* actor = dynamic_cast<ActorRole*>(&w);
+  if (actor == nullptr) throw std::runtime_error("not an ActorRole");
+  return DataProto({{"scale", at::full({b.size()}, actor->scale(), at::kLong)}});
+});
 
 DataProto batch_of(int64_t rows) { return DataProto({{"x", at::arange(rows, at::kFloat)}}); }
 
@@ -156,6 +165,16 @@ TEST_F(ColocatedTest, PrefixedNamesAndRoleHandlesHonourEachRolesDispatchMode) {
   }
   EXPECT_EQ(group.role("actor").mesh("actor").dp_size, 2);
   EXPECT_EQ(group.role("ref").mesh("actor").dp_size, 1);
+  // A function run through a role gets that role's instance.
+  DataProto scales =
+      group.role("actor").call(kExecuteWithFunc, {"scale_of_actor", in}).get().as<DataProto>();
+  EXPECT_EQ(as_vector(scales.tensor("scale")), std::vector<int64_t>(8, 10));
+  std::string err = error_of([&] {
+    group.call("ref_execute_with_func", {"scale_of_actor", in}).get();
+  });
+  EXPECT_NE(err.find("ActorRole+RefRole.ref_execute_with_func failed on rank "), std::string::npos)
+      << err;
+  EXPECT_NE(err.find(": function 'scale_of_actor': not an ActorRole"), std::string::npos) << err;
 }
 
 TEST_F(ColocatedTest, UnknownRolesAndMethodsAreClearErrors) {
@@ -165,7 +184,8 @@ TEST_F(ColocatedTest, UnknownRolesAndMethodsAreClearErrors) {
       << err;
   err = error_of([&] { group.role("actor").call("update"); });
   EXPECT_NE(err.find("role 'actor' of colocated group ActorRole+RefRole: worker class ActorRole "
-                     "has no method 'update'; registered methods: compute, tag, whoami"),
+                     "has no method 'update'; registered methods: compute, execute_with_func, "
+                     "tag, whoami"),
             std::string::npos)
       << err;
   err = error_of([&] { group.call("critic_compute"); });

@@ -5,6 +5,7 @@
 
 #include "dispatch/dispatch_modes.h"
 #include "runtime/dispatch_registry.h"
+#include "runtime/method_table.h"
 
 namespace baton {
 namespace {
@@ -12,11 +13,12 @@ namespace {
 namespace mode = dispatch_mode;
 
 TEST(DispatchModeRegistration, IncludingTheHeaderRegistersEveryModeBeforeMain) {
-  for (const char* m : {mode::kDpCompute, mode::kDpComputeProto, mode::kDpComputeMetric,
-                        mode::kMegatronCompute, mode::kMegatronComputeProto, mode::kMegatronPpAsDp,
-                        mode::kMegatronPpAsDpProto, mode::kMegatronPpOnly}) {
+  for (const char* m : {mode::kDpCompute, mode::kDpComputeProto, mode::kDpComputeProtoWithFunc,
+                        mode::kDpComputeMetric, mode::kMegatronCompute, mode::kMegatronComputeProto,
+                        mode::kMegatronPpAsDp, mode::kMegatronPpAsDpProto, mode::kMegatronPpOnly}) {
     EXPECT_NO_THROW(find_dispatch_mode(m)) << m;
   }
+  EXPECT_NE(find_builtin_method("execute_with_func"), nullptr);
 }
 
 TEST(DispatchModeRegistration, RegisteringAgainKeepsAReplacedMode) {
