@@ -506,10 +506,3 @@ DataProto DataProto::load(const std::string& path) {
 }
 
 }  // namespace baton
-
-namespace baton {
-void register_data_proto_modes();  // dispatch_modes.cpp
-namespace {
-const bool modes_registered = (register_data_proto_modes(), true);
-}  // namespace
-}  // namespace baton

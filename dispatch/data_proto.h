@@ -109,6 +109,9 @@ class DataProto {
 
   // {"tensors": {...}, "columns": {...}, "meta": {...}}: how a batch travels.
   Value to_value() const;
+  // The same, implicitly, so that a batch is a call argument as it is:
+  // group.call("compute_log_prob", {batch}). Tensors are shared, not copied.
+  operator Value() const { return to_value(); }
   static DataProto from_value(const Value& v);
 
   // A file in baton's Cap'n Proto value format. Throws baton::Error naming

@@ -1,8 +1,10 @@
 #include "dispatch/dispatch_modes.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "dispatch/data_proto.h"
+#include "dispatch/worker_function.h"
 #include "runtime/dispatch_registry.h"
 #include "runtime/errors.h"
 #include "runtime/worker_group.h"
@@ -11,19 +13,21 @@ namespace baton {
 
 namespace {
 
-// Every argument as a DataProto, all with the same number of rows.
-std::vector<DataProto> proto_arguments(const List& args) {
+// Every argument as a DataProto, all with the same number of rows. Errors
+// number the arguments from `first` (the caller's position of args[0]).
+std::vector<DataProto> proto_arguments(const List& args, size_t first = 0) {
   std::vector<DataProto> out;
   for (size_t i = 0; i < args.size(); ++i) {
     try {
       out.push_back(DataProto::from_value(args[i]));
     } catch (const Error& e) {
-      throw CallError("argument " + std::to_string(i) + " must be a DataProto: " + e.what());
+      throw CallError("argument " + std::to_string(first + i) +
+                      " must be a DataProto: " + e.what());
     }
     if (out.back().size() != out.front().size()) {
-      throw CallError("argument " + std::to_string(i) + " has " +
-                      std::to_string(out.back().size()) + " rows, argument 0 has " +
-                      std::to_string(out.front().size()));
+      throw CallError("argument " + std::to_string(first + i) + " has " +
+                      std::to_string(out.back().size()) + " rows, argument " +
+                      std::to_string(first) + " has " + std::to_string(out.front().size()));
     }
   }
   return out;
@@ -49,13 +53,14 @@ DispatchPlan dp_compute_proto(const WorkerGroup& g, const List& args) {
 Value collect_list(const CollectInput& in) { return Value(in.outputs); }
 
 // Splits each DataProto argument into `parts` chunks (no padding); returns
-// chunks[part] = the argument list for that part.
-std::vector<List> split_protos(const List& args, int parts) {
+// chunks[part] = the argument list for that part. `first` as in
+// proto_arguments.
+std::vector<List> split_protos(const List& args, int parts, size_t first = 0) {
   std::vector<List> chunks(static_cast<size_t>(parts));
-  std::vector<DataProto> batches = proto_arguments(args);
+  std::vector<DataProto> batches = proto_arguments(args, first);
   for (size_t i = 0; i < batches.size(); ++i) {
     if (batches[i].size() % parts != 0) {
-      throw CallError("argument " + std::to_string(i) + " has " +
+      throw CallError("argument " + std::to_string(first + i) + " has " +
                       std::to_string(batches[i].size()) + " rows, not divisible into " +
                       std::to_string(parts) + " parts (this mode does not pad)");
     }
@@ -126,6 +131,34 @@ Value concat_protos(const List& outputs, const std::vector<int>& ranks) {
   return DataProto::concat(parts).to_value();
 }
 
+// Argument 0 names a registered function, sent to every rank; the rest are
+// DataProtos, chunked (no padding) by the world size.
+DispatchPlan dp_compute_proto_with_func(const WorkerGroup& g, const List& args) {
+  if (args.empty() || args[0].kind() != ValueKind::kString) {
+    throw CallError(
+        "argument 0 must name a function registered with BATON_FUNCTION or "
+        "register_function, got " +
+        (args.empty() ? std::string("no arguments")
+                      : std::string("a ") + kind_name(args[0].kind())));
+  }
+  const std::string& fn = args[0].as_string();
+  if (!has_function(fn)) {
+    std::string known;
+    for (const std::string& n : function_names()) known += (known.empty() ? "" : ", ") + n;
+    throw CallError("function '" + fn +
+                    "' is not registered (BATON_FUNCTION or register_function); registered: " +
+                    (known.empty() ? "none" : known));
+  }
+  const int n = g.world_size();
+  DispatchPlan p;
+  p.chunks = split_protos(List(args.begin() + 1, args.end()), n, 1);
+  for (int r = 0; r < n; ++r) {
+    p.chunks[r].insert(p.chunks[r].begin(), args[0]);
+    p.chunk_of_rank.push_back(r);
+  }
+  return p;
+}
+
 Value collect_concat(const CollectInput& in) {
   std::vector<DataProto> parts;
   const int64_t expected = in.info.kind() == ValueKind::kInt ? in.info.as_int() : -1;
@@ -147,27 +180,8 @@ Value collect_concat(const CollectInput& in) {
   return DataProto::concat(parts).unpad(in.pad).to_value();
 }
 
-}  // namespace
-
-std::string dispatch_mode::mesh_proto(const std::string& mesh) {
-  std::string name = "MESH_PROTO:" + mesh;
-  replace_dispatch_mode(
-      name,
-      [mesh](const WorkerGroup& g, const List& args) {
-        MeshInfo info = g.mesh(mesh);
-        DispatchPlan p;
-        p.chunks = split_protos(args, info.dp_size);
-        p.chunk_of_rank = info.dp_rank;
-        p.collect = info.collect;
-        return p;
-      },
-      [](const CollectInput& in) { return concat_protos(in.outputs, in.ranks); });
-  return name;
-}
-
-// Called from data_proto.cpp's static initialiser, so that linking DataProto
-// is enough to have these modes.
-void register_data_proto_modes() {
+// The modes, and the built-in method execute_with_func, once per process.
+void register_modes_once() {
   // DP_COMPUTE lays arguments out exactly as ALL_TO_ALL does.
   DispatchMode all_to_all = find_dispatch_mode(dispatch_mode::kAllToAll);
   replace_dispatch_mode(dispatch_mode::kDpCompute, all_to_all.dispatch, all_to_all.collect);
@@ -220,6 +234,32 @@ void register_data_proto_modes() {
         return p;
       },
       collect_list);
+  replace_dispatch_mode(dispatch_mode::kDpComputeProtoWithFunc, dp_compute_proto_with_func,
+                        [](const CollectInput& in) { return concat_protos(in.outputs, in.ranks); });
+  detail::register_execute_with_func();
+}
+
+}  // namespace
+
+std::string dispatch_mode::mesh_proto(const std::string& mesh) {
+  std::string name = "MESH_PROTO:" + mesh;
+  replace_dispatch_mode(
+      name,
+      [mesh](const WorkerGroup& g, const List& args) {
+        MeshInfo info = g.mesh(mesh);
+        DispatchPlan p;
+        p.chunks = split_protos(args, info.dp_size);
+        p.chunk_of_rank = info.dp_rank;
+        p.collect = info.collect;
+        return p;
+      },
+      [](const CollectInput& in) { return concat_protos(in.outputs, in.ranks); });
+  return name;
+}
+
+void register_dispatch_modes() {
+  static std::once_flag once;
+  std::call_once(once, register_modes_once);
 }
 
 }  // namespace baton

@@ -1,5 +1,6 @@
 // hello_workers: a custom worker defined right here, in the driver's own file,
-// run as a group of 4 CPU worker processes.
+// run as a group of 4 CPU worker processes; then two roles colocated in one
+// process per slot.
 //
 //   ./build/examples/hello_workers
 #include <ATen/ops/arange.h>
@@ -68,6 +69,19 @@ class Hello : public baton::Worker {
 };
 BATON_WORKER(Hello);
 
+// A second role, colocated with a Hello "actor" in the same processes.
+class Critic : public baton::Worker {
+ public:
+  baton::DataProto values(const baton::DataProto& batch) {
+    return baton::DataProto({{"values", batch.tensor("x") * 0.5}});
+  }
+  static void register_methods(baton::MethodTable<Critic>& t) {
+    t.def("values", &Critic::values,
+          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
+  }
+};
+BATON_WORKER(Critic);
+
 int main(int argc, char** argv) {
   baton::init(argc, argv);  // in a worker process, this runs the worker and never returns
 
@@ -107,12 +121,27 @@ int main(int argc, char** argv) {
   // shared memory once) to both tp ranks of its replica and collects tp 0.
   baton::DataProto batch({{"x", at::arange(6, at::kFloat)}}, {{"prompt", {"a", "b", "c", "d", "e", "f"}}});
   for (const char* method : {"tag", "tag_mesh"}) {
-    baton::DataProto out = baton::DataProto::from_value(group.call(method, {batch.to_value()}).get());
+    baton::DataProto out = group.call(method, {batch}).get().as<baton::DataProto>();
     std::printf("%-10s -> %lld rows, seen by ranks:", method, static_cast<long long>(out.size()));
     for (int64_t i = 0; i < out.size(); ++i) {
       std::printf(" %lld", static_cast<long long>(out.tensor("rank")[i].item<int64_t>()));
     }
     std::printf("\n");
   }
+
+  // Colocated roles: each of 2 processes hosts a Hello ("actor") and a Critic
+  // ("critic"). Methods are reached as "actor_tag" or through role("critic").
+  // The actor's result, still pending, goes straight into the critic's call.
+  baton::ResourcePool pair = baton::ResourcePool::cpu(2);
+  baton::WorkerGroup colocated = baton::WorkerGroup::spawn_colocated(
+      {{"actor", "Hello", {"hi"}}, {"critic", "Critic", {}}}, pair);
+  baton::Future<baton::Value> tagged = colocated.call("actor_tag", {batch});  // does not block
+  baton::DataProto values =
+      colocated.role("critic").call("values", {tagged}).get().as<baton::DataProto>();
+  std::printf("colocated  -> critic values of the actor's rows:");
+  for (int64_t i = 0; i < values.size(); ++i) {
+    std::printf(" %.1f", values.tensor("values")[i].item<float>());
+  }
+  std::printf("\n");
   return 0;
 }

@@ -1,10 +1,12 @@
 // The public surface of baton's runtime: include this in driver programs.
 #pragma once
 
+#include "runtime/call_args.h"     // IWYU pragma: export
 #include "runtime/errors.h"        // IWYU pragma: export
 #include "runtime/future.h"        // IWYU pragma: export
 #include "runtime/method_table.h"  // IWYU pragma: export
 #include "runtime/resource_pool.h" // IWYU pragma: export
+#include "runtime/role_set.h"      // IWYU pragma: export
 #include "runtime/runtime.h"       // IWYU pragma: export
 #include "runtime/value.h"         // IWYU pragma: export
 #include "runtime/worker.h"        // IWYU pragma: export

@@ -82,7 +82,9 @@ DispatchMode find_dispatch_mode(const std::string& name) {
   if (it != r.modes.end()) return it->second;
   std::string known;
   for (const auto& [n, m] : r.modes) known += (known.empty() ? "" : ", ") + n;
-  throw CallError("dispatch mode " + name + " is not registered; registered: " + known);
+  throw CallError("dispatch mode " + name + " is not registered; registered: " + known +
+                  " (the DataProto modes come with dispatch/dispatch_modes.h, see "
+                  "register_dispatch_modes)");
 }
 
 }  // namespace baton

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <spdlog/spdlog.h>
+
 #include <climits>
 
 #include "runtime/errors.h"
@@ -46,7 +48,47 @@ void Driver::shutdown_all() {
   }
 }
 
+void Driver::post_dispatch(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(dispatch_mu_);
+  if (dispatch_stopped_) return;
+  dispatch_tasks_.push_back(std::move(task));
+  if (!dispatch_thread_.joinable()) {
+    dispatch_thread_ = std::thread([this] {
+      for (;;) {
+        std::function<void()> next;
+        {
+          std::unique_lock<std::mutex> l(dispatch_mu_);
+          dispatch_cv_.wait(l, [&] { return dispatch_stopped_ || !dispatch_tasks_.empty(); });
+          if (dispatch_stopped_) return;
+          next = std::move(dispatch_tasks_.front());
+          dispatch_tasks_.pop_front();
+        }
+        try {
+          next();
+        } catch (const std::exception& e) {
+          spdlog::error("baton: a dispatch task failed: {}", e.what());
+        }
+      }
+    });
+  }
+  dispatch_cv_.notify_one();
+}
+
 void Driver::stop() {
+  std::deque<std::function<void()>> dropped;  // destroyed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(dispatch_mu_);
+    dispatch_stopped_ = true;
+    dropped.swap(dispatch_tasks_);
+  }
+  dispatch_cv_.notify_all();
+  if (dispatch_thread_.joinable()) {
+    if (std::this_thread::get_id() == dispatch_thread_.get_id()) {
+      dispatch_thread_.detach();
+    } else {
+      dispatch_thread_.join();
+    }
+  }
   work_.reset();
   io_.stop();
   if (io_thread_.joinable()) io_thread_.join();

@@ -1,12 +1,15 @@
 // The driver side of the runtime (internal): the I/O thread with its Asio
-// event loop, the driver's shared-memory pool, and the registry of live
-// groups that shutdown() stops.
+// event loop, the dispatch thread, the driver's shared-memory pool, and the
+// registry of live groups that shutdown() stops.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -38,6 +41,13 @@ class Driver {
     return result.get();
   }
 
+  // Runs `task` on the dispatch thread (started on first use), after the
+  // tasks posted before it. Calls whose arguments were futures are planned and
+  // sent there: off the user's thread, and off the I/O thread, because a send
+  // blocks while a worker's socket is full and only the I/O thread reads the
+  // results that would drain it. A task that throws is logged and dropped.
+  void post_dispatch(std::function<void()> task);
+
   PeerId next_peer_id() { return next_peer_.fetch_add(1); }
   uint64_t next_call_id() { return next_call_.fetch_add(1); }
 
@@ -51,7 +61,7 @@ class Driver {
   void add_group_hook(GroupHook hook);
   void shutdown_all();
 
-  // Stops the I/O thread for good (at process exit, after shutdown_all), so
+  // Stops the I/O and dispatch threads for good (at process exit, after shutdown_all), so
   // that nothing runs on it while static objects are destroyed.
   void stop();
 
@@ -66,6 +76,11 @@ class Driver {
   std::atomic<uint64_t> next_call_{1};
   std::string exe_;
   std::vector<std::string> args_;
+  std::mutex dispatch_mu_;
+  std::condition_variable dispatch_cv_;
+  std::deque<std::function<void()>> dispatch_tasks_;
+  bool dispatch_stopped_ = false;
+  std::thread dispatch_thread_;
   std::mutex hooks_mu_;
   std::vector<GroupHook> hooks_;
 };

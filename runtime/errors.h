@@ -2,6 +2,7 @@
 // these same types wrapped in std::exception_ptr inside futures.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -52,6 +53,17 @@ class WorkerDiedError : public Error {
 // A call exceeded its per-call timeout, or Future::get(timeout) ran out.
 class TimeoutError : public Error {
  public:
+  using Error::Error;
+};
+
+// A call took the Future of an earlier call as an argument, and that call
+// failed: this call never ran. what() names this call and carries the
+// earlier call's message (which names its method); the earlier error itself
+// is nested: std::rethrow_if_nested(e) rethrows it.
+class UpstreamError : public Error, public std::nested_exception {
+ public:
+  // REQUIRES: called while handling the upstream exception (in a catch block),
+  // which std::nested_exception captures.
   using Error::Error;
 };
 

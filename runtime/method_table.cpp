@@ -1,22 +1,49 @@
 #include "runtime/method_table.h"
 
+#include <algorithm>
+
 namespace baton {
+
+namespace {
+
+std::map<std::string, MethodSpec>& builtins() {
+  static std::map<std::string, MethodSpec>* methods = [] {
+    auto* m = new std::map<std::string, MethodSpec>();
+    // The driver asks each worker (each role of a colocated one) for its place
+    // in a mesh.
+    WorkerClassSpec spec;
+    MethodTable<Worker>(spec).def("_query_mesh", &Worker::mesh_entry);
+    for (auto& [name, method] : spec.methods) m->emplace(name, std::move(method));
+    return m;
+  }();
+  return *methods;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
 
 std::string MethodSpec::signature() const {
   std::string s = name + "(";
   for (size_t i = 0; i < params.size(); ++i) s += (i ? ", " : "") + params[i].name();
-  return s + ") -> " + result.name();
+  return s + (variadic ? "...) -> " : ") -> ") + result.name();
 }
 
-void MethodSpec::check_args(const std::string& class_name, const List& args) const {
-  if (args.size() != params.size()) {
-    throw CallError(class_name + "." + name + " takes " + std::to_string(params.size()) +
-                    " argument(s), " + std::to_string(args.size()) + " given; signature: " +
-                    signature());
+void MethodSpec::check_args(const std::string& qualified_name, const List& args) const {
+  const size_t fixed = variadic ? params.size() - 1 : params.size();
+  if (variadic ? args.size() < fixed : args.size() != fixed) {
+    throw CallError(qualified_name + " takes " + (variadic ? "at least " : "") +
+                    std::to_string(fixed) + " argument(s), " + std::to_string(args.size()) +
+                    " given; signature: " + signature());
   }
   for (size_t i = 0; i < args.size(); ++i) {
-    if (auto m = params[i].mismatch(args[i])) {
-      throw CallError(class_name + "." + name + ": argument " + std::to_string(i) + ": " + *m +
+    const TypeSpec& param = params[std::min(i, params.size() - 1)];
+    if (auto m = param.mismatch(args[i])) {
+      throw CallError(qualified_name + ": argument " + std::to_string(i) + ": " + *m +
                       "; signature: " + signature());
     }
   }
@@ -25,10 +52,40 @@ void MethodSpec::check_args(const std::string& class_name, const List& args) con
 const MethodSpec& WorkerClassSpec::method(const std::string& method) const {
   auto it = methods.find(method);
   if (it != methods.end()) return it->second;
-  std::string known;
-  for (const auto& [n, m] : methods) known += (known.empty() ? "" : ", ") + n;
+  if (const MethodSpec* builtin = find_builtin_method(method)) return *builtin;
   throw CallError("worker class " + name + " has no method '" + method +
-                  "'; registered methods: " + (known.empty() ? "none" : known));
+                  "'; registered methods: " + join(method_names()));
+}
+
+std::vector<std::string> WorkerClassSpec::method_names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, m] : methods) out.push_back(n);
+  for (const auto& n : builtin_method_names()) {
+    if (n[0] != '_' && !methods.count(n)) out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void register_builtin_method(MethodSpec spec) {
+  if (spec.variadic && spec.params.empty()) {
+    throw Error("built-in method " + spec.name + ": variadic, but without parameters");
+  }
+  std::string name = spec.name;
+  if (!builtins().emplace(name, std::move(spec)).second) {
+    throw Error("built-in method " + name + " is already registered");
+  }
+}
+
+const MethodSpec* find_builtin_method(const std::string& name) {
+  auto it = builtins().find(name);
+  return it == builtins().end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> builtin_method_names() {
+  std::vector<std::string> out;
+  for (const auto& [n, m] : builtins()) out.push_back(n);
+  return out;
 }
 
 WorkerRegistry& WorkerRegistry::global() {
@@ -44,10 +101,10 @@ void WorkerRegistry::add(WorkerClassSpec spec) {
 const WorkerClassSpec& WorkerRegistry::get(const std::string& class_name) const {
   auto it = classes_.find(class_name);
   if (it != classes_.end()) return it->second;
-  std::string known;
-  for (const auto& [n, c] : classes_) known += (known.empty() ? "" : ", ") + n;
-  throw CallError("no worker class named '" + class_name + "' is registered (BATON_WORKER); known: " +
-                  (known.empty() ? "none" : known));
+  std::vector<std::string> known;
+  for (const auto& [n, c] : classes_) known.push_back(n);
+  throw CallError("no worker class named '" + class_name +
+                  "' is registered (BATON_WORKER); known: " + join(known));
 }
 
 }  // namespace baton

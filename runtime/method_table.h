@@ -49,14 +49,18 @@ struct MethodOptions {
 struct MethodSpec {
   std::string name;
   std::vector<TypeSpec> params;
+  // The last parameter repeats: it stands for zero or more trailing arguments
+  // of its type (params must not be empty).
+  bool variadic = false;
   TypeSpec result;
   MethodOptions options;
   std::function<Value(Worker&, const List&)> invoke;
 
-  // "add(int, list<float>) -> tensor"
+  // "add(int, list<float>) -> tensor", "execute_with_func(string, dict...) -> any"
   std::string signature() const;
-  // Throws CallError naming the method, the parameter and the mismatch.
-  void check_args(const std::string& class_name, const List& args) const;
+  // Throws CallError naming the method (`qualified_name`, e.g. "Adder.add"),
+  // the parameter and the mismatch.
+  void check_args(const std::string& qualified_name, const List& args) const;
 };
 
 struct WorkerClassSpec {
@@ -64,9 +68,23 @@ struct WorkerClassSpec {
   std::function<std::unique_ptr<Worker>(const List& init_args)> factory;
   std::map<std::string, MethodSpec> methods;
 
+  // The class's own method, else a built-in one (see register_builtin_method).
   // Throws CallError listing the available methods if `method` is unknown.
   const MethodSpec& method(const std::string& method) const;
+  // The names of the class's methods and of the public built-in ones.
+  std::vector<std::string> method_names() const;
 };
+
+// Built-in methods: every worker class has them, in addition to its own (a
+// class's own method of the same name wins). The runtime registers
+// "_query_mesh" (Worker::mesh_entry); the dispatch library "execute_with_func".
+// REQUIRES: called during static initialisation, or at least before any
+// worker group is spawned: lookups do not lock. Throws baton::Error if `name`
+// is taken. Names starting with '_' are internal: error messages leave them out.
+void register_builtin_method(MethodSpec spec);
+// nullptr if there is no built-in method `name`.
+const MethodSpec* find_builtin_method(const std::string& name);
+std::vector<std::string> builtin_method_names();
 
 // Process-wide registry of worker classes, filled by BATON_WORKER at static
 // initialisation. Thread-safe for lookups after main() starts.
@@ -150,9 +168,6 @@ bool register_worker_class(const std::string& name) {
     }
   };
   MethodTable<W> table(spec);
-  // Built-in: the driver asks each worker for its place in a mesh.
-  table.def("_query_mesh",
-            static_cast<std::vector<int64_t> (W::*)(const std::string&)>(&W::mesh_entry));
   W::register_methods(table);
   WorkerRegistry::global().add(std::move(spec));
   return true;

@@ -3,6 +3,7 @@
 #include <spdlog/cfg/env.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -16,6 +17,7 @@ namespace baton {
 namespace {
 
 thread_local WorkerInfo pending_info;
+std::atomic<bool> initialized{false};
 
 }  // namespace
 
@@ -41,6 +43,8 @@ std::vector<int64_t> Worker::mesh_entry(const std::string& mesh) {
 
 bool is_worker_process() { return std::getenv("BATON_WORKER_FD") != nullptr; }
 
+bool is_initialized() { return initialized.load(); }
+
 void init(int argc, char** argv) {
   if (const char* fd = std::getenv("BATON_WORKER_FD")) run_worker_host(std::atoi(fd));
   static std::once_flag once;
@@ -53,6 +57,7 @@ void init(int argc, char** argv) {
       Driver::get().stop();
     });
   });
+  initialized = true;
 }
 
 void shutdown() {

@@ -19,6 +19,12 @@ void init(int argc, char** argv);
 // True in a worker process (inside worker constructors and methods).
 bool is_worker_process();
 
+// True once init() has returned in this (driver) process. Anything that
+// worker processes must also have (worker classes, functions for
+// DP_COMPUTE_PROTO_WITH_FUNC) has to be registered before: a worker runs the
+// driver's main() only up to init().
+bool is_initialized();
+
 // Shuts down every live worker group. Runs by itself at exit.
 void shutdown();
 

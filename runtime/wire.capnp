@@ -44,9 +44,16 @@ struct SharedBytes {
   length @3 :UInt64;
 }
 
+# The classes a worker process hosts (see role_set.h): one entry with an
+# empty role for a plain group, one per role for a colocated one.
 struct Init {
-  className @0 :Text;
-  initArgs @1 :List(Value);
+  roles @0 :List(RoleInit);
+}
+
+struct RoleInit {
+  role @0 :Text;
+  className @1 :Text;
+  initArgs @2 :List(Value);
 }
 
 struct Call {

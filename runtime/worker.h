@@ -30,9 +30,10 @@
 
 namespace baton {
 
-// Where a worker sits. Set before the worker's constructor runs.
+// Where a worker sits. Set before the worker's constructor runs; every role
+// of a colocated process gets the same.
 struct WorkerInfo {
-  std::string class_name;
+  std::string class_name;     // "ActorWorker+RefWorker" for colocated roles
   std::string group_name;     // unique per group; prefixes its c10d store keys
   int rank = 0;               // global rank within the group
   int world_size = 1;

@@ -5,9 +5,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <map>
 #include <atomic>
+#include <deque>
+#include <exception>
+#include <map>
 #include <thread>
+#include <utility>
 
 #include "runtime/dispatch_registry.h"
 #include "runtime/driver.h"
@@ -16,10 +19,40 @@
 
 namespace baton {
 
-struct WorkerGroup::State {
+namespace {
+
+// A call that waits: for its future arguments, or behind an earlier such
+// call of its group.
+struct Deferred {
+  std::string where;  // "Class.method (MODE)", for errors
+  List values;        // the arguments; futures' values filled in as they complete
+  size_t unresolved = 0;
+  std::exception_ptr error;  // the first failed future, as UpstreamError
+  std::function<Future<Value>(const List&)> send;
+  Promise<Value> promise;
+};
+
+// `e` (a failed future argument) as the error of the call it was passed to.
+std::exception_ptr upstream_failure(const std::string& where, size_t arg, std::exception_ptr e) {
+  const std::string head =
+      where + ": argument " + std::to_string(arg) + " is the future of a call that failed";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {  // UpstreamError nests x
+    return std::make_exception_ptr(UpstreamError(head + ": " + x.what()));
+  } catch (...) {
+    return std::make_exception_ptr(UpstreamError(head));
+  }
+}
+
+}  // namespace
+
+struct WorkerGroup::State : std::enable_shared_from_this<WorkerGroup::State> {
+  using SendFn = std::function<Future<Value>(const List& args)>;
+
   std::string name;
   ParallelLayout layout;
-  const WorkerClassSpec* spec = nullptr;
+  std::unique_ptr<RoleSet> roles;
   ResourcePool pool;
   bool claimed = false;
   // The rendezvous for the workers' c10d groups; the driver only hosts it.
@@ -27,12 +60,130 @@ struct WorkerGroup::State {
   std::vector<std::shared_ptr<WorkerProcess>> workers;
   std::shared_ptr<std::function<void()>> exit_hook;
 
-  std::mutex mu;
-  std::map<std::string, MeshInfo> meshes;  // cached mesh registrations
+  // Held while a call's messages are written, so that calls reach every
+  // worker in submission order. Only ever taken by threads that may block on
+  // a send (users' threads and the dispatch thread), never by the I/O thread.
+  std::mutex send_mu;
+
+  std::mutex mu;  // guards what follows; never held while sending
+  std::map<std::pair<int, std::string>, MeshInfo> meshes;  // (role or -1, mesh)
+  std::deque<std::shared_ptr<Deferred>> deferred;          // calls not yet sent, in order
   std::string failure;  // what happened to the first worker that died
   bool stopping = false;
 
   explicit State(ResourcePool p) : pool(std::move(p)) {}
+
+  // Sends a call now (`send(args)` on this thread) if none of its arguments
+  // is a future and no earlier call waits; otherwise queues it, and the
+  // dispatch thread sends it once its futures (and every earlier queued
+  // call) are done. What `send` throws is thrown here, or fails the future.
+  Future<Value> submit(CallArgs args, std::string where, SendFn send) {
+    if (!args.has_futures()) {
+      std::lock_guard<std::mutex> sending(send_mu);
+      bool now;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        now = deferred.empty();
+      }
+      if (now) return send(args.take_values());
+    }
+    auto d = std::make_shared<Deferred>();
+    d->where = std::move(where);
+    d->send = std::move(send);
+    std::vector<size_t> waiting;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].is_future()) waiting.push_back(i);
+    }
+    d->unresolved = waiting.size();
+    d->values = args.take_values();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping) {
+        d->promise.fail(CallError(d->where + ": group " + name + " was shut down"));
+        return d->promise.future();
+      }
+      if (!failure.empty()) {
+        d->promise.fail(WorkerDiedError(d->where + ": not sent: " + failure));
+        return d->promise.future();
+      }
+      deferred.push_back(d);
+    }
+    std::weak_ptr<State> weak = weak_from_this();
+    for (size_t i : waiting) {
+      args[i].future().on_complete([weak, d, i](const Future<Value>& f) {
+        if (auto s = weak.lock()) s->resolved(d, i, f);
+      });
+    }
+    if (waiting.empty()) schedule_pump();
+    return d->promise.future();
+  }
+
+  void resolved(const std::shared_ptr<Deferred>& d, size_t i, const Future<Value>& f) {
+    std::exception_ptr e = f.error();
+    std::exception_ptr failed = e ? upstream_failure(d->where, i, e) : nullptr;
+    Value v = e ? Value() : f.get();
+    bool ready;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failed && !d->error) d->error = failed;
+      if (!e) d->values[i] = std::move(v);
+      ready = --d->unresolved == 0;
+    }
+    if (ready) schedule_pump();
+  }
+
+  void schedule_pump() {
+    std::weak_ptr<State> weak = weak_from_this();
+    Driver::get().post_dispatch([weak] {
+      if (auto s = weak.lock()) s->pump();
+    });
+  }
+
+  // On the dispatch thread: sends the queued calls that are ready, in order,
+  // up to the first that still waits.
+  void pump() {
+    std::lock_guard<std::mutex> sending(send_mu);
+    for (;;) {
+      std::shared_ptr<Deferred> d;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (deferred.empty() || deferred.front()->unresolved > 0) return;
+        d = std::move(deferred.front());
+        deferred.pop_front();
+      }
+      if (d->error) {
+        d->promise.set_error(d->error);
+      } else {
+        try {
+          Promise<Value> out = d->promise;
+          d->send(d->values).on_complete([out](const Future<Value>& r) {
+            if (auto e = r.error()) {
+              out.set_error(e);
+            } else {
+              out.set_value(r.get());
+            }
+          });
+        } catch (...) {
+          d->promise.set_error(std::current_exception());
+        }
+      }
+      d->send = nullptr;  // it holds the State
+    }
+  }
+
+  // Fails every queued call with make_error(where).
+  template <class MakeError>
+  void fail_deferred(MakeError make_error) {
+    std::deque<std::shared_ptr<Deferred>> failed;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      failed.swap(deferred);
+    }
+    for (auto& d : failed) {
+      d->promise.set_error(std::make_exception_ptr(make_error(d->where)));
+      d->send = nullptr;
+    }
+  }
 
   void on_death(WorkerProcess& dead, const std::string& what) {
     {
@@ -41,6 +192,8 @@ struct WorkerGroup::State {
       failure = what;
     }
     spdlog::error("baton: group {} failed, stopping its other workers: {}", name, what);
+    fail_deferred(
+        [&](const std::string& where) { return WorkerDiedError(where + ": not sent: " + what); });
     for (auto& w : workers) {
       if (w.get() != &dead) w->kill("its group " + name + " failed: " + what);
     }
@@ -52,6 +205,10 @@ struct WorkerGroup::State {
       if (stopping) return;
       stopping = true;
     }
+    fail_deferred([&](const std::string& where) {
+      return CallError(where + ": not sent: group " + name +
+                       " was shut down while the call waited for its arguments");
+    });
     for (auto& w : workers) {
       if (w->alive()) w->request_exit();
     }
@@ -108,6 +265,9 @@ Future<List> gather(std::vector<Future<Value>> futures) {
   return acc->promise.future();
 }
 
+Value list_to_value(const List& l) { return Value(l); }
+List value_to_list(const Value& v) { return v.as_list(); }
+
 // Sends chunk `chunk_of_rank[r]` of `chunks` to each rank r (none where it
 // is -1), encoding each chunk once, however many ranks receive it. Returns
 // the futures in ascending rank order, with their ranks.
@@ -133,25 +293,99 @@ Sent send_chunks(const std::vector<std::shared_ptr<WorkerProcess>>& workers,
   return sent;
 }
 
+// Lays `args` out with the method's dispatch mode (on `view`: the group, or
+// the method's role), checking the plan and every chunk against the method.
+// Throws CallError prefixed with `where`.
+DispatchPlan plan_call(const WorkerGroup& view, const RoleSet& roles, const RoleSet::Target& t,
+                       const std::string& where, const DispatchMode& mode, const List& args) {
+  DispatchPlan plan;
+  try {
+    plan = mode.dispatch(view, args);
+  } catch (const Error& e) {  // CallError included
+    throw CallError(where + ": " + e.what());
+  }
+  const int n = view.world_size();
+  if (static_cast<int>(plan.chunk_of_rank.size()) != n ||
+      (!plan.collect.empty() && static_cast<int>(plan.collect.size()) != n)) {
+    throw CallError(where + ": the dispatch function planned for " +
+                    std::to_string(plan.chunk_of_rank.size()) + " ranks, the group has " +
+                    std::to_string(n));
+  }
+  for (int c : plan.chunk_of_rank) {
+    if (c < -1 || c >= static_cast<int>(plan.chunks.size())) {
+      throw CallError(where + ": the dispatch function refers to chunk " + std::to_string(c) +
+                      " of " + std::to_string(plan.chunks.size()));
+    }
+  }
+  for (const List& chunk : plan.chunks) t.method->check_args(roles.qualified(t), chunk);
+  return plan;
+}
+
+// Sends a planned call; its future completes with the collected result once
+// every rank that ran has answered (a failure anywhere fails the call).
+Future<Value> send_plan(const std::vector<std::shared_ptr<WorkerProcess>>& workers,
+                        const std::string& wire_name, const std::string& where,
+                        const CollectFn& collect, DispatchPlan plan, const CallOptions& options) {
+  Sent sent = send_chunks(workers, wire_name, plan.chunks, plan.chunk_of_rank, options);
+  // Hand the collected ranks' results, in rank order, to the collect function.
+  return gather(std::move(sent.futures))
+      .then([where, collect, ranks = std::move(sent.ranks), mask = std::move(plan.collect),
+             pad = plan.pad, info = std::move(plan.info)](const List& results) {
+        CollectInput in;
+        in.pad = pad;
+        in.info = info;
+        for (size_t i = 0; i < results.size(); ++i) {
+          if (!mask.empty() && !mask[ranks[i]]) continue;
+          in.outputs.push_back(results[i]);
+          in.ranks.push_back(ranks[i]);
+        }
+        try {
+          return collect(in);
+        } catch (const std::exception& e) {
+          throw Error(where + ": collecting the results failed: " + e.what());
+        }
+      });
+}
+
 }  // namespace
 
-WorkerGroup::WorkerGroup(std::shared_ptr<State> s) : s_(std::move(s)) {}
+WorkerGroup::WorkerGroup(std::shared_ptr<State> s, int role, bool owner)
+    : s_(std::move(s)), role_(role), owner_(owner) {}
 WorkerGroup::WorkerGroup(WorkerGroup&&) noexcept = default;
 WorkerGroup& WorkerGroup::operator=(WorkerGroup&& other) noexcept {
   if (this != &other) {
-    if (s_) s_->shutdown(std::chrono::seconds(10));
+    if (s_ && owner_) s_->shutdown(std::chrono::seconds(10));
     s_ = std::move(other.s_);
+    role_ = other.role_;
+    owner_ = other.owner_;
   }
   return *this;
 }
 WorkerGroup::~WorkerGroup() {
-  if (s_) s_->shutdown(std::chrono::seconds(10));
+  if (s_ && owner_) s_->shutdown(std::chrono::seconds(10));
 }
 
 WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool, List init_args,
                                WorkerGroupOptions options) {
+  return spawn_roles({RoleSpec{"", class_name, std::move(init_args)}}, pool, std::move(options));
+}
+
+WorkerGroup WorkerGroup::spawn_colocated(std::vector<RoleSpec> roles, ResourcePool& pool,
+                                         WorkerGroupOptions options) {
+  if (roles.empty()) throw CallError("spawn_colocated: no roles given");
+  for (const RoleSpec& r : roles) {
+    if (r.role.empty()) {
+      throw CallError("spawn_colocated: the role of class " + r.class_name + " has no name");
+    }
+  }
+  return spawn_roles(std::move(roles), pool, std::move(options));
+}
+
+WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& pool,
+                                     WorkerGroupOptions options) {
   auto s = std::make_shared<State>(pool);
-  s->spec = &WorkerRegistry::global().get(class_name);
+  s->roles = std::make_unique<RoleSet>(roles);
+  const std::string& class_name = s->roles->name();
   s->name = options.name.empty() ? class_name + "_" + std::to_string(group_counter++) : options.name;
   s->layout = options.layout.value_or(ParallelLayout::data_parallel(pool.world_size()));
   if (s->layout.world_size() != pool.world_size() || s->layout.tp < 1 || s->layout.cp < 1 ||
@@ -162,7 +396,7 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
   }
   s->pool.claim();
   s->claimed = true;
-  WorkerGroup group(s);  // from here on, a throw shuts the partial group down
+  WorkerGroup group(s, -1, true);  // from here on, a throw shuts the partial group down
 
   c10d::TCPStoreOptions store_options;
   store_options.port = 0;  // any free port
@@ -196,7 +430,7 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
   }
 
   std::vector<Future<Value>> inits;
-  for (auto& w : s->workers) inits.push_back(w->init(class_name, init_args));
+  for (auto& w : s->workers) inits.push_back(w->init(roles));
   std::string errors;
   for (size_t r = 0; r < inits.size(); ++r) {
     if (!inits[r].wait_for(options.start_timeout)) {
@@ -221,33 +455,63 @@ WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool
   return group;
 }
 
+WorkerGroup WorkerGroup::role(const std::string& role) const {
+  if (role_ >= 0) {
+    throw CallError("role view '" + s_->roles->role(role_) + "' of group " + name() +
+                    " has no roles of its own; call role() on the group");
+  }
+  return WorkerGroup(s_, static_cast<int>(s_->roles->role_index(role)), false);
+}
+
+std::vector<std::string> WorkerGroup::roles() const {
+  std::vector<std::string> out;
+  if (!s_->roles->colocated()) return out;
+  for (size_t i = 0; i < s_->roles->size(); ++i) out.push_back(s_->roles->role(i));
+  return out;
+}
+
+RoleSet::Target WorkerGroup::target(const std::string& method) const {
+  return role_ < 0 ? s_->roles->find(method) : s_->roles->find(static_cast<size_t>(role_), method);
+}
+
 int WorkerGroup::world_size() const { return static_cast<int>(s_->workers.size()); }
-const std::string& WorkerGroup::class_name() const { return s_->spec->name; }
+const std::string& WorkerGroup::class_name() const {
+  return role_ < 0 ? s_->roles->name() : s_->roles->spec(static_cast<size_t>(role_)).name;
+}
 const std::string& WorkerGroup::name() const { return s_->name; }
 const ParallelLayout& WorkerGroup::layout() const { return s_->layout; }
 
 MeshInfo WorkerGroup::mesh(const std::string& mesh) const {
+  if (role_ < 0 && s_->roles->colocated()) {
+    throw CallError("colocated group " + name() +
+                    ": meshes are registered per role; use role(name).mesh(\"" + mesh + "\")");
+  }
+  const auto key = std::make_pair(role_, mesh);
   {
     std::lock_guard<std::mutex> lock(s_->mu);
-    auto it = s_->meshes.find(mesh);
+    auto it = s_->meshes.find(key);
     if (it != s_->meshes.end()) return it->second;
   }
+  const std::string who =
+      "group " + name() + (role_ < 0 ? "" : " role " + s_->roles->role(static_cast<size_t>(role_)));
+  // Sent directly, not in submission order: registrations are made in the
+  // workers' constructors, so any order gives the same answer.
   std::vector<int> everyone(s_->workers.size(), 0);
-  Sent sent = send_chunks(s_->workers, "_query_mesh", {{mesh}}, everyone, {});
+  Sent sent = send_chunks(s_->workers, target("_query_mesh").wire_name, {{mesh}}, everyone, {});
   MeshInfo info;
   for (size_t r = 0; r < sent.futures.size(); ++r) {  // the lowest failing rank is named
     Value entry;
     try {
       entry = sent.futures[r].get();
     } catch (const RemoteError& e) {
-      throw Error("group " + name() + ": rank " + std::to_string(r) + ": " + e.remote_message());
+      throw Error(who + ": rank " + std::to_string(r) + ": " + e.remote_message());
     }
     info.dp_rank.push_back(static_cast<int>(entry.as_list()[0].as_int()));
     info.collect.push_back(entry.as_list()[1].as_int() != 0);
     info.dp_size = std::max(info.dp_size, info.dp_rank.back() + 1);
   }
   std::lock_guard<std::mutex> lock(s_->mu);
-  s_->meshes[mesh] = info;
+  s_->meshes[key] = info;
   return info;
 }
 
@@ -266,95 +530,114 @@ bool WorkerGroup::alive() const {
                      [](const auto& w) { return w->alive(); });
 }
 
-Future<Value> WorkerGroup::call(const std::string& method, List args, CallOptions options) {
-  const MethodSpec& m = s_->spec->method(method);
-  if (m.options.execute_mode == Execute::kRankZero) {
+Future<Value> WorkerGroup::call(const std::string& method, CallArgs args, CallOptions options) {
+  RoleSet::Target t = target(method);
+  const MethodOptions& mo = t.method->options;
+  if (mo.execute_mode == Execute::kRankZero) {
     return call_rank(0, method, std::move(args), options);
   }
-  const std::string where = class_name() + "." + method + " (" + m.options.dispatch_mode + ")";
-  DispatchMode mode = find_dispatch_mode(m.options.dispatch_mode);
-  DispatchPlan plan;
-  try {
-    plan = mode.dispatch(*this, args);
-  } catch (const Error& e) {  // CallError included
-    throw CallError(where + ": " + e.what());
+  const std::string where = s_->roles->qualified(t) + " (" + mo.dispatch_mode + ")";
+  DispatchMode mode = find_dispatch_mode(mo.dispatch_mode);
+  // The dispatch function sees the method's role (its meshes) or the group.
+  const int view_role = s_->roles->colocated() ? static_cast<int>(t.role) : -1;
+  std::shared_ptr<State> s = s_;
+  if (args.has_futures()) {
+    return s_->submit(
+        std::move(args), where, [s, view_role, t, where, mode, options](const List& values) {
+          WorkerGroup view(s, view_role, false);
+          DispatchPlan plan = plan_call(view, *s->roles, t, where, mode, values);
+          return send_plan(s->workers, t.wire_name, where, mode.collect, std::move(plan), options);
+        });
   }
-  const int n = world_size();
-  if (static_cast<int>(plan.chunk_of_rank.size()) != n ||
-      (!plan.collect.empty() && static_cast<int>(plan.collect.size()) != n)) {
-    throw CallError(where + ": the dispatch function planned for " +
-                    std::to_string(plan.chunk_of_rank.size()) + " ranks, the group has " +
-                    std::to_string(n));
-  }
-  for (int c : plan.chunk_of_rank) {
-    if (c < -1 || c >= static_cast<int>(plan.chunks.size())) {
-      throw CallError(where + ": the dispatch function refers to chunk " + std::to_string(c) +
-                      " of " + std::to_string(plan.chunks.size()));
-    }
-  }
-  for (const List& chunk : plan.chunks) m.check_args(class_name(), chunk);
-
-  Sent sent = send_chunks(s_->workers, method, plan.chunks, plan.chunk_of_rank, options);
-  // Wait for every rank that ran (a failure anywhere fails the call), then
-  // hand the collected ranks' results, in rank order, to the collect function.
-  std::vector<bool> collect_mask = plan.collect;
-  std::vector<int> ranks = std::move(sent.ranks);
-  int64_t pad = plan.pad;
-  Value info = plan.info;
-  CollectFn collect = mode.collect;
-  return gather(std::move(sent.futures)).then([=](const List& results) {
-    CollectInput in;
-    in.pad = pad;
-    in.info = info;
-    for (size_t i = 0; i < results.size(); ++i) {
-      if (!collect_mask.empty() && !collect_mask[ranks[i]]) continue;
-      in.outputs.push_back(results[i]);
-      in.ranks.push_back(ranks[i]);
-    }
-    try {
-      return collect(in);
-    } catch (const std::exception& e) {
-      throw Error(where + ": collecting the results failed: " + e.what());
-    }
-  });
+  // No futures: bad arguments throw here, before anything is queued or sent.
+  DispatchPlan plan =
+      plan_call(WorkerGroup(s_, view_role, false), *s_->roles, t, where, mode, args.take_values());
+  return s_->submit(
+      {}, where,
+      [s, t, where, collect = mode.collect, plan = std::move(plan), options](const List&) mutable {
+        return send_plan(s->workers, t.wire_name, where, collect, std::move(plan), options);
+      });
 }
 
-Future<List> WorkerGroup::call_all(const std::string& method, List args, CallOptions options) {
-  s_->spec->method(method).check_args(class_name(), args);
-  std::vector<int> everyone(s_->workers.size(), 0);
-  return gather(send_chunks(s_->workers, method, {args}, everyone, options).futures);
+Future<List> WorkerGroup::call_all(const std::string& method, CallArgs args, CallOptions options) {
+  RoleSet::Target t = target(method);
+  const std::string qualified = s_->roles->qualified(t);
+  std::shared_ptr<State> s = s_;
+  auto deliver = [s, t, options](const List& values) {
+    std::vector<int> everyone(s->workers.size(), 0);
+    return gather(send_chunks(s->workers, t.wire_name, {values}, everyone, options).futures)
+        .then(list_to_value);
+  };
+  if (!args.has_futures()) {
+    List values = args.take_values();
+    t.method->check_args(qualified, values);
+    return s_
+        ->submit({}, qualified,
+                 [deliver, values = std::move(values)](const List&) { return deliver(values); })
+        .then(value_to_list);
+  }
+  return s_
+      ->submit(std::move(args), qualified,
+               [deliver, t, qualified](const List& values) {
+                 t.method->check_args(qualified, values);
+                 return deliver(values);
+               })
+      .then(value_to_list);
 }
 
-Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, List args,
+Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, CallArgs args,
                                      CallOptions options) {
   if (rank < 0 || rank >= world_size()) {
     throw CallError("rank " + std::to_string(rank) + " is out of range for group " + name() +
                     " of " + std::to_string(world_size()) + " workers");
   }
-  s_->spec->method(method).check_args(class_name(), args);
-  std::vector<int> only(s_->workers.size(), -1);
-  only[rank] = 0;
-  return send_chunks(s_->workers, method, {args}, only, options).futures[0];
+  RoleSet::Target t = target(method);
+  const std::string qualified = s_->roles->qualified(t);
+  std::shared_ptr<State> s = s_;
+  auto deliver = [s, t, rank, options](const List& values) {
+    std::vector<int> only(s->workers.size(), -1);
+    only[rank] = 0;
+    return send_chunks(s->workers, t.wire_name, {values}, only, options).futures[0];
+  };
+  if (!args.has_futures()) {
+    List values = args.take_values();
+    t.method->check_args(qualified, values);
+    return s_->submit({}, qualified, [deliver, values = std::move(values)](const List&) {
+      return deliver(values);
+    });
+  }
+  return s_->submit(std::move(args), qualified, [deliver, t, qualified](const List& values) {
+    t.method->check_args(qualified, values);
+    return deliver(values);
+  });
 }
 
 Future<List> WorkerGroup::call_per_rank(const std::string& method, std::vector<List> per_rank_args,
                                         CallOptions options) {
+  RoleSet::Target t = target(method);
+  const std::string qualified = s_->roles->qualified(t);
   if (static_cast<int>(per_rank_args.size()) != world_size()) {
-    throw CallError(class_name() + "." + method + ": per-rank arguments for " +
-                    std::to_string(per_rank_args.size()) + " ranks, but group " + name() + " has " +
-                    std::to_string(world_size()));
+    throw CallError(qualified + ": per-rank arguments for " + std::to_string(per_rank_args.size()) +
+                    " ranks, but group " + name() + " has " + std::to_string(world_size()));
   }
-  const MethodSpec& m = s_->spec->method(method);
   for (size_t r = 0; r < per_rank_args.size(); ++r) {
     try {
-      m.check_args(class_name(), per_rank_args[r]);
+      t.method->check_args(qualified, per_rank_args[r]);
     } catch (const CallError& e) {
       throw CallError(std::string(e.what()) + " (rank " + std::to_string(r) + ")");
     }
   }
-  std::vector<int> own(per_rank_args.size());
-  for (size_t r = 0; r < own.size(); ++r) own[r] = static_cast<int>(r);
-  return gather(send_chunks(s_->workers, method, per_rank_args, own, options).futures);
+  std::shared_ptr<State> s = s_;
+  return s_
+      ->submit(
+          {}, qualified,
+          [s, t, options, per_rank_args = std::move(per_rank_args)](const List&) {
+            std::vector<int> own(per_rank_args.size());
+            for (size_t r = 0; r < own.size(); ++r) own[r] = static_cast<int>(r);
+            return gather(send_chunks(s->workers, t.wire_name, per_rank_args, own, options).futures)
+                .then(list_to_value);
+          })
+      .then(value_to_list);
 }
 
 void WorkerGroup::shutdown(std::chrono::milliseconds grace) { s_->shutdown(grace); }

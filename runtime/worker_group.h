@@ -1,18 +1,28 @@
-// WorkerGroup: N worker processes of one class, spawned on a ResourcePool,
-// and the calls made on them.
+// WorkerGroup: N worker processes, spawned on a ResourcePool, each hosting one
+// worker class (spawn) or several colocated roles (spawn_colocated), and the
+// calls made on them.
 //
 // Every call returns a Future immediately; nothing blocks unless the caller
-// waits. Calls on one worker run in submission order.
+// waits. Calls on one group are sent, and run on each worker, in submission
+// order, including calls that wait for future arguments (see call()).
 //
 // Failure policy (fail-stop): if any worker of a group dies, the runtime kills
 // the rest of the group. Pending and later calls on the group fail with
 // WorkerDiedError naming the worker that died and its exit status. Recovery
 // means spawning a new group (and loading a checkpoint).
 //
+// Thread safety: calls may be made from any thread.
+//
 // Example:
-//   auto group = baton::WorkerGroup::spawn<Adder>(pool, {10});
+//   auto group = baton::WorkerGroup::spawn("Adder", pool, {10});
 //   baton::Value sums = group.call("add", {5}).get();   // ONE_TO_ALL: a list, one per rank
 //   auto first = group.call_rank(0, "add", {1}).get().as<int64_t>();
+//
+//   // Colocated roles: one process per slot hosts an ActorWorker and a RefWorker.
+//   auto ar = baton::WorkerGroup::spawn_colocated(
+//       {{"actor", "ActorWorker", {cfg}}, {"ref", "RefWorker", {cfg}}}, pool);
+//   ar.call("actor_compute_log_prob", {batch});       // prefixed name, or
+//   ar.role("ref").call("compute_ref_log_prob", {batch});  // a role's own name
 #pragma once
 
 #include <sys/types.h>
@@ -23,10 +33,12 @@
 #include <string>
 #include <vector>
 
+#include "runtime/call_args.h"
 #include "runtime/future.h"
 #include "runtime/method_table.h"
 #include "runtime/parallel_layout.h"
 #include "runtime/resource_pool.h"
+#include "runtime/role_set.h"
 #include "runtime/value.h"
 
 namespace baton {
@@ -76,18 +88,42 @@ class WorkerGroup {
   static WorkerGroup spawn(const std::string& class_name, ResourcePool& pool, List init_args = {},
                            WorkerGroupOptions options = {});
 
+  // As spawn, but each worker process hosts one instance of every role's
+  // class, constructed in the order given, each with its own init arguments
+  // and all with the same WorkerInfo (rank, layout, device slot). Methods are
+  // reached as "<role>_<method>" on this group, or by their own names through
+  // role(). Each role keeps its own mesh registrations. Throws CallError for
+  // no roles, a repeated or malformed role name, an unregistered class (naming
+  // the role), or two roles whose prefixed method names collide; Error naming
+  // the rank and the role if a constructor throws.
+  static WorkerGroup spawn_colocated(std::vector<RoleSpec> roles, ResourcePool& pool,
+                                     WorkerGroupOptions options = {});
+
   WorkerGroup(WorkerGroup&&) noexcept;
   WorkerGroup& operator=(WorkerGroup&&) noexcept;
-  // Shuts the group down (see shutdown()).
+  // Shuts the group down (see shutdown()), unless this is a role view.
   ~WorkerGroup();
 
+  // A view of one role of a colocated group: the same processes, the role's
+  // methods by their own names, the role's meshes, its registered dispatch
+  // modes. Destroying a view leaves the group running; the view must not
+  // outlive the use of the group (calls on it fail once the group is shut
+  // down). Throws CallError naming the roles there are for an unknown role,
+  // or if this group is not colocated or is already a view.
+  WorkerGroup role(const std::string& role) const;
+  // The roles of a colocated group, in spawn order; empty for a plain group.
+  std::vector<std::string> roles() const;
+
   int world_size() const;
+  // The class of a plain group; "ActorWorker+RefWorker" for a colocated one;
+  // the role's class for a role view.
   const std::string& class_name() const;
   const std::string& name() const;
   const ParallelLayout& layout() const;
-  // Each worker's registration of `mesh`, asked for once and then cached.
-  // Blocks on the first call. Throws Error naming the mesh and the rank if a
-  // worker never registered it.
+  // Each worker's registration of `mesh` (for a role view: the role's), asked
+  // for once and then cached. Blocks on the first call. Throws Error naming
+  // the mesh and the rank if a worker never registered it; CallError on a
+  // colocated group itself (meshes belong to roles: use role(name).mesh()).
   MeshInfo mesh(const std::string& mesh) const;
   std::vector<pid_t> pids() const;
   // False once any worker has died or the group was shut down.
@@ -96,27 +132,49 @@ class WorkerGroup {
   // Calls `method` the way it was registered (dispatch and execute mode).
   // ONE_TO_ALL and ALL_TO_ALL with execute ALL give a list with one result per
   // rank; execute RANK_ZERO gives rank 0's result. Throws CallError at once for
-  // an unknown method or arguments that do not fit its signature or mode.
-  Future<Value> call(const std::string& method, List args = {}, CallOptions options = {});
+  // an unknown method, and, when no argument is a future, for arguments that
+  // do not fit its signature or mode.
+  //
+  // Future arguments (CallArgs): the call returns at once and is sent when
+  // every future argument has completed; the group's later calls are sent
+  // after it, so submission order holds. The runtime, not the user's thread,
+  // waits: the driver's dispatch thread then plans the call with the futures'
+  // values and sends it. The data does pass through the driver process: a
+  // DataProto result of another group was concatenated in the driver when
+  // that call was collected, and each chunk of it is copied once more into
+  // the driver's shared memory for the receiving workers (the same two
+  // copies as get() followed by call(), minus the user's thread). A failed
+  // future fails this call with UpstreamError (naming this call, carrying the
+  // failed call's message, the original nested); errors of the dispatch
+  // (wrong types, sizes) fail the returned future instead of being thrown.
+  // Either way nothing is sent. A per-call timeout counts from the send.
+  Future<Value> call(const std::string& method, CallArgs args = {}, CallOptions options = {});
 
-  // Lower-level calls that ignore the registered modes.
-  Future<List> call_all(const std::string& method, List args = {}, CallOptions options = {});
-  Future<Value> call_rank(int rank, const std::string& method, List args = {},
+  // Lower-level calls that ignore the registered modes (futures as in call()).
+  Future<List> call_all(const std::string& method, CallArgs args = {}, CallOptions options = {});
+  Future<Value> call_rank(int rank, const std::string& method, CallArgs args = {},
                           CallOptions options = {});
   // per_rank_args[r] goes to rank r; its size must equal world_size().
   Future<List> call_per_rank(const std::string& method, std::vector<List> per_rank_args,
                              CallOptions options = {});
 
-  // Asks every worker to exit after the calls already submitted, waits for
-  // them (killing any still alive after `grace`), and fails nothing that has
-  // already completed. Idempotent.
+  // Asks every worker to exit after the calls already sent, waits for them
+  // (killing any still alive after `grace`), and fails nothing that has
+  // already completed. Calls still waiting for future arguments fail with
+  // CallError. On a role view, shuts down the whole group. Idempotent.
   void shutdown(std::chrono::milliseconds grace = std::chrono::seconds(10));
 
   struct State;  // internal
 
  private:
-  explicit WorkerGroup(std::shared_ptr<State> s);
+  WorkerGroup(std::shared_ptr<State> s, int role, bool owner);
+  static WorkerGroup spawn_roles(std::vector<RoleSpec> roles, ResourcePool& pool,
+                                 WorkerGroupOptions options);
+  RoleSet::Target target(const std::string& method) const;
+
   std::shared_ptr<State> s_;
+  int role_ = -1;      // a role view: the role's index
+  bool owner_ = true;  // false for views: they never shut the group down
 };
 
 }  // namespace baton

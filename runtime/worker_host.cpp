@@ -18,6 +18,7 @@
 #include "runtime/driver.h"
 #include "runtime/errors.h"
 #include "runtime/method_table.h"
+#include "runtime/role_set.h"
 #include "runtime/value_codec.h"
 
 namespace baton {
@@ -108,14 +109,26 @@ class Host {
   }
 
   void on_init(wire::Envelope::Reader env, std::vector<int> fds) {
-    auto init = env.getInit();
     std::string error;
     try {
       ValueDecoder decoder(std::move(fds), env.getSharedBytes(), regions_, release_sink());
-      List args = decoder.decode(init.getInitArgs());
-      spec_ = &WorkerRegistry::global().get(init.getClassName().cStr());
-      detail::set_pending_worker_info(info_);
-      worker_ = spec_->factory(args);
+      std::vector<RoleSpec> roles;
+      for (auto r : env.getInit().getRoles()) {
+        roles.push_back(
+            {r.getRole().cStr(), r.getClassName().cStr(), decoder.decode(r.getInitArgs())});
+      }
+      roles_ = std::make_unique<RoleSet>(roles);
+      // Every role of a colocated process gets the same WorkerInfo.
+      for (size_t i = 0; i < roles.size(); ++i) {
+        detail::set_pending_worker_info(info_);
+        try {
+          workers_.push_back(roles_->spec(i).factory(roles[i].init_args));
+        } catch (const std::exception& e) {
+          if (!roles_->colocated()) throw;
+          throw Error("role '" + roles[i].role + "' (" + roles[i].class_name +
+                      "): " + error_text(e));
+        }
+      }
     } catch (const std::exception& e) {
       error = error_text(e);
     } catch (...) {
@@ -124,6 +137,7 @@ class Host {
     if (error.empty()) {
       reply(0, Value(), nullptr);
     } else {
+      workers_.clear();
       reply(0, Value(), &error, wire::ErrorKind::INIT_FAILED);
     }
   }
@@ -137,11 +151,11 @@ class Host {
     {
       ValueDecoder decoder(std::move(fds), env.getSharedBytes(), regions_, release_sink());
       try {
-        if (worker_ == nullptr) throw CallError("the worker was not constructed");
-        const MethodSpec& m = spec_->method(call.getMethod().cStr());
+        if (workers_.empty()) throw CallError("the worker was not constructed");
+        RoleSet::Target t = roles_->find(call.getMethod().cStr());
         List args = decoder.decode(call.getArgs());
-        m.check_args(spec_->name, args);
-        result = m.invoke(*worker_, args);
+        t.method->check_args(roles_->qualified(t), args);
+        result = t.method->invoke(*workers_[t.role], args);
       } catch (const CallError& e) {
         error = e.what();
         kind = wire::ErrorKind::BAD_CALL;
@@ -194,8 +208,8 @@ class Host {
   WorkerInfo info_;
   ShmPool pool_;
   ShmRegionCache regions_;  // the driver's segments
-  const WorkerClassSpec* spec_ = nullptr;
-  std::unique_ptr<Worker> worker_;
+  std::unique_ptr<RoleSet> roles_;
+  std::vector<std::unique_ptr<Worker>> workers_;  // one per role
   std::mutex release_mu_;
   std::vector<SegmentId> releases_;  // driver segments this worker is done with
 };

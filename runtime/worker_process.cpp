@@ -376,14 +376,19 @@ void WorkerProcess::finish_death(int wait_status, bool have_status) {
   if (on_death_) on_death_(*this, what);
 }
 
-Future<Value> WorkerProcess::init(const std::string& class_name, const List& init_args) {
+Future<Value> WorkerProcess::init(const std::vector<RoleSpec>& roles) {
   SmallMessageBuilder builder;
   auto env = builder.initRoot<wire::Envelope>();
   ValueEncoder enc(Driver::get().pool());
-  enc.plan(init_args);
-  auto init = env.initInit();
-  init.setClassName(class_name);
-  enc.encode(init_args, init.initInitArgs(static_cast<unsigned>(init_args.size())));
+  for (const RoleSpec& r : roles) enc.plan(r.init_args);
+  auto wire_roles = env.initInit().initRoles(static_cast<unsigned>(roles.size()));
+  for (size_t i = 0; i < roles.size(); ++i) {
+    auto r = wire_roles[static_cast<unsigned>(i)];
+    r.setRole(roles[i].role);
+    r.setClassName(roles[i].class_name);
+    enc.encode(roles[i].init_args,
+               r.initInitArgs(static_cast<unsigned>(roles[i].init_args.size())));
+  }
   OutgoingCall call;
   call.call_id = 0;
   call.method = "<constructor>";

@@ -22,10 +22,11 @@
 #include <vector>
 
 #include "runtime/future.h"
+#include "runtime/role_set.h"
 #include "runtime/shm_pool.h"
 #include "runtime/value.h"
-#include "runtime/worker.h"
 #include "runtime/wire.capnp.h"
+#include "runtime/worker.h"
 
 namespace baton {
 
@@ -56,8 +57,9 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   // "worker Adder rank 2 (pid 123)"
   std::string label() const;
 
-  // Sends the Init message; the future completes when the constructor ran.
-  Future<Value> init(const std::string& class_name, const List& init_args);
+  // Sends the Init message; the future completes when the constructors (one
+  // per role) ran.
+  Future<Value> init(const std::vector<RoleSpec>& roles);
 
   // Sends `call` (built by encode_call) and returns the future of its result.
   // Fails at once if the worker is dead.

@@ -69,7 +69,7 @@ class DispatchTest : public ::testing::Test {
 TEST_F(DispatchTest, DpComputeProtoChunksByRankAndConcatenatesInRankOrder) {
   WorkerGroup g = WorkerGroup::spawn("ProtoWorker", pool);
   DataProto in = batch_of(8);
-  DataProto out = DataProto::from_value(g.call("compute", {in.to_value()}).get());
+  DataProto out = g.call("compute", {in}).get().as<DataProto>();  // a DataProto is an argument
   EXPECT_EQ(out.size(), 8);
   EXPECT_TRUE(out.tensor("y").equal(in.tensor("x") * 2));
   EXPECT_TRUE(out.tensor("rank").equal(at::arange(4, at::kLong).repeat_interleave(2)));
@@ -265,9 +265,3 @@ TEST(MegatronLayout, ALayoutThatDoesNotFillThePoolIsRejected) {
 
 }  // namespace
 }  // namespace baton
-
-int main(int argc, char** argv) {
-  baton::init(argc, argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
