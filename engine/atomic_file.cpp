@@ -23,14 +23,14 @@ fs::path temp_path_for(const fs::path& file) {
   return fs::path(detail::cat(file.string(), ".tmp.", ::getpid(), ".", counter++));
 }
 
+}  // namespace
+
 void fsync_directory(const fs::path& dir) {
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;  // best effort: the rename has happened either way
   ::fsync(fd);
   ::close(fd);
 }
-
-}  // namespace
 
 void write_file_atomically(const fs::path& file,
                            const std::function<void(const AppendFn& append)>& fill) {

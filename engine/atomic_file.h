@@ -31,4 +31,8 @@ void write_file_atomically(const std::filesystem::path& file,
                            const std::function<void(const AppendFn& append)>& fill);
 void write_file_atomically(const std::filesystem::path& file, std::string_view contents);
 
+// fsync(2) of a directory, so that renames in it are durable. Best effort: an
+// unopenable directory is ignored (the rename has happened either way).
+void fsync_directory(const std::filesystem::path& dir);
+
 }  // namespace baton::engine

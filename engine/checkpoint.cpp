@@ -3,10 +3,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <fstream>
 
@@ -29,13 +25,6 @@ std::string step_dir_name(int64_t step) {
 
 std::string shard_suffix(const ParallelState& ps) {
   return detail::cat("tp", ps.coords().tp, "-pp", ps.coords().pp);
-}
-
-void fsync_path(const fs::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
 }
 
 nlohmann::json read_json(const fs::path& file) {
@@ -109,7 +98,7 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
   phase("files_written");
   barrier(ps);  // every rank's files are on disk
   if (ps.rank() == 0) {
-    fsync_path(partial);
+    fsync_directory(partial);
     phase("before_publish");
     if (fs::exists(final_dir)) {
       auto old = root / (step_dir_name(step) + ".old");
@@ -120,7 +109,7 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
     } else {
       fs::rename(partial, final_dir);
     }
-    fsync_path(root);
+    fsync_directory(root);
     write_file_atomically(root / "latest", std::to_string(step) + "\n");
   }
   barrier(ps);
