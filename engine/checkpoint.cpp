@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
 #include <cstdio>
 #include <fstream>
 
