@@ -1,0 +1,4 @@
+#include <gtest/gtest.h>
+
+#include "engine/reshard.h"
+#include "tests/engine/multiprocess.h"
