@@ -76,6 +76,20 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& json, const std::str
       c.family == ModelFamily::kQwen2 ? true : optional_value<bool>(json, "attention_bias", false);
   c.mlp_bias = optional_value<bool>(json, "mlp_bias", false);
   c.torch_dtype = optional_value<std::string>(json, "torch_dtype", "float32");
+  if (json.contains("eos_token_id") && !json["eos_token_id"].is_null()) {
+    const auto& eos = json["eos_token_id"];
+    auto add = [&](const nlohmann::json& v) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.vocab_size)
+        throw EngineError(detail::cat(where, ": eos_token_id ", v.dump(),
+                                      " is not a token id below vocab_size ", c.vocab_size));
+      c.eos_token_ids.push_back(v.get<int64_t>());
+    };
+    if (eos.is_array()) {
+      for (const auto& v : eos) add(v);
+    } else {
+      add(eos);
+    }
+  }
   std::string act = optional_value<std::string>(json, "hidden_act", "silu");
   if (act != "silu")
     throw EngineError(where + ": hidden_act \"" + act + "\" is not supported (only silu)");
@@ -113,6 +127,8 @@ nlohmann::json ModelConfig::to_hf_json(const std::string& arch) const {
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = "silu";
   j["torch_dtype"] = torch_dtype;
+  if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
+  if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;
   if (llama) {
     j["attention_bias"] = qkv_bias;
     j["mlp_bias"] = mlp_bias;

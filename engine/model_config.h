@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace baton::engine {
 
@@ -36,6 +37,8 @@ struct ModelConfig {
   bool qkv_bias = false;  // Qwen2: always; Llama: "attention_bias"
   bool mlp_bias = false;  // Llama's "mlp_bias"
   std::string torch_dtype = "float32";
+  // "eos_token_id": one id or a list (absent: none). Generation stops on them.
+  std::vector<int64_t> eos_token_ids;
 
   // Parses an HF config. `where` names the source in errors (a path).
   // Throws EngineError for an unsupported architecture, a missing or

@@ -145,6 +145,37 @@ at::Tensor Transformer::forward(const at::Tensor& input, const at::Tensor& posit
   return options_.value_model ? value_head(h) : lm_head(h);
 }
 
+std::unique_ptr<KvCache> Transformer::make_kv_cache(const KvCacheOptions& options) const {
+  auto tensors = final_norm_.defined() ? final_norm_.options() : at::TensorOptions();
+  return std::make_unique<KvCache>(config_, static_cast<int64_t>(layers_.size()),
+                                   config_.num_kv_heads / state_->tp().size,
+                                   tensors.requires_grad(false), options);
+}
+
+at::Tensor Transformer::forward_cached(const at::Tensor& ids, const at::Tensor& position_ids,
+                                       const CacheStep& step, KvCache& cache,
+                                       const at::Tensor& last) {
+  if (!first_stage() || !last_stage() || options_.value_model || options_.sequence_parallel)
+    throw EngineError(
+        "Transformer::forward_cached: generation needs the whole model on one stage (pp = 1), "
+        "an LM head and no sequence parallelism");
+  if (ids.dim() != 2 || ids.scalar_type() != at::kLong || position_ids.sizes() != ids.sizes())
+    throw EngineError("Transformer::forward_cached: ids " + shape_of(ids) + " and position_ids " +
+                      shape_of(position_ids) + " must both be int64 [B, Q]");
+  ENGINE_CHECK(cache.awake(), "Transformer::forward_cached: the KV cache is asleep");
+  at::NoGradGuard no_grad;
+  auto h = embedding_->forward(ids);
+  auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
+  for (size_t i = 0; i < layers_.size(); ++i)
+    h = layers_[i]->forward_cached(h, rotary, step, cache.keys(static_cast<int64_t>(i)),
+                                   cache.values(static_cast<int64_t>(i)));
+  int64_t b = ids.size(0), q = ids.size(1);
+  auto flat = at::arange(b, last.options()) * q + last;
+  h = h.reshape({b * q, h.size(2)}).index_select(0, flat);  // [B, H]: the sampled-from tokens
+  h = rms_norm(h, final_norm_, config_.rms_norm_eps);
+  return gather_from_tp_region(lm_head(h), state_->tp());
+}
+
 at::Tensor Transformer::lm_head(const at::Tensor& h) {
   const Group& tp = state_->tp();
   auto x =

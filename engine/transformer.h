@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/kv_cache.h"
 #include "engine/model_config.h"
 #include "engine/parallel_linear.h"
 #include "engine/parallel_state.h"
@@ -72,6 +73,17 @@ class Transformer : public torch::nn::Module {
   // shard [B, S, V/tp] (LM) or values [B, S, 1] (value model).
   at::Tensor forward(const at::Tensor& input, const at::Tensor& position_ids,
                      const at::Tensor& attention_mask);
+
+  // One generation step (no autograd; pp = 1, LM only, no sequence
+  // parallelism: EngineError otherwise). `ids` and `position_ids` [B, Q] are
+  // each row's new tokens (padded rows included, see CacheStep); keys and
+  // values go into `cache`. Returns the FULL-vocabulary logits [B, V] (gathered
+  // over TP, identical on every TP rank) of token `last[b]` of each row.
+  // Collective over the TP group.
+  at::Tensor forward_cached(const at::Tensor& ids, const at::Tensor& position_ids,
+                            const CacheStep& step, KvCache& cache, const at::Tensor& last);
+  // A KV cache fitting this rank's layers, kv heads, dtype and device.
+  std::unique_ptr<KvCache> make_kv_cache(const KvCacheOptions& options) const;
 
   // This rank's parameters under their engine names (docs/engine.md), in a
   // fixed order. The tensors are the parameters themselves.

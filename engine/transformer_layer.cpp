@@ -35,11 +35,14 @@ at::Tensor causal_attention_bias(const at::Tensor& attention_mask, at::ScalarTyp
   auto keys = attention_mask.to(at::kBool).unsqueeze(1).unsqueeze(1);  // [B, 1, 1, S]
   auto allowed = causal.unsqueeze(0).unsqueeze(0).logical_and(keys);   // [B, 1, S, S]
   auto bias = at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype).device(dev));
-  double lowest = dtype == at::kDouble     ? std::numeric_limits<double>::lowest()
-                  : dtype == at::kBFloat16 ? -3.38e38
-                  : dtype == at::kHalf     ? -65504.0
-                                           : std::numeric_limits<float>::lowest();
-  return bias.masked_fill(allowed.logical_not(), lowest);
+  return bias.masked_fill(allowed.logical_not(), masked_score(dtype));
+}
+
+double masked_score(at::ScalarType dtype) {
+  return dtype == at::kDouble     ? std::numeric_limits<double>::lowest()
+         : dtype == at::kBFloat16 ? -3.38e38
+         : dtype == at::kHalf     ? -65504.0
+                                  : std::numeric_limits<float>::lowest();
 }
 
 namespace {
@@ -112,6 +115,13 @@ at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary
   auto v = grouped.select(3, r + 1).transpose(1, 2);  // [B, g, S, d]
   q = apply_rotary(q, rotary);
   k = apply_rotary(k, rotary);
+  return proj_->forward(attend(q, k, v, bias));
+}
+
+at::Tensor TransformerLayer::attend(const at::Tensor& q, at::Tensor k, at::Tensor v,
+                                    const at::Tensor& bias) {
+  int64_t d = config_.head_dim;
+  int64_t r = config_.num_heads / config_.num_kv_heads;
   if (r > 1) {
     k = k.repeat_interleave(r, 1);
     v = v.repeat_interleave(r, 1);
@@ -123,8 +133,31 @@ at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   auto ctx = at::matmul(probs, v);
 #endif
-  ctx = ctx.transpose(1, 2).reshape({b, s, g * r * d});
-  return proj_->forward(ctx);
+  int64_t b = q.size(0), s = q.size(2);
+  return ctx.transpose(1, 2).reshape({b, s, q.size(1) * d});
+}
+
+at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& rotary,
+                                            const CacheStep& step, at::Tensor& k_cache,
+                                            at::Tensor& v_cache) {
+  auto normed = rms_norm(x, input_norm_, config_.rms_norm_eps);
+  int64_t d = config_.head_dim;
+  int64_t r = config_.num_heads / config_.num_kv_heads;
+  int64_t g = local_groups_;
+  auto qkv = qkv_->forward(normed);  // [B, Q, g * (r + 2) * d]
+  int64_t b = qkv.size(0), s = qkv.size(1);
+  auto grouped = qkv.view({b, s, g, r + 2, d});
+  auto q = apply_rotary(grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2), rotary);
+  auto k_new = apply_rotary(grouped.select(3, r).transpose(1, 2), rotary);  // [B, g, Q, d]
+  auto v_new = grouped.select(3, r + 1);                                     // [B, Q, g, d]
+  k_cache.index_copy_(0, step.write_slots, k_new.transpose(1, 2).reshape({b * s, g, d}));
+  v_cache.index_copy_(0, step.write_slots, v_new.reshape({b * s, g, d}));
+  int64_t l = step.read_slots.size(1);
+  auto slots = step.read_slots.reshape({-1});
+  auto k = k_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
+  auto v = v_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
+  auto h = x + proj_->forward(attend(q, k, v, step.bias));
+  return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
 }
 
 at::Tensor TransformerLayer::mlp(const at::Tensor& x) {

@@ -33,9 +33,22 @@ Rotary rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double th
 // x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 as HF does.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// The additive bias of a masked-out attention score: the dtype's lowest
+// finite value (a fully masked row then stays finite, never NaN).
+double masked_score(at::ScalarType dtype);
+
 // The additive attention bias [B, 1, S, S]: 0 where query i may see key j
 // (j <= i and key j is not padding), the dtype's lowest value elsewhere.
 at::Tensor causal_attention_bias(const at::Tensor& attention_mask, at::ScalarType dtype);
+
+// One generation step over a paged KV cache (engine/kv_cache.h): which cache
+// slots the step's B×Q input tokens write their keys and values to, and which
+// slots each row reads back as its context, in position order.
+struct CacheStep {
+  at::Tensor write_slots;  // [B·Q] int64; padding tokens write to a scratch slot
+  at::Tensor read_slots;   // [B, L] int64; slot of position j of row b
+  at::Tensor bias;         // [B, 1, Q, L] additive: 0 where query may see key
+};
 
 class TransformerLayer : public torch::nn::Module {
  public:
@@ -46,11 +59,23 @@ class TransformerLayer : public torch::nn::Module {
   // x: [B, S(/tp), H]; rotary and bias as built above for the full sequence.
   at::Tensor forward(const at::Tensor& x, const Rotary& rotary, const at::Tensor& bias);
 
+  // Generation (no autograd): x [B, Q, H] are the step's new tokens. Their
+  // keys and values go into `k_cache` / `v_cache` ([slots, kv heads/tp, d])
+  // at step.write_slots before attention reads step.read_slots, so a token
+  // sees itself. Collective over the TP group like forward().
+  at::Tensor forward_cached(const at::Tensor& x, const Rotary& rotary, const CacheStep& step,
+                            at::Tensor& k_cache, at::Tensor& v_cache);
+
+  // Kv heads this rank holds (num_key_value_heads / tp).
+  int64_t local_kv_heads() const { return local_groups_; }
+
   // Parameters under their engine names ("decoder.layers.{id}.…").
   std::vector<std::pair<std::string, at::Tensor>> named_params() const;
 
  private:
   at::Tensor attention(const at::Tensor& x, const Rotary& rotary, const at::Tensor& bias);
+  // Scaled dot-product attention of q [B, g·r, Q, d] over k, v [B, g, L, d].
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& bias);
   at::Tensor mlp(const at::Tensor& x);
 
   ModelConfig config_;

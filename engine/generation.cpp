@@ -1,0 +1,349 @@
+#include "engine/generation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <set>
+
+#include "engine/errors.h"
+#include "engine/tensor_parallel.h"
+
+namespace baton::engine {
+
+struct GenerationEngine::Sequence {
+  GeneratedSequence out;
+  std::vector<int64_t> tokens;  // prompt, then response
+  int64_t cached = 0;           // leading positions whose keys/values are in the cache
+  std::vector<int64_t> table;   // cache blocks
+  SequenceRng rng{0};
+  bool finished = false;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::set<int64_t> stop_tokens(const ModelConfig& cfg, const SamplingParams& params) {
+  std::set<int64_t> stop(params.stop_token_ids.begin(), params.stop_token_ids.end());
+  if (!params.ignore_eos) stop.insert(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  return stop;
+}
+
+void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const ModelConfig& cfg,
+                   const SamplingParams& params, const std::vector<uint64_t>& request_seeds) {
+  params.validate(cfg.vocab_size);
+  if (!request_seeds.empty() && request_seeds.size() != prompts.size())
+    throw EngineError(detail::cat("generate: ", request_seeds.size(), " request seeds for ",
+                                  prompts.size(), " prompts (give one per prompt, or none)"));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) throw EngineError(detail::cat("generate: prompt ", i, " is empty"));
+    for (int64_t t : prompts[i])
+      if (t < 0 || t >= cfg.vocab_size)
+        throw EngineError(detail::cat("generate: prompt ", i, " has token ", t,
+                                      " outside the vocabulary [0, ", cfg.vocab_size, ")"));
+  }
+}
+
+void require_one_stage_lm(const Transformer& model, const char* who) {
+  if (!model.first_stage() || !model.last_stage() || model.options().value_model)
+    throw EngineError(std::string(who) +
+                      ": generation needs an LM whose whole model is on one stage (pp = 1)");
+}
+
+// Appends a sampled token; true when the sequence is finished.
+bool append(GeneratedSequence& out, std::vector<int64_t>& tokens, const Sampled& s,
+            const SamplingParams& params, const std::set<int64_t>& stop) {
+  tokens.push_back(s.token);
+  out.response.push_back(s.token);
+  if (params.log_probs) out.log_probs.push_back(static_cast<float>(s.log_prob));
+  if (stop.count(s.token)) {
+    out.finish_reason = "stop";
+    return true;
+  }
+  if (static_cast<int64_t>(out.response.size()) >= params.max_new_tokens) {
+    out.finish_reason = "length";
+    return true;
+  }
+  return false;
+}
+
+SequenceRng stream_of(const SamplingParams& params, const std::vector<uint64_t>& request_seeds,
+                      int64_t request, int64_t sample) {
+  uint64_t seed = request_seeds.empty() ? SequenceRng::request_seed(params.seed, request)
+                                        : request_seeds[request];
+  return SequenceRng::for_sample(seed, sample);
+}
+
+}  // namespace
+
+GenerationEngine::GenerationEngine(std::shared_ptr<Transformer> model, GenerationOptions options)
+    : model_(std::move(model)), options_(options) {
+  require_one_stage_lm(*model_, "GenerationEngine");
+  if (model_->options().sequence_parallel)
+    throw EngineError("GenerationEngine: build the rollout model without sequence parallelism");
+  ENGINE_CHECK(options_.max_batch >= 1, "GenerationEngine: max_batch must be >= 1, got ",
+               options_.max_batch);
+  cache_ = model_->make_kv_cache(options_.cache);
+  tensors_ = model_->named_params().front().second.options();
+}
+
+void GenerationEngine::sleep() { cache_->sleep(); }
+void GenerationEngine::wake() { cache_->wake(); }
+bool GenerationEngine::awake() const { return cache_->awake(); }
+
+std::vector<GeneratedSequence> GenerationEngine::generate(
+    const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& params,
+    const std::vector<uint64_t>& request_seeds) {
+  const ModelConfig& cfg = model_->config();
+  check_prompts(prompts, cfg, params, request_seeds);
+  if (!cache_->awake())
+    throw EngineError("GenerationEngine::generate: the KV cache is released (sleep); call wake()");
+  int64_t capacity = cache_->usable_blocks() * cache_->block_size();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    // The last sampled token is never fed back, so a sequence needs
+    // prompt + max_new_tokens - 1 positions at most.
+    int64_t need = static_cast<int64_t>(prompts[i].size()) + params.max_new_tokens - 1;
+    if (need > capacity)
+      throw EngineError(detail::cat("generate: request ", i, " needs up to ", need,
+                                    " cached tokens (prompt ", prompts[i].size(),
+                                    " + max_new_tokens ", params.max_new_tokens,
+                                    " - 1) but the KV cache holds ", capacity,
+                                    "; raise the cache budget"));
+  }
+  stats_ = GenerationStats{};
+  auto stop = stop_tokens(cfg, params);
+
+  std::vector<std::unique_ptr<Sequence>> all;
+  std::deque<Sequence*> waiting;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int64_t j = 0; j < params.n; ++j) {
+      auto s = std::make_unique<Sequence>();
+      s->out.request = static_cast<int64_t>(i);
+      s->out.sample = j;
+      s->out.prompt = prompts[i];
+      s->tokens = prompts[i];
+      s->rng = stream_of(params, request_seeds, static_cast<int64_t>(i), j);
+      waiting.push_back(s.get());
+      all.push_back(std::move(s));
+    }
+  }
+  std::vector<Sequence*> running;  // in admission order
+  auto finish_done = [&](std::vector<Sequence*>& seqs) {
+    for (Sequence* s : seqs)
+      if (s->finished) cache_->release(s->table);
+    seqs.erase(std::remove_if(seqs.begin(), seqs.end(), [](Sequence* s) { return s->finished; }),
+               seqs.end());
+  };
+  auto note_peak = [&] {
+    stats_.peak_running = std::max<int64_t>(stats_.peak_running, running.size());
+    stats_.peak_cache_blocks =
+        std::max(stats_.peak_cache_blocks, cache_->usable_blocks() - cache_->free_blocks());
+  };
+
+  while (!waiting.empty() || !running.empty()) {
+    // Admit waiting sequences into one prefill batch.
+    std::vector<Sequence*> admitted;
+    int64_t longest = 0;
+    while (!waiting.empty() &&
+           static_cast<int64_t>(running.size() + admitted.size()) < options_.max_batch) {
+      Sequence* s = waiting.front();
+      int64_t len = static_cast<int64_t>(s->tokens.size());
+      int64_t padded = std::max(longest, len) * static_cast<int64_t>(admitted.size() + 1);
+      if (!admitted.empty() && padded > options_.max_prefill_tokens) break;
+      if (!cache_->reserve(s->table, len)) break;
+      longest = std::max(longest, len);
+      admitted.push_back(s);
+      waiting.pop_front();
+    }
+    if (!admitted.empty()) {
+      note_peak();
+      step(admitted, params, /*prefill=*/true);
+      for (Sequence* s : admitted)
+        if (!s->finished) running.push_back(s);
+      finish_done(admitted);
+    }
+    if (running.empty()) {
+      if (admitted.empty() && !waiting.empty())
+        throw EngineError("GenerationEngine: no sequence fits in the free KV cache");
+      continue;
+    }
+    // Every running sequence feeds its last token: make room for it,
+    // preempting the most recently admitted sequences when blocks run out.
+    for (size_t i = 0; i < running.size(); ++i) {
+      Sequence* s = running[i];
+      while (!cache_->reserve(s->table, static_cast<int64_t>(s->tokens.size()))) {
+        Sequence* victim = running.back();
+        cache_->release(victim->table);
+        victim->cached = 0;
+        waiting.push_front(victim);
+        running.pop_back();
+        ++stats_.preemptions;
+        if (victim == s) break;
+      }
+    }
+    if (running.empty()) continue;
+    note_peak();
+    step(running, params, /*prefill=*/false);
+    finish_done(running);
+  }
+
+  std::vector<GeneratedSequence> out;
+  out.reserve(all.size());
+  for (auto& s : all) out.push_back(std::move(s->out));
+  return out;
+}
+
+void GenerationEngine::step(std::vector<Sequence*>& batch, const SamplingParams& params,
+                            bool prefill) {
+  auto start = Clock::now();
+  int64_t b = static_cast<int64_t>(batch.size());
+  int64_t q = 0, l = 0, real = 0;
+  for (Sequence* s : batch) {
+    int64_t len = static_cast<int64_t>(s->tokens.size());
+    q = std::max(q, len - s->cached);
+    l = std::max(l, len);
+    real += len - s->cached;
+  }
+  auto ids = at::zeros({b, q}, at::kLong);
+  auto pos = at::zeros({b, q}, at::kLong);
+  auto write = at::zeros({b * q}, at::kLong);  // padding writes go to scratch slot 0
+  auto read = at::zeros({b, l}, at::kLong);    // padded reads come from slot 0, masked
+  auto last = at::zeros({b}, at::kLong);
+  auto ids_a = ids.accessor<int64_t, 2>();
+  auto pos_a = pos.accessor<int64_t, 2>();
+  auto write_a = write.accessor<int64_t, 1>();
+  auto read_a = read.accessor<int64_t, 2>();
+  auto last_a = last.accessor<int64_t, 1>();
+  for (int64_t r = 0; r < b; ++r) {
+    Sequence* s = batch[r];
+    int64_t len = static_cast<int64_t>(s->tokens.size());
+    for (int64_t j = 0; j < len - s->cached; ++j) {
+      int64_t p = s->cached + j;
+      ids_a[r][j] = s->tokens[p];
+      pos_a[r][j] = p;
+      write_a[r * q + j] = cache_->slot(s->table, p);
+    }
+    for (int64_t p = 0; p < len; ++p) read_a[r][p] = cache_->slot(s->table, p);
+    last_a[r] = len - s->cached - 1;
+  }
+  // Query at position p sees keys 0..p of its row; keys past a row's length
+  // are beyond every real query's position. Padding queries see key 0.
+  auto allowed = at::arange(l, at::kLong).view({1, 1, l}).le(pos.unsqueeze(2));  // [B, Q, L]
+  auto dtype = tensors_.dtype().toScalarType();
+  auto device = tensors_.device();
+  auto bias = at::zeros({b, q, l}, at::TensorOptions().dtype(dtype))
+                  .masked_fill(allowed.logical_not(), masked_score(dtype))
+                  .unsqueeze(1);
+  CacheStep cs{write.to(device), read.to(device), bias.to(device)};
+  auto logits = model_->forward_cached(ids.to(device), pos.to(device), cs, *cache_, last.to(device))
+                    .to(at::kCPU, at::kFloat);
+  auto stop = stop_tokens(model_->config(), params);
+  for (int64_t r = 0; r < b; ++r) {
+    Sequence* s = batch[r];
+    s->cached = static_cast<int64_t>(s->tokens.size());
+    s->finished = append(s->out, s->tokens, sample_token(logits[r], params, s->rng), params, stop);
+  }
+  ++stats_.steps;
+  if (prefill) {
+    stats_.prefill_tokens += real;
+    stats_.prefill_seconds += seconds_since(start);
+  } else {
+    stats_.decode_tokens += real;
+    stats_.decode_seconds += seconds_since(start);
+  }
+}
+
+std::vector<GeneratedSequence> generate_without_cache(
+    Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
+    const SamplingParams& params, const std::vector<uint64_t>& request_seeds) {
+  require_one_stage_lm(model, "generate_without_cache");
+  check_prompts(prompts, model.config(), params, request_seeds);
+  auto stop = stop_tokens(model.config(), params);
+  struct Row {
+    GeneratedSequence out;
+    std::vector<int64_t> tokens;
+    SequenceRng rng{0};
+    bool finished = false;
+  };
+  std::vector<Row> rows;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    for (int64_t j = 0; j < params.n; ++j) {
+      Row r;
+      r.out.request = static_cast<int64_t>(i);
+      r.out.sample = j;
+      r.out.prompt = prompts[i];
+      r.tokens = prompts[i];
+      r.rng = stream_of(params, request_seeds, static_cast<int64_t>(i), j);
+      rows.push_back(std::move(r));
+    }
+  auto device = model.named_params()[0].second.device();
+  at::NoGradGuard no_grad;
+  while (true) {
+    std::vector<Row*> active;
+    int64_t s = 0;
+    for (auto& r : rows)
+      if (!r.finished) {
+        active.push_back(&r);
+        s = std::max<int64_t>(s, r.tokens.size());
+      }
+    if (active.empty()) break;
+    int64_t b = static_cast<int64_t>(active.size());
+    auto ids = at::zeros({b, s}, at::kLong);
+    auto mask = at::zeros({b, s}, at::kLong);
+    for (int64_t i = 0; i < b; ++i) {
+      const auto& t = active[i]->tokens;
+      int64_t pad = s - static_cast<int64_t>(t.size());
+      ids[i].narrow(0, pad, t.size()).copy_(at::tensor(t, at::kLong));
+      mask[i].narrow(0, pad, t.size()).fill_(1);
+    }
+    auto pos = (mask.cumsum(1) - 1).clamp_min(0);
+    auto shard = model.forward(ids.to(device), pos.to(device), mask.to(device)).select(1, s - 1);
+    auto logits = gather_from_tp_region(shard, model.parallel().tp()).to(at::kCPU, at::kFloat);
+    for (int64_t i = 0; i < b; ++i) {
+      Row* r = active[i];
+      r->finished = append(r->out, r->tokens, sample_token(logits[i], params, r->rng), params, stop);
+    }
+  }
+  std::vector<GeneratedSequence> out;
+  for (auto& r : rows) out.push_back(std::move(r.out));
+  return out;
+}
+
+RolloutBatch to_rollout_batch(const std::vector<GeneratedSequence>& sequences,
+                              int64_t pad_token_id) {
+  ENGINE_CHECK(!sequences.empty(), "to_rollout_batch: no sequences");
+  int64_t n = static_cast<int64_t>(sequences.size()), p = 0, r = 0;
+  bool with_log_probs = true;
+  for (const auto& s : sequences) {
+    p = std::max<int64_t>(p, s.prompt.size());
+    r = std::max<int64_t>(r, s.response.size());
+    with_log_probs = with_log_probs && s.log_probs.size() == s.response.size();
+  }
+  RolloutBatch out;
+  out.prompts = at::full({n, p}, pad_token_id, at::kLong);
+  out.responses = at::full({n, r}, pad_token_id, at::kLong);
+  auto prompt_mask = at::zeros({n, p}, at::kLong);
+  out.response_mask = at::zeros({n, r}, at::kLong);
+  if (with_log_probs) out.rollout_log_probs = at::zeros({n, r}, at::kFloat);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& s = sequences[i];
+    int64_t pl = static_cast<int64_t>(s.prompt.size()), rl = static_cast<int64_t>(s.response.size());
+    out.prompts[i].narrow(0, p - pl, pl).copy_(at::tensor(s.prompt, at::kLong));
+    prompt_mask[i].narrow(0, p - pl, pl).fill_(1);
+    if (rl == 0) continue;
+    out.responses[i].narrow(0, 0, rl).copy_(at::tensor(s.response, at::kLong));
+    out.response_mask[i].narrow(0, 0, rl).fill_(1);
+    if (with_log_probs)
+      out.rollout_log_probs[i].narrow(0, 0, rl).copy_(at::tensor(s.log_probs, at::kFloat));
+  }
+  out.input_ids = at::cat({out.prompts, out.responses}, 1);
+  out.attention_mask = at::cat({prompt_mask, out.response_mask}, 1);
+  out.position_ids = (out.attention_mask.cumsum(1) - 1).clamp_min(0);
+  return out;
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,144 @@
+// GenerationEngine: batched autoregressive generation (the rollout engine) on
+// the engine's own Transformer, with a paged KV cache under a memory budget
+// and continuous batching:
+//   - every prompt × n becomes a sequence in a FIFO of waiting sequences;
+//   - each iteration admits waiting sequences while blocks, `max_batch` and
+//     `max_prefill_tokens` allow, prefills them as one batch (their first
+//     token comes from the prefill), then runs one decode step over every
+//     running sequence;
+//   - a finished sequence (EOS / stop token, or max_new_tokens) leaves at
+//     once and its blocks go to the next waiting prompt;
+//   - when a decode step needs a block and none is free, the most recently
+//     admitted sequence is preempted (its blocks freed, itself put back at the
+//     head of the queue, recomputed from its tokens when readmitted).
+// Sampling is per sequence (engine/sampling.h), so results do not depend on
+// how sequences were batched.
+//
+// Tensor parallel: build the model on a TP group (pp = 1) and call generate
+// on every TP rank with the same prompts and params; the ranks make the same
+// scheduling decisions and sample the same tokens (logits are gathered to the
+// full vocabulary on every rank), so they return identical results.
+//
+// Example (one process):
+//   auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
+//   model->load_state_dict(...);
+//   GenerationEngine engine(model, GenerationOptions().set_cache_bytes(64 << 20));
+//   SamplingParams p;  p.max_new_tokens = 32;  p.temperature = 0;
+//   auto out = engine.generate({{1, 5, 9}, {1, 7}}, p);   // out[i].response
+//   engine.sleep();   // frees the KV cache between rollouts; wake() takes it back
+//
+// Thread safety: none; one worker thread drives an engine.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/sampling.h"
+#include "engine/transformer.h"
+
+namespace baton::engine {
+
+struct GenerationOptions {
+  KvCacheOptions cache;
+  int64_t max_batch = 64;             // running sequences at most
+  int64_t max_prefill_tokens = 4096;  // padded tokens per prefill step (one
+                                      // sequence is always admitted)
+
+  GenerationOptions& set_cache_bytes(int64_t bytes) {
+    cache.budget_bytes = bytes;
+    return *this;
+  }
+  GenerationOptions& set_max_batch(int64_t n) {
+    max_batch = n;
+    return *this;
+  }
+};
+
+struct GeneratedSequence {
+  int64_t request = 0;  // index of its prompt in the call
+  int64_t sample = 0;   // 0 .. n-1
+  std::vector<int64_t> prompt;
+  std::vector<int64_t> response;  // includes the EOS / stop token that ended it
+  std::vector<float> log_probs;   // one per response token (empty if not asked)
+  std::string finish_reason;      // "stop" or "length"
+};
+
+struct GenerationStats {
+  int64_t steps = 0;            // forward passes (prefill + decode)
+  int64_t prefill_tokens = 0;   // real tokens prefilled (recomputation included)
+  int64_t decode_tokens = 0;    // tokens decoded one at a time
+  int64_t preemptions = 0;
+  int64_t peak_running = 0;     // most sequences running at once
+  int64_t peak_cache_blocks = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+class GenerationEngine {
+ public:
+  // REQUIRES: the model is one stage (pp = 1), an LM, without sequence
+  // parallelism (EngineError otherwise). Allocates the KV cache (awake).
+  GenerationEngine(std::shared_ptr<Transformer> model, GenerationOptions options = {});
+
+  // Generates for every prompt × params.n. Results are ordered by (request,
+  // sample). Sample j of request i draws from
+  // SequenceRng::for_sample(seed_i, j), where seed_i is request_seeds[i] when
+  // given (one per prompt) and else params.seed mixed with i. Throws EngineError for invalid params, an empty prompt, a token
+  // outside the vocabulary, a sequence that cannot fit in the whole cache
+  // (prompt + max_new_tokens), or a call while asleep — each naming the
+  // request and the numbers.
+  std::vector<GeneratedSequence> generate(const std::vector<std::vector<int64_t>>& prompts,
+                                          const SamplingParams& params,
+                                          const std::vector<uint64_t>& request_seeds = {});
+
+  // Frees the KV cache (nothing is running between calls); wake() takes it
+  // back. generate() requires awake.
+  void sleep();
+  void wake();
+  bool awake() const;
+
+  const GenerationStats& last_stats() const { return stats_; }
+  const KvCache& cache() const { return *cache_; }
+  Transformer& model() { return *model_; }
+
+ private:
+  struct Sequence;
+  void step(std::vector<Sequence*>& batch, const SamplingParams& params, bool prefill);
+
+  std::shared_ptr<Transformer> model_;
+  GenerationOptions options_;
+  std::unique_ptr<KvCache> cache_;
+  at::TensorOptions tensors_;  // the model's dtype and device
+  GenerationStats stats_;
+};
+
+// The same generation without a KV cache: every step runs the full forward
+// over each row's whole sequence so far (static batch, left-padded), and
+// samples the next token of each unfinished row with the same per-sequence
+// streams as GenerationEngine. The baseline of the cache's tests and of
+// bench/rollout_bench; collective over the TP group.
+std::vector<GeneratedSequence> generate_without_cache(
+    Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
+    const SamplingParams& params, const std::vector<uint64_t>& request_seeds = {});
+
+// Generated sequences in the layout the training side consumes (verl's
+// rollout batch): prompts left-padded to the longest prompt, responses
+// right-padded to the longest response, with `pad_token_id` in padding.
+struct RolloutBatch {
+  at::Tensor prompts;            // [N, P] int64
+  at::Tensor responses;          // [N, R] int64
+  at::Tensor input_ids;          // [N, P + R] = cat(prompts, responses)
+  at::Tensor attention_mask;     // [N, P + R] int64, 1 on real tokens
+  at::Tensor position_ids;       // [N, P + R] int64, cumsum(mask) - 1, 0 on padding
+  at::Tensor response_mask;      // [N, R] int64, 1 on generated tokens
+  at::Tensor rollout_log_probs;  // [N, R] fp32, 0 on padding (undefined if none)
+};
+RolloutBatch to_rollout_batch(const std::vector<GeneratedSequence>& sequences,
+                              int64_t pad_token_id = 0);
+
+}  // namespace baton::engine

@@ -1,0 +1,263 @@
+// The generation engine on the fixture models, one process, fp32: the paged
+// KV cache against full forwards without a cache, continuous batching against
+// one-by-one generation, stop conditions, sleep/wake, the training-side batch
+// layout and rollout log-probs against the training log-probs.
+#include "engine/generation.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/safetensors.h"
+#include "engine/weight_conversion.h"
+#include "tests/engine/expect_error.h"
+
+namespace baton::engine {
+namespace {
+
+using testing::expect_error;
+
+const std::string kFixtures = BATON_FIXTURES_DIR;
+
+std::shared_ptr<Transformer> load_model(const std::string& name) {
+  auto dir = kFixtures + "/" + name;
+  auto cfg = ModelConfig::load(dir);
+  auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
+  model->load_state_dict(
+      hf_to_shard(read_hf_weights(dir), cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers})));
+  return model;
+}
+
+// Prompts of assorted lengths (1 to 13 tokens) over the vocabulary.
+std::vector<std::vector<int64_t>> prompts(int64_t count, int64_t vocab, uint64_t seed) {
+  SequenceRng rng(seed);
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t i = 0; i < count; ++i) {
+    std::vector<int64_t> p(1 + rng.next() % 13);
+    for (auto& t : p) t = 3 + static_cast<int64_t>(rng.next() % (vocab - 3));
+    out.push_back(p);
+  }
+  return out;
+}
+
+SamplingParams greedy(int64_t max_new) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_new_tokens = max_new;
+  p.ignore_eos = true;
+  return p;
+}
+
+// Argmax over full forwards of the whole sequence, one token at a time.
+std::vector<int64_t> argmax_without_cache(Transformer& model, std::vector<int64_t> tokens,
+                                          int64_t max_new) {
+  at::NoGradGuard no_grad;
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < max_new; ++i) {
+    auto n = static_cast<int64_t>(tokens.size());
+    auto ids = at::tensor(tokens, at::kLong).view({1, n});
+    auto logits = model.forward(ids, at::arange(n, at::kLong).view({1, n}),
+                                at::ones({1, n}, at::kLong));
+    int64_t next = logits[0][n - 1].argmax().item<int64_t>();
+    out.push_back(next);
+    tokens.push_back(next);
+  }
+  return out;
+}
+
+class Generation : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Generation, GreedyWithCacheEqualsArgmaxOverFullForwards) {
+  auto model = load_model(GetParam());
+  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));
+  auto ps = prompts(6, model->config().vocab_size, 7);
+  auto out = engine.generate(ps, greedy(10));
+  ASSERT_EQ(out.size(), ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(out[i].request, static_cast<int64_t>(i));
+    EXPECT_EQ(out[i].prompt, ps[i]);
+    EXPECT_EQ(out[i].response, argmax_without_cache(*model, ps[i], 10)) << "prompt " << i;
+    EXPECT_EQ(out[i].finish_reason, "length");
+    EXPECT_EQ(out[i].log_probs.size(), 10u);
+  }
+  // The library's own uncached baseline (left-padded static batch) agrees too.
+  auto uncached = generate_without_cache(*model, ps, greedy(10));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(uncached[i].response, out[i].response) << "prompt " << i;
+    for (size_t t = 0; t < out[i].log_probs.size(); ++t)
+      EXPECT_NEAR(uncached[i].log_probs[t], out[i].log_probs[t], 1e-5) << i << ":" << t;
+  }
+}
+
+TEST_P(Generation, ContinuousBatchingEqualsOneByOne) {
+  auto model = load_model(GetParam());
+  auto ps = prompts(10, model->config().vocab_size, 11);
+  std::vector<uint64_t> seeds;
+  for (size_t i = 0; i < ps.size(); ++i) seeds.push_back(1000 + i);
+  SamplingParams sampled;
+  sampled.temperature = 1.0;
+  sampled.top_k = 20;
+  sampled.max_new_tokens = 12;
+  sampled.ignore_eos = true;
+  sampled.n = 2;
+  for (const auto& params : {greedy(12), sampled}) {
+    SCOPED_TRACE(params.to_string());
+    // A cache of 12 blocks of 4 tokens and at most 3 running: prompts wait,
+    // join as others finish, and get preempted when blocks run out.
+    GenerationOptions tight;
+    tight.cache.block_size = 4;
+    tight.cache.budget_bytes = 13 * 4 * model->make_kv_cache({})->bytes_per_token();
+    tight.max_batch = 3;
+    GenerationEngine batched(model, tight);
+    auto together = batched.generate(ps, params, seeds);
+    const auto& stats = batched.last_stats();
+    EXPECT_LE(stats.peak_running, 3);
+    EXPECT_LE(stats.peak_cache_blocks, 12);
+    EXPECT_GT(stats.preemptions, 0) << "the cache was meant to run out";
+    EXPECT_EQ(batched.cache().free_blocks(), batched.cache().usable_blocks());
+
+    GenerationEngine alone(model, GenerationOptions().set_cache_bytes(1 << 20));
+    ASSERT_EQ(together.size(), ps.size() * params.n);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      auto single = alone.generate({ps[i]}, params, {seeds[i]});
+      for (int64_t j = 0; j < params.n; ++j) {
+        const auto& t = together[i * params.n + j];
+        EXPECT_EQ(t.request, static_cast<int64_t>(i));
+        EXPECT_EQ(t.sample, j);
+        EXPECT_EQ(t.response, single[j].response) << "prompt " << i << " sample " << j;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Generation, ::testing::Values("tiny-llama", "tiny-qwen2"));
+
+TEST(Generation, SameSeedSameOutputAndSamplesDiffer) {
+  auto model = load_model("tiny-llama");
+  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.n = 4;
+  p.max_new_tokens = 8;
+  p.ignore_eos = true;
+  p.seed = 5;
+  auto ps = prompts(3, model->config().vocab_size, 3);
+  auto a = engine.generate(ps, p);
+  auto b = engine.generate(ps, p);
+  ASSERT_EQ(a.size(), 12u);
+  int64_t distinct = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].response, b[i].response);
+    EXPECT_EQ(a[i].log_probs, b[i].log_probs);
+    if (i % 4 != 0 && a[i].response != a[i - 1].response) ++distinct;
+  }
+  EXPECT_GT(distinct, 0) << "n samples of a prompt should not all be equal at temperature 1";
+  p.seed = 6;
+  auto c = engine.generate(ps, p);
+  int64_t changed = 0;
+  for (size_t i = 0; i < a.size(); ++i) changed += a[i].response != c[i].response;
+  EXPECT_GT(changed, 0) << "another seed should change some samples";
+}
+
+TEST(Generation, StopsOnStopTokensAndEos) {
+  auto model = load_model("tiny-llama");
+  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));
+  std::vector<int64_t> prompt{5, 17, 33, 9};
+  auto free_run = engine.generate({prompt}, greedy(12))[0].response;
+  ASSERT_EQ(free_run.size(), 12u);
+  // Stop on the 4th generated token: the response ends with it.
+  auto params = greedy(12);
+  params.stop_token_ids = {free_run[3]};
+  auto stopped = engine.generate({prompt}, params)[0];
+  size_t first = std::find(free_run.begin(), free_run.end(), free_run[3]) - free_run.begin();
+  EXPECT_EQ(stopped.finish_reason, "stop");
+  EXPECT_EQ(stopped.response, std::vector<int64_t>(free_run.begin(), free_run.begin() + first + 1));
+  // The model's EOS ids (config eos_token_id) end a sequence unless ignore_eos.
+  ASSERT_EQ(model->config().eos_token_ids, std::vector<int64_t>{2});
+  auto cfg = model->config();
+  cfg.eos_token_ids = {free_run[3]};
+  auto with_eos = std::make_shared<Transformer>(cfg, ParallelState::single());
+  with_eos->load_state_dict(model->state_dict());
+  GenerationEngine eos_engine(with_eos, GenerationOptions().set_cache_bytes(1 << 20));
+  auto eos = greedy(12);
+  eos.ignore_eos = false;
+  auto ended = eos_engine.generate({prompt}, eos)[0];
+  EXPECT_EQ(ended.finish_reason, "stop");
+  EXPECT_EQ(ended.response, stopped.response);
+  eos.ignore_eos = true;
+  EXPECT_EQ(eos_engine.generate({prompt}, eos)[0].response, free_run);
+}
+
+TEST(Generation, SleepReleasesTheCacheAndWakeRestoresIt) {
+  auto model = load_model("tiny-qwen2");
+  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(2 << 20));
+  auto ps = prompts(4, model->config().vocab_size, 1);
+  auto before = engine.generate(ps, greedy(6));
+  EXPECT_GT(engine.cache().allocated_bytes(), (2 << 20) * 9 / 10);
+  engine.sleep();
+  EXPECT_FALSE(engine.awake());
+  EXPECT_EQ(engine.cache().allocated_bytes(), 0);
+  expect_error([&] { engine.generate(ps, greedy(6)); }, {"sleep", "wake"});
+  engine.wake();
+  auto after = engine.generate(ps, greedy(6));
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(before[i].response, after[i].response);
+}
+
+TEST(Generation, BadRequestsNameWhatIsWrong) {
+  auto model = load_model("tiny-llama");
+  GenerationOptions small;
+  small.cache.block_size = 4;
+  small.cache.budget_bytes = 5 * 4 * model->make_kv_cache({})->bytes_per_token();  // 16 usable
+  GenerationEngine engine(model, small);
+  expect_error([&] { engine.generate({{1, 2}, std::vector<int64_t>(10, 3)}, greedy(8)); },
+               {"request 1", "17", "16"});
+  expect_error([&] { engine.generate({{1, 2}, {}}, greedy(4)); }, {"prompt 1", "empty"});
+  expect_error([&] { engine.generate({{1, 999}}, greedy(4)); }, {"prompt 0", "999", "128"});
+  auto p = greedy(4);
+  p.top_p = 0;
+  expect_error([&] { engine.generate({{1}}, p); }, {"top_p", "0"});
+  expect_error([&] { engine.generate({{1}, {2}}, greedy(4), {7}); }, {"1 request seeds", "2 prompts"});
+  expect_error([&] { KvCache(model->config(), 4, 2, at::kFloat, {.budget_bytes = 100}); },
+               {"100 bytes", "at least 2"});
+}
+
+TEST(Generation, RolloutLogProbsMatchTrainingLogProbs) {
+  auto model = load_model("tiny-qwen2");
+  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.max_new_tokens = 10;
+  p.seed = 9;
+  p.n = 2;
+  auto seqs = engine.generate(prompts(5, model->config().vocab_size, 21), p);
+  auto batch = to_rollout_batch(seqs, /*pad_token_id=*/0);
+  int64_t n = static_cast<int64_t>(seqs.size()), pl = batch.prompts.size(1),
+          rl = batch.responses.size(1);
+  ASSERT_EQ(batch.input_ids.sizes(), (std::vector<int64_t>{n, pl + rl}));
+  for (int64_t i = 0; i < n; ++i) {
+    // Prompts are left-padded, responses right-padded; positions count real tokens.
+    auto mask = batch.attention_mask[i];
+    int64_t plen = static_cast<int64_t>(seqs[i].prompt.size());
+    int64_t rlen = static_cast<int64_t>(seqs[i].response.size());
+    EXPECT_EQ(mask.sum().item<int64_t>(), plen + rlen);
+    EXPECT_EQ(batch.prompts[i][pl - 1].item<int64_t>(), seqs[i].prompt.back());
+    EXPECT_EQ(batch.response_mask[i].sum().item<int64_t>(), rlen);
+    EXPECT_EQ(batch.position_ids[i][pl + rlen - 1].item<int64_t>(), plen + rlen - 1);
+  }
+  // The training side's log-probs of the same tokens: a full forward over the
+  // padded batch, the response part of next_token_log_probs.
+  at::Tensor train;
+  {
+    at::NoGradGuard no_grad;
+    auto logits = model->forward(batch.input_ids, batch.position_ids, batch.attention_mask);
+    train = next_token_log_probs(logits, batch.input_ids, model->parallel().tp())
+                .narrow(1, pl - 1, rl);
+  }
+  auto m = batch.response_mask.to(at::kFloat);
+  double diff = ((train - batch.rollout_log_probs).abs() * m).max().item<double>();
+  EXPECT_LT(diff, 1e-5) << "rollout vs training log-probs (fp32)";
+}
+
+}  // namespace
+}  // namespace baton::engine

@@ -1,0 +1,122 @@
+// Sampling: the truncated distributions are the intended ones (checked against
+// hand-computed values), and draws follow them (a chi-square test over 20000
+// draws with fixed seeds; excluded tokens are never drawn).
+#include "engine/sampling.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "tests/engine/expect_error.h"
+
+namespace baton::engine {
+namespace {
+
+using testing::expect_error;
+
+// log of probabilities 0.4, 0.25, 0.15, 0.1, 0.06, 0.04.
+at::Tensor logits() {
+  return at::tensor(std::vector<double>{0.4, 0.25, 0.15, 0.1, 0.06, 0.04}).log().to(at::kFloat);
+}
+
+SamplingParams params(double t, int64_t k, double p) {
+  SamplingParams s;
+  s.temperature = t;
+  s.top_k = k;
+  s.top_p = p;
+  return s;
+}
+
+void expect_distribution(const at::Tensor& actual, const std::vector<double>& expected) {
+  ASSERT_EQ(actual.size(0), static_cast<int64_t>(expected.size()));
+  for (size_t i = 0; i < expected.size(); ++i)
+    EXPECT_NEAR(actual[i].item<double>(), expected[i], 1e-6) << "token " << i;
+}
+
+TEST(Sampling, DistributionsAreTheIntendedOnes) {
+  auto l = logits();
+  expect_distribution(sampling_distribution(l, params(1, 0, 1)),
+                      {0.4, 0.25, 0.15, 0.1, 0.06, 0.04});
+  // Top-k 3: the three most likely, renormalised over 0.8.
+  expect_distribution(sampling_distribution(l, params(1, 3, 1)), {0.5, 0.3125, 0.1875, 0, 0, 0});
+  // Top-p 0.7: 0.4 + 0.25 = 0.65 < 0.7, so the third joins (0.8 >= 0.7).
+  expect_distribution(sampling_distribution(l, params(1, 0, 0.7)),
+                      {0.5, 0.3125, 0.1875, 0, 0, 0});
+  // Top-p 0.65 exactly reached by two tokens.
+  expect_distribution(sampling_distribution(l, params(1, 0, 0.65)),
+                      {0.4 / 0.65, 0.25 / 0.65, 0, 0, 0, 0});
+  // Temperature 0.5 squares the probabilities (then renormalises).
+  std::vector<double> sq{0.16, 0.0625, 0.0225, 0.01, 0.0036, 0.0016};
+  double z = 0;
+  for (double v : sq) z += v;
+  for (double& v : sq) v /= z;
+  expect_distribution(sampling_distribution(l, params(0.5, 0, 1)), sq);
+  // Greedy: one-hot at the argmax.
+  expect_distribution(sampling_distribution(l, params(0, 0, 1)), {1, 0, 0, 0, 0, 0});
+}
+
+TEST(Sampling, DrawsFollowTheDistribution) {
+  auto l = logits();
+  for (const auto& p : {params(1, 0, 1), params(0.7, 0, 1), params(1, 3, 1), params(1, 0, 0.8),
+                        params(1.5, 4, 0.9)}) {
+    SCOPED_TRACE(p.to_string());
+    auto dist = sampling_distribution(l, p);
+    const int64_t draws = 20000;
+    std::vector<int64_t> counts(6, 0);
+    SequenceRng rng(12345);
+    for (int64_t i = 0; i < draws; ++i) ++counts[sample_token(l, p, rng).token];
+    double chi2 = 0;
+    int64_t dof = -1;
+    for (int64_t t = 0; t < 6; ++t) {
+      double e = dist[t].item<double>() * draws;
+      if (e == 0) {
+        EXPECT_EQ(counts[t], 0) << "token " << t << " is outside the truncation";
+        continue;
+      }
+      chi2 += (counts[t] - e) * (counts[t] - e) / e;
+      ++dof;
+    }
+    // The 99.9th percentile of chi-square with <= 5 degrees of freedom is 20.5.
+    EXPECT_LT(chi2, 20.5) << "dof " << dof;
+  }
+}
+
+TEST(Sampling, SameSeedSameTokensAndLogProbOfTheTemperatureScaledDistribution) {
+  auto l = at::randn({50});
+  auto p = params(0.8, 10, 0.9);
+  SequenceRng a = SequenceRng::for_sample(SequenceRng::request_seed(7, 3), 1);
+  SequenceRng b = SequenceRng::for_sample(SequenceRng::request_seed(7, 3), 1);
+  SequenceRng c = SequenceRng::for_sample(SequenceRng::request_seed(7, 3), 2);
+  std::vector<int64_t> ta, tb, tc;
+  for (int i = 0; i < 50; ++i) {
+    auto sa = sample_token(l, p, a);
+    ta.push_back(sa.token);
+    tb.push_back(sample_token(l, p, b).token);
+    tc.push_back(sample_token(l, p, c).token);
+    EXPECT_NEAR(sa.log_prob, at::log_softmax(l / 0.8, 0)[sa.token].item<double>(), 1e-6);
+  }
+  EXPECT_EQ(ta, tb);
+  EXPECT_NE(ta, tc);
+  auto g = sample_token(l, params(0, 0, 1), a);
+  EXPECT_EQ(g.token, l.argmax().item<int64_t>());
+  EXPECT_NEAR(g.log_prob, at::log_softmax(l, 0)[g.token].item<double>(), 1e-6);
+}
+
+TEST(Sampling, InvalidParamsNameTheField) {
+  expect_error([] { params(-1, 0, 1).validate(10); }, {"temperature", "-1"});
+  expect_error([] { params(1, -2, 1).validate(10); }, {"top_k", "-2"});
+  expect_error([] { params(1, 0, 1.5).validate(10); }, {"top_p", "1.5"});
+  auto p = params(1, 0, 1);
+  p.n = 0;
+  expect_error([&] { p.validate(10); }, {"n must be"});
+  p = params(1, 0, 1);
+  p.max_new_tokens = 0;
+  expect_error([&] { p.validate(10); }, {"max_new_tokens"});
+  p = params(1, 0, 1);
+  p.stop_token_ids = {10};
+  expect_error([&] { p.validate(10); }, {"stop token id 10", "[0, 10)"});
+}
+
+}  // namespace
+}  // namespace baton::engine
