@@ -53,9 +53,11 @@
 #include "engine/pipeline_schedule.h"
 #include "engine/transformer.h"
 #include "engine/weight_conversion.h"
+#include "tools/cli.h"
 
 using namespace baton::engine;
 using json = nlohmann::json;
+namespace cli = baton::cli;
 
 namespace {
 
@@ -136,14 +138,7 @@ Args parse(int argc, char** argv) {
     if (i + 1 >= argc) usage("missing value for " + k);
     std::string v = argv[++i];
     if (k == "--layouts") {
-      a.layouts.clear();
-      size_t start = 0;
-      while (true) {
-        size_t comma = v.find(',', start);
-        a.layouts.push_back(v.substr(start, comma == std::string::npos ? comma : comma - start));
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
+      a.layouts = cli::split(v, ',');
     } else if (k == "--warmup") {
       a.warmup = std::stoi(v);
     } else if (k == "--iters") {

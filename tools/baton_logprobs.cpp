@@ -21,8 +21,10 @@
 #include "engine/safetensors.h"
 #include "engine/transformer.h"
 #include "engine/weight_conversion.h"
+#include "tools/cli.h"
 
 using namespace baton::engine;
+namespace cli = baton::cli;
 
 namespace {
 
@@ -40,18 +42,7 @@ struct Args {
   std::exit(2);
 }
 
-int64_t parse_int(const std::string& s, const char* what) {
-  try {
-    size_t used = 0;
-    int64_t v = std::stoll(s, &used);
-    if (used != s.size()) throw std::invalid_argument(s);
-    return v;
-  } catch (const std::exception&) {
-    usage(std::string("bad ") + what + ": \"" + s + "\"");
-  }
-}
-
-Args parse(int argc, char** argv) {
+Args parse(int argc, char** argv) try {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -60,18 +51,11 @@ Args parse(int argc, char** argv) {
     if (k == "--model") {
       a.model = v;
     } else if (k == "--tokens") {
-      size_t start = 0;
-      while (start <= v.size()) {
-        size_t comma = v.find(',', start);
-        auto part = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        a.tokens.push_back(parse_int(part, "token"));
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
+      a.tokens = cli::parse_int_list(v, ',', "token");
     } else if (k == "--tp") {
-      a.tp = parse_int(v, "--tp");
+      a.tp = cli::parse_int(v, "--tp");
     } else if (k == "--pp") {
-      a.pp = parse_int(v, "--pp");
+      a.pp = cli::parse_int(v, "--pp");
     } else {
       usage("unknown option " + k);
     }
@@ -80,6 +64,8 @@ Args parse(int argc, char** argv) {
   if (a.tokens.size() < 2) usage("--tokens needs at least two tokens");
   if (a.tp < 1 || a.pp < 1) usage("--tp and --pp must be positive");
   return a;
+} catch (const cli::UsageError& e) {
+  usage(e.what());
 }
 
 int run(const Args& a, const std::optional<LocalRank>& me) {

@@ -1,8 +1,6 @@
 // baton-logprobs, run as a program: its log-probs equal HF's reference for the
 // fixture's unpadded row (atol 1e-4), sharded or not; bad inputs exit non-zero
 // with a message naming what was wrong.
-#include <sys/wait.h>
-
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +9,7 @@
 #include <string>
 
 #include "engine/safetensors.h"
+#include "tests/engine/run_program.h"
 #include "tests/engine/temp_dir.h"
 
 namespace baton::engine {
@@ -19,21 +18,8 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kFixtures = BATON_FIXTURES_DIR;
 
-struct Run {
-  int status = -1;
-  std::string out;
-};
-
-Run logprobs(const std::string& args) {
-  std::string cmd = std::string("'") + BATON_LOGPROBS_EXE + "' " + args + " 2>&1";
-  Run r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int raw = ::pclose(p);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  return r;
+test::ProgramRun logprobs(const std::string& args) {
+  return test::run_program(std::string("'") + BATON_LOGPROBS_EXE + "' " + args);
 }
 
 std::string row0_tokens(const TensorMap& ref) {

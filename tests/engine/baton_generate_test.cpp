@@ -1,0 +1,106 @@
+// baton-generate, run as a program: its greedy output equals the in-process
+// engine's, TP=2 (two local processes) gives the same sequences as TP=1
+// (greedy and seeded sampling), and bad arguments exit non-zero naming what
+// was wrong.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "engine/generation.h"
+#include "engine/safetensors.h"
+#include "engine/weight_conversion.h"
+#include "tests/engine/run_program.h"
+
+namespace baton::engine {
+namespace {
+
+const std::string kFixtures = BATON_FIXTURES_DIR;
+
+test::ProgramRun generate(const std::string& args) {
+  return test::run_program(std::string("'") + BATON_GENERATE_EXE + "' " + args);
+}
+
+nlohmann::json generate_json(const std::string& args) {
+  auto r = generate(args);
+  EXPECT_EQ(r.status, 0) << r.out;
+  auto last = r.out.substr(r.out.rfind('{', r.out.rfind("\"model\"")));
+  return nlohmann::json::parse(last);
+}
+
+std::string model_arg(const std::string& fixture) {
+  return "--model '" + kFixtures + "/" + fixture + "'";
+}
+
+TEST(BatonGenerate, GreedyMatchesTheInProcessEngine) {
+  auto j = generate_json(model_arg("tiny-llama") +
+                         " --prompt-tokens '5,17,33;9,4' --max-new-tokens 6 --temperature 0 "
+                         "--ignore-eos");
+  auto dir = kFixtures + "/tiny-llama";
+  auto cfg = ModelConfig::load(dir);
+  auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
+  model->load_state_dict(
+      hf_to_shard(read_hf_weights(dir), cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers})));
+  GenerationEngine engine(model);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_new_tokens = 6;
+  p.ignore_eos = true;
+  auto expected = engine.generate({{5, 17, 33}, {9, 4}}, p);
+  ASSERT_EQ(j["sequences"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& s = j["sequences"][i];
+    EXPECT_EQ(s["request"].get<int64_t>(), static_cast<int64_t>(i));
+    EXPECT_EQ(s["prompt"].get<std::vector<int64_t>>(), expected[i].prompt);
+    EXPECT_EQ(s["response"].get<std::vector<int64_t>>(), expected[i].response);
+    EXPECT_EQ(s["log_probs"].size(), 6u);
+    EXPECT_EQ(s["finish_reason"], "length");
+  }
+}
+
+TEST(BatonGenerate, TensorParallelEqualsSingleProcess) {
+  for (const std::string& fixture : {"tiny-llama", "tiny-qwen2"}) {
+    for (const std::string& sampling :
+         {std::string("--temperature 0"), std::string("--temperature 0.9 --top-k 40 --top-p 0.95 "
+                                                      "--n 2 --seed 17")}) {
+      SCOPED_TRACE(fixture + " " + sampling);
+      std::string args = model_arg(fixture) + " --prompt-tokens '5,17,33;9,4;60' " +
+                         "--max-new-tokens 8 --ignore-eos " + sampling;
+      auto one = generate_json(args + " --tp 1");
+      auto two = generate_json(args + " --tp 2");
+      EXPECT_EQ(two["tp"], 2);
+      ASSERT_EQ(one["sequences"].size(), two["sequences"].size());
+      for (size_t i = 0; i < one["sequences"].size(); ++i) {
+        EXPECT_EQ(one["sequences"][i]["response"], two["sequences"][i]["response"]) << i;
+        auto a = one["sequences"][i]["log_probs"].get<std::vector<double>>();
+        auto b = two["sequences"][i]["log_probs"].get<std::vector<double>>();
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t t = 0; t < a.size(); ++t) EXPECT_NEAR(a[t], b[t], 1e-5);
+      }
+    }
+  }
+}
+
+TEST(BatonGenerate, BadArgumentsExitNonZeroNamingTheProblem) {
+  struct Bad {
+    std::string args, needle;
+  };
+  std::string m = model_arg("tiny-llama");
+  for (const auto& c : std::vector<Bad>{
+           {m + " --prompt-tokens 1,2", "--max-new-tokens is required"},
+           {m + " --prompt-tokens '1,x' --max-new-tokens 2", "bad prompt token: \"x\""},
+           {m + " --prompt-tokens '1;' --max-new-tokens 2", "bad prompt token: \"\""},
+           {m + " --prompt-tokens 1 --max-new-tokens 2 --tp 3", "does not divide"},
+           {m + " --prompt-tokens 1 --max-new-tokens 2 --temperature -1", "temperature"},
+           {m + " --prompt-tokens 1,500 --max-new-tokens 2", "500"},
+           {m + " --prompt-tokens 1 --max-new-tokens 2 --bogus 1", "unknown option --bogus"},
+           {"--model /nonexistent --prompt-tokens 1 --max-new-tokens 2", "/nonexistent"},
+       }) {
+    auto r = generate(c.args);
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << "\n" << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace baton::engine
