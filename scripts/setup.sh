@@ -6,6 +6,10 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev
+  # An optimised BLAS behind LibTorch's CPU matrix multiplies (Debian's libtorch
+  # otherwise runs on the reference BLAS, about 20x slower). The OpenMP build
+  # follows at::set_num_threads, so worker processes do not oversubscribe cores.
+  libopenblas0-openmp
   libcapnp-dev capnproto
   libboost-dev
   libtbb-dev
