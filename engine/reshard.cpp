@@ -1,1 +1,427 @@
 #include "engine/reshard.h"
+
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/errors.h"
+#include "engine/weight_conversion.h"
+
+namespace baton::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One rollout parameter and where its elements come from.
+struct Item {
+  std::string name;
+  at::Tensor dst;             // the rollout parameter (this rank's TP_r slice)
+  int64_t stage = 0;          // the training stage that owns it
+  int64_t dim = -1;           // the dim split over TP (-1: replicated)
+  int64_t blocks = 1;         // sub-blocks along `dim` split separately (gate, up: 2)
+  std::vector<int64_t> full;  // the full (unsharded) shape
+  int64_t outer = 1;          // elements before `dim`, and after it
+  int64_t inner = 1;
+  int64_t full_bytes = 0;  // in the rollout dtype
+
+  bool replicated() const { return dim < 0; }
+  // The shape of one shard of `tp` ranks.
+  std::vector<int64_t> shard_shape(int64_t tp) const {
+    auto s = full;
+    if (!replicated()) s[dim] /= tp;
+    return s;
+  }
+  int64_t shard_bytes(int64_t tp) const { return replicated() ? full_bytes : full_bytes / tp; }
+};
+
+// A run of consecutive items of one owning stage, streamed together.
+struct Bucket {
+  int64_t stage = 0;
+  std::vector<const Item*> items;
+};
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Everything that decides the parameter layout must agree.
+void check_same_model(const ModelConfig& a, const ModelConfig& b) {
+  std::vector<std::string> diffs;
+  auto cmp = [&](const char* what, const auto& x, const auto& y) {
+    if (detail::cat(x) != detail::cat(y)) diffs.push_back(detail::cat(what, " ", x, " vs ", y));
+  };
+  cmp("architecture", a.architecture, b.architecture);
+  auto family = [](ModelFamily f) { return f == ModelFamily::kLlama ? "llama" : "qwen2"; };
+  auto flag = [](bool v) { return v ? "true" : "false"; };
+  cmp("family", family(a.family), family(b.family));
+  cmp("vocab_size", a.vocab_size, b.vocab_size);
+  cmp("hidden_size", a.hidden_size, b.hidden_size);
+  cmp("intermediate_size", a.intermediate_size, b.intermediate_size);
+  cmp("num_layers", a.num_layers, b.num_layers);
+  cmp("num_heads", a.num_heads, b.num_heads);
+  cmp("num_kv_heads", a.num_kv_heads, b.num_kv_heads);
+  cmp("head_dim", a.head_dim, b.head_dim);
+  cmp("tie_word_embeddings", flag(a.tie_word_embeddings), flag(b.tie_word_embeddings));
+  cmp("qkv_bias", flag(a.qkv_bias), flag(b.qkv_bias));
+  cmp("mlp_bias", flag(a.mlp_bias), flag(b.mlp_bias));
+  if (diffs.empty()) return;
+  std::string msg =
+      "reshard_weights: the training and rollout models differ (training vs rollout):";
+  for (const auto& d : diffs) msg += " " + d + ";";
+  throw EngineError(msg);
+}
+
+void validate(const Transformer& train, const Transformer& rollout) {
+  check_same_model(train.config(), rollout.config());
+  if (train.options().value_model != rollout.options().value_model)
+    throw EngineError(detail::cat(
+        "reshard_weights: the training model is ", train.options().value_model ? "" : "not ",
+        "a value model but the rollout model is", rollout.options().value_model ? "" : " not"));
+  const ParallelState& t = train.parallel();
+  const ParallelState& r = rollout.parallel();
+  if (r.config().pp != 1)
+    throw EngineError(detail::cat("reshard_weights: the rollout layout must have pp = 1, got ",
+                                  r.config().to_string()));
+  if (r.world().size != t.world().size)
+    throw EngineError(detail::cat("reshard_weights: the rollout world has ", r.world().size,
+                                  " ranks (", r.config().to_string(), ") but the training world ",
+                                  t.world().size, " (", t.config().to_string(), ")"));
+  if (r.rank() != t.rank())
+    throw EngineError(detail::cat("reshard_weights: this process is rank ", t.rank(),
+                                  " of the training world but rank ", r.rank(),
+                                  " of the rollout world"));
+}
+
+// The rollout parameters in order, each with its owning training stage and
+// its layout over TP (from the conversion rules), so every rank knows the
+// whole plan without exchanging metadata.
+std::vector<Item> plan_items(const Transformer& rollout, const ParallelConfig& training) {
+  const ModelConfig& cfg = rollout.config();
+  const int64_t r_tp = rollout.parallel().tp().size;
+  std::vector<int64_t> stage_of_layer(cfg.num_layers, -1);
+  for (int64_t s = 0; s < training.pp; ++s) {
+    auto [begin, end] = stage_layer_range(s, cfg.num_layers, training);
+    for (int64_t l = begin; l < end; ++l) stage_of_layer[l] = s;
+  }
+  std::vector<Item> items;
+  for (const auto& [name, param] : rollout.named_params()) {
+    int64_t layer = -1;
+    const ConversionRule* rule = find_rule(cfg.family, name, &layer);
+    if (!rule)
+      throw EngineError(
+          detail::cat("reshard_weights: no conversion rule for rollout parameter ", name));
+    ENGINE_CHECK(param.is_contiguous(), "rollout parameter ", name, " is not contiguous");
+    Item it;
+    it.name = name;
+    it.dst = param;
+    switch (rule->scope) {
+      case Scope::kFirstStage:
+        it.stage = 0;
+        break;
+      case Scope::kLayer:
+        ENGINE_CHECK(layer >= 0 && layer < cfg.num_layers, name, ": layer ", layer);
+        it.stage = stage_of_layer[layer];
+        break;
+      case Scope::kLastStage:
+      case Scope::kLmHead:
+      case Scope::kValueHead:
+        it.stage = training.pp - 1;
+        break;
+    }
+    switch (rule->transform) {
+      case Transform::kReplicated:
+        break;
+      case Transform::kSplitRows:
+      case Transform::kQkv:  // kv groups are contiguous in the fused rows
+        it.dim = 0;
+        break;
+      case Transform::kSplitCols:
+        it.dim = 1;
+        break;
+      case Transform::kGateUp:
+        it.dim = 0;
+        it.blocks = 2;
+        break;
+    }
+    it.full = param.sizes().vec();
+    if (!it.replicated()) {
+      ENGINE_CHECK(it.dim < param.dim(), name, " has ", param.dim(), " dims");
+      it.full[it.dim] *= r_tp;
+      for (int64_t d = 0; d < it.dim; ++d) it.outer *= it.full[d];
+      for (int64_t d = it.dim + 1; d < param.dim(); ++d) it.inner *= it.full[d];
+      ENGINE_CHECK(it.full[it.dim] % (it.blocks * training.tp) == 0, name, " ", shape_str(it.full),
+                   " does not split into ", it.blocks, " × ", training.tp);
+    }
+    it.full_bytes =
+        param.numel() * (it.replicated() ? 1 : r_tp) * static_cast<int64_t>(param.element_size());
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
+// Per stage, consecutive items up to `bucket_bytes` of full tensors; the
+// stages' buckets interleaved (stage 0's first, stage 1's first, ...) so that
+// two buckets in flight usually come from different stages and travel in
+// opposite directions over the pipeline group.
+std::vector<Bucket> make_buckets(const std::vector<Item>& items, int64_t pp, int64_t bucket_bytes) {
+  std::vector<std::vector<Bucket>> per_stage(pp);
+  std::vector<int64_t> filled(pp, 0);
+  for (const Item& it : items) {
+    auto& list = per_stage[it.stage];
+    int64_t& bytes = filled[it.stage];
+    if (list.empty() || bytes + it.full_bytes > bucket_bytes) {
+      list.push_back(Bucket{it.stage, {}});
+      bytes = 0;
+    }
+    list.back().items.push_back(&it);
+    bytes += it.full_bytes;
+  }
+  std::vector<Bucket> out;
+  for (size_t i = 0;; ++i) {
+    bool any = false;
+    for (auto& list : per_stage)
+      if (i < list.size()) {
+        out.push_back(std::move(list[i]));
+        any = true;
+      }
+    if (!any) break;
+  }
+  return out;
+}
+
+int64_t align8(int64_t n) { return (n + 7) / 8 * 8; }
+
+// The reshard of one call: the plan plus this rank's coordinates.
+class Resharder {
+ public:
+  Resharder(const Transformer& train, Transformer& rollout, const ReshardOptions& options)
+      : train_ps_(train.parallel()),
+        t_tp_(train_ps_.tp().size),
+        r_tp_(rollout.parallel().tp().size),
+        t_rank_(train_ps_.coords().tp),
+        r_rank_(rollout.parallel().coords().tp),
+        stage_(train_ps_.coords().pp),
+        gather_(t_tp_ > 1 && t_tp_ != r_tp_),
+        items_(plan_items(rollout, train_ps_.config())),
+        buckets_(make_buckets(items_, train_ps_.config().pp, options.bucket_bytes)) {
+    for (const auto& [name, p] : train.named_params()) train_params_.emplace(name, p);
+    // Check this rank's own training shards before any communication.
+    for (const Item& it : items_) {
+      if (it.stage != stage_) continue;
+      auto found = train_params_.find(it.name);
+      if (found == train_params_.end())
+        throw EngineError(detail::cat("reshard_weights: training rank ", train_ps_.rank(),
+                                      " (pp stage ", stage_, ") has no parameter ", it.name));
+      auto want = it.shard_shape(t_tp_);
+      if (found->second.sizes() != at::IntArrayRef(want))
+        throw EngineError(detail::cat("reshard_weights: training rank ", train_ps_.rank(), "'s ",
+                                      it.name, " is ", shape_str(found->second.sizes()),
+                                      ", expected ", shape_str(want)));
+    }
+  }
+
+  ReshardStats run() {
+    ReshardStats stats;
+    for (const Item& it : items_) stats.model_bytes += it.full_bytes;
+    stats.buckets = static_cast<int64_t>(buckets_.size());
+    // Two buckets in flight: the next one travels while this one is copied out.
+    std::vector<InFlight> flights(buckets_.size());
+    if (!buckets_.empty()) launch(buckets_[0], flights[0]);
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      if (i + 1 < buckets_.size()) launch(buckets_[i + 1], flights[i + 1]);
+      finish(buckets_[i], flights[i]);
+    }
+    stats.peak_buffer_bytes = peak_bytes_;
+    return stats;
+  }
+
+ private:
+  // Where each item's shards sit in a bucket's flat byte buffer. The buffer
+  // holds `regions` runs, one per training TP rank when gathering (region k
+  // is TP rank k's shards; replicated tensors only in region 0), else one run
+  // with this rank's own shards. Each region is one broadcast's payload.
+  struct Layout {
+    std::vector<int64_t> region_begin, region_bytes;
+    std::vector<std::vector<int64_t>> offset;  // [item][region], -1: absent
+  };
+
+  struct InFlight {
+    bool direct = false;  // no communication: copy from the training params
+    Layout layout;
+    at::Tensor buffer;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  };
+
+  Layout layout_of(const Bucket& b) const {
+    Layout l;
+    const int64_t regions = gather_ ? t_tp_ : 1;
+    l.offset.assign(b.items.size(), std::vector<int64_t>(regions, -1));
+    int64_t pos = 0;
+    for (int64_t k = 0; k < regions; ++k) {
+      l.region_begin.push_back(pos);
+      for (size_t i = 0; i < b.items.size(); ++i) {
+        const Item& it = *b.items[i];
+        if (gather_ && it.replicated() && k > 0) continue;
+        l.offset[i][k] = pos;
+        pos += align8(it.shard_bytes(t_tp_));
+      }
+      l.region_bytes.push_back(pos - l.region_begin.back());
+    }
+    return l;
+  }
+
+  // Item i's shard in region `k` of a buffer, typed and shaped.
+  at::Tensor segment(const InFlight& f, const Bucket& b, size_t i, int64_t k) const {
+    const Item& it = *b.items[i];
+    const int64_t off = f.layout.offset[i][k];
+    ENGINE_CHECK(off >= 0, it.name, ": no segment in region ", k);
+    return at::from_blob(static_cast<uint8_t*>(f.buffer.data_ptr()) + off, it.shard_shape(t_tp_),
+                         at::TensorOptions().dtype(it.dst.scalar_type()));
+  }
+
+  void launch(const Bucket& b, InFlight& f) {
+    const int64_t pp = train_ps_.config().pp;
+    const bool owner = b.stage == stage_;
+    if (pp == 1 && !gather_) {
+      f.direct = true;
+      return;
+    }
+    f.layout = layout_of(b);
+    const int64_t total = f.layout.region_begin.back() + f.layout.region_bytes.back();
+    f.buffer = at::empty({total}, at::kByte);
+    live_bytes_ += total;
+    peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+    if (owner) {
+      at::NoGradGuard no_grad;
+      const int64_t mine = gather_ ? t_rank_ : 0;
+      for (size_t i = 0; i < b.items.size(); ++i)
+        if (f.layout.offset[i][mine] >= 0)
+          segment(f, b, i, mine).copy_(train_params_.at(b.items[i]->name));
+      if (gather_) {
+        // Gloo's all-gather copies through a temporary of the whole output;
+        // one in-place broadcast per TP rank, all in flight at once, fills
+        // the buffer with no second copy.
+        const Group& tp = train_ps_.tp();
+        for (int64_t k = 0; k < t_tp_; ++k) {
+          if (f.layout.region_bytes[k] == 0) continue;
+          std::vector<at::Tensor> ts{
+              f.buffer.narrow(0, f.layout.region_begin[k], f.layout.region_bytes[k])};
+          c10d::BroadcastOptions opts;
+          opts.rootRank = k;
+          f.works.push_back(tp.pg->broadcast(ts, opts));
+        }
+      }
+    }
+    if (pp > 1) {
+      // The owning stage must hold the whole bucket before it sends it on.
+      if (owner) wait(f);
+      std::vector<at::Tensor> ts{f.buffer};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = b.stage;  // pipeline group ranks are stages
+      f.works.push_back(train_ps_.pp().pg->broadcast(ts, opts));
+    }
+  }
+
+  static void wait(InFlight& f) {
+    for (auto& w : f.works) w->wait();
+    f.works.clear();
+  }
+
+  void finish(const Bucket& b, InFlight& f) {
+    wait(f);
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < b.items.size(); ++i) {
+      auto shard = [&](int64_t k) -> at::Tensor {
+        if (f.direct) return train_params_.at(b.items[i]->name);
+        return segment(f, b, i, gather_ ? k : 0);
+      };
+      copy_out(*b.items[i], shard);
+    }
+    if (f.buffer.defined()) {
+      live_bytes_ -= f.buffer.numel();
+      f.buffer = at::Tensor();
+    }
+  }
+
+  // Copies this rank's TP_r slice of `it` out of the training shards, piece
+  // by piece: the slice of each sub-block is a contiguous range of that
+  // sub-block, which spans parts of one or more training shards.
+  void copy_out(const Item& it, const std::function<at::Tensor(int64_t k)>& shard) {
+    if (it.replicated()) {
+      it.dst.copy_(shard(0));
+      return;
+    }
+    const int64_t block = it.full[it.dim] / it.blocks;  // one sub-block, full size
+    const int64_t t_len = block / t_tp_, r_len = block / r_tp_;
+    auto dst = it.dst.view({it.outer, it.blocks * r_len, it.inner});
+    // Training shards this rank holds: all when gathered, else only its own
+    // (then it is the rollout slice, or TP_t = 1 and it is everything).
+    const int64_t k_begin = gather_ ? 0 : t_rank_;
+    const int64_t k_end = gather_ ? t_tp_ : t_rank_ + 1;
+    for (int64_t s = 0; s < it.blocks; ++s) {
+      const int64_t want_lo = r_rank_ * r_len, want_hi = want_lo + r_len;
+      for (int64_t k = k_begin; k < k_end; ++k) {
+        const int64_t lo = std::max(want_lo, k * t_len), hi = std::min(want_hi, (k + 1) * t_len);
+        if (lo >= hi) continue;
+        auto src = shard(k).view({it.outer, it.blocks * t_len, it.inner});
+        dst.narrow(1, s * r_len + lo - want_lo, hi - lo)
+            .copy_(src.narrow(1, s * t_len + lo - k * t_len, hi - lo));
+      }
+    }
+  }
+
+  const ParallelState& train_ps_;
+  const int64_t t_tp_, r_tp_;      // TP sizes: training, rollout
+  const int64_t t_rank_, r_rank_;  // this rank's TP ranks
+  const int64_t stage_;            // this rank's training pipeline stage
+  const bool gather_;              // the owning stage all-gathers its TP shards
+  std::vector<Item> items_;
+  std::vector<Bucket> buckets_;
+  std::map<std::string, at::Tensor> train_params_;
+  int64_t live_bytes_ = 0, peak_bytes_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store> store,
+                                                  int64_t rank, const ParallelConfig& training,
+                                                  int64_t rollout_tp) {
+  const int64_t world = training.world_size();
+  if (rollout_tp < 1 || world % rollout_tp != 0)
+    throw EngineError(detail::cat("make_rollout_state: rollout tp ", rollout_tp,
+                                  " does not divide the training world of ", world, " ranks (",
+                                  training.to_string(), ")"));
+  ParallelConfig rollout;
+  rollout.tp = rollout_tp;
+  rollout.dp = world / rollout_tp;
+  // Every rank makes its rollout states in the same order, so the n-th call's
+  // prefix names the same groups everywhere; a fresh prefix per call keeps a
+  // new state's rendezvous away from an earlier one's keys.
+  static std::atomic<int64_t> calls{0};
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+      detail::cat("baton/rollout/", calls.fetch_add(1)), std::move(store));
+  return ParallelState::create(prefixed, rank, rollout);
+}
+
+ReshardStats reshard_weights(const Transformer& train, Transformer& rollout,
+                             const ReshardOptions& options) {
+  const auto t0 = Clock::now();
+  if (options.bucket_bytes < 1)
+    throw EngineError(
+        detail::cat("reshard_weights: bucket_bytes must be positive, got ", options.bucket_bytes));
+  validate(train, rollout);
+  ReshardStats stats = Resharder(train, rollout, options).run();
+  stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return stats;
+}
+
+}  // namespace baton::engine

@@ -4,17 +4,28 @@
 // sync, verl-single-controller-spec.md §4). Rollout rank r is rollout TP rank
 // r % TP_r: consecutive ranks form one rollout replica.
 //
-// Tensors travel in buckets of about `bucket_bytes` of full (unsharded)
-// tensors: the owning pipeline stage all-gathers its TP shards (skipped when
-// TP_r == TP_t), broadcasts the bucket over the pipeline group (skipped when
-// pp = 1), and every rank copies its TP_r slice (fused QKV and gate/up
-// re-split as docs/engine.md lays them out) into the rollout parameters. Peak
-// extra memory is the bucket buffers, not a second copy of the model.
+// Every rank derives the whole plan (each tensor's owning stage, TP layout and
+// full shape) from the configs and the conversion rules, so no metadata is
+// exchanged. Tensors travel in buckets of about `bucket_bytes` of full
+// (unsharded) tensors, each bucket one flat buffer: the owning pipeline stage
+// gathers its TP shards into it (skipped when TP_r == TP_t or TP_t == 1),
+// broadcasts it over the pipeline group (skipped when pp = 1), and every rank
+// copies its TP_r slice (fused QKV and gate/up re-split as docs/engine.md lays
+// them out) straight into the rollout parameters, cast to their dtype. The TP
+// gather is one in-place broadcast per TP rank, all in flight together: Gloo's
+// all-gather would copy through a temporary as large as the bucket. Two
+// buckets are in flight at once (the next travels while this one is copied
+// out), so the extra memory is at most two buffers, each one bucket or one
+// tensor larger than a bucket: not a second copy of the model. With TP_r ==
+// TP_t and pp = 1 nothing is communicated. Each CP/DP replica of the training
+// layout streams over its own groups.
 //
 // Example (every rank of a TP2 × PP2 training world, rollout TP2):
 //   auto rollout_state = make_rollout_state(store, rank, train_state->config(), /*tp=*/2);
 //   Transformer rollout(cfg, rollout_state);
 //   auto stats = reshard_weights(*train_model, rollout);   // collective
+//
+// Thread safety: none; call from the thread that owns both models.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -33,26 +44,31 @@ struct ReshardOptions {
 };
 
 struct ReshardStats {
-  double seconds = 0;              // wall time of the whole reshard on this rank
-  int64_t model_bytes = 0;         // bytes of the full model, each tensor once
-  int64_t buckets = 0;             // buckets streamed
-  int64_t peak_buffer_bytes = 0;   // most bucket-buffer bytes held at once on this rank
+  double seconds = 0;             // wall time of the whole reshard on this rank
+  int64_t model_bytes = 0;        // bytes of the full model in the rollout dtype, each tensor once
+  int64_t buckets = 0;            // buckets in the plan (also when nothing is communicated)
+  int64_t peak_buffer_bytes = 0;  // most bucket-buffer bytes held at once on this rank
 };
 
 // The rollout layout's ParallelState over the ranks of a training world:
 // tp = rollout_tp, dp = world / rollout_tp, cp = pp = 1. Collective over the
-// world; uses store keys under a prefix of its own, so it can share the
-// training state's store. Throws EngineError when rollout_tp does not divide
-// the world size.
+// world; the n-th call in a process uses store keys under "baton/rollout/<n>/",
+// so it can share the training state's store and be called again (every rank
+// must make its rollout states in the same order). Throws EngineError, before
+// touching the store, when rollout_tp does not divide the world size.
 std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store> store,
                                                   int64_t rank, const ParallelConfig& training,
                                                   int64_t rollout_tp);
 
-// Copies `train`'s weights into `rollout` (cast to the rollout's dtype).
-// Collective over the training world: every rank calls it, with models built
-// on ParallelStates over the same ranks. Throws EngineError, before any
-// communication, when the two models disagree (config, value-model flag,
-// world size, rollout pp != 1).
+// Copies `train`'s weights into `rollout` (cast to the rollout's dtype); for
+// fp32 the result equals hf_to_shard of the full weights for the rollout TP
+// rank bit for bit. Works for value models (value_head.*) too. A tied model's
+// embedding comes from stage 0 (the last stage's output_layer copy is not
+// read). Collective over the training world and blocking: every rank calls it,
+// with models built on ParallelStates over the same ranks. Throws EngineError,
+// before any communication, when the two models disagree (config, value-model
+// flag, world size, rank, rollout pp != 1), a training shard has an unexpected
+// shape, or bucket_bytes < 1.
 ReshardStats reshard_weights(const Transformer& train, Transformer& rollout,
                              const ReshardOptions& options = {});
 
