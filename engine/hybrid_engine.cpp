@@ -1,0 +1,57 @@
+#include "engine/hybrid_engine.h"
+
+#include "engine/errors.h"
+#include "engine/weight_conversion.h"
+
+namespace baton::engine {
+
+HybridEngine::HybridEngine(std::shared_ptr<Transformer> train,
+                           c10::intrusive_ptr<c10d::Store> store, HybridEngineOptions options)
+    : train_(std::move(train)), options_(options) {
+  validate_tensor_parallel(train_->config(), options_.rollout_tp);
+  const ParallelState& ps = train_->parallel();
+  rollout_state_ = make_rollout_state(std::move(store), ps.rank(), ps.config(), options_.rollout_tp);
+  rollout_state_->set_num_layers(train_->config().num_layers);
+}
+
+ReshardStats HybridEngine::enter_rollout() {
+  if (in_rollout()) throw EngineError("HybridEngine::enter_rollout: already in rollout");
+  if (options_.release_grads) {
+    for (auto& p : train_->parameters()) p.mutable_grad() = at::Tensor();
+  }
+  TransformerOptions opts;
+  opts.value_model = train_->options().value_model;
+  auto rollout = std::make_shared<Transformer>(train_->config(), rollout_state_, opts);
+  auto stats = reshard_weights(*train_, *rollout, options_.reshard);
+  engine_ = std::make_unique<GenerationEngine>(rollout, options_.generation);
+  rollout_ = std::move(rollout);
+  return stats;
+}
+
+std::vector<GeneratedSequence> HybridEngine::generate(
+    const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& params,
+    const std::vector<uint64_t>& request_seeds) {
+  if (!in_rollout())
+    throw EngineError("HybridEngine::generate: not in rollout; call enter_rollout() first");
+  return engine_->generate(prompts, params, request_seeds);
+}
+
+void HybridEngine::exit_rollout() {
+  engine_.reset();
+  rollout_.reset();
+}
+
+int64_t HybridEngine::rollout_bytes() const {
+  if (!in_rollout()) return 0;
+  int64_t bytes = engine_->cache().allocated_bytes();
+  for (const auto& [name, t] : rollout_->named_params())
+    bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  return bytes;
+}
+
+Transformer& HybridEngine::rollout_model() {
+  if (!in_rollout()) throw EngineError("HybridEngine::rollout_model: not in rollout");
+  return *rollout_;
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,218 @@
+// The HybridEngine over real Gloo processes: training layouts TP2 × PP2,
+// TP2 and PP2 switch into rollout layouts TP2 and TP1, generate what the
+// single-process engine generates on the full HF weights, report rollout
+// log-probs that agree with the training engine's log-probs of the same tokens
+// (fp32: atol 1e-5), free the rollout memory on exit, and after an optimizer
+// step generate from the new weights.
+#include "engine/hybrid_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/optimizer.h"
+#include "engine/pipeline_schedule.h"
+#include "engine/safetensors.h"
+#include "engine/weight_conversion.h"
+#include "tests/engine/expect_error.h"
+#include "tests/engine/multiprocess.h"
+
+namespace baton::engine {
+namespace {
+
+using test::run_world;
+using testing::expect_error;
+
+const std::string kFixtures = BATON_FIXTURES_DIR;
+
+const std::vector<std::vector<int64_t>> kPrompts = {
+    {5, 17, 33, 9}, {60}, {12, 7, 99, 4, 31, 8, 77}, {3, 3, 3}, {101, 55}, {9, 8, 7, 6, 5}};
+
+SamplingParams sampled() {
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.top_p = 0.95;
+  p.max_new_tokens = 8;
+  p.n = 2;
+  p.seed = 77;
+  return p;
+}
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_new_tokens = 8;
+  p.ignore_eos = true;
+  return p;
+}
+
+// The training model of this rank, loaded from the fixture for its layout.
+std::shared_ptr<Transformer> training_model(const std::string& fixture,
+                                            std::shared_ptr<ParallelState> ps) {
+  auto dir = kFixtures + "/" + fixture;
+  auto cfg = ModelConfig::load(dir);
+  ps->set_num_layers(cfg.num_layers);
+  const auto& pc = ps->config();
+  auto split = pc.layer_split.empty() ? even_layer_split(cfg.num_layers, pc.pp) : pc.layer_split;
+  auto model = std::make_shared<Transformer>(cfg, ps);
+  model->load_state_dict(hf_to_shard(
+      read_hf_weights(dir), cfg,
+      ShardSpec::for_rank(cfg, ps->coords().tp, pc.tp, ps->coords().pp, split)));
+  return model;
+}
+
+// What one process generates on the full weights of `model_weights`.
+std::vector<GeneratedSequence> reference(const ModelConfig& cfg, const TensorMap& full,
+                                         const SamplingParams& params) {
+  auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
+  model->load_state_dict(
+      hf_to_shard(full, cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers})));
+  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));
+  return engine.generate(kPrompts, params);
+}
+
+void expect_same_sequences(const std::vector<GeneratedSequence>& got,
+                           const std::vector<GeneratedSequence>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].response, want[i].response) << what << " sequence " << i;
+    ASSERT_EQ(got[i].log_probs.size(), want[i].log_probs.size()) << what << " sequence " << i;
+    for (size_t t = 0; t < got[i].log_probs.size(); ++t)
+      EXPECT_NEAR(got[i].log_probs[t], want[i].log_probs[t], 1e-5) << what << " " << i;
+  }
+}
+
+// The training engine's log-probs of the batch's response tokens (pipeline
+// forward; non-empty on the last stage only).
+at::Tensor training_log_probs(Transformer& model, const RolloutBatch& batch) {
+  MicroBatch mb;
+  mb.input_ids = batch.input_ids;
+  mb.position_ids = batch.position_ids;
+  mb.attention_mask = batch.attention_mask;
+  int64_t p = batch.prompts.size(1), r = batch.responses.size(1);
+  const Group& tp = model.parallel().tp();
+  auto out = forward_only(model, {mb}, [&](const at::Tensor& logits, const MicroBatch& m) {
+    return next_token_log_probs(logits, m.input_ids, tp).narrow(1, p - 1, r);
+  });
+  return out.empty() ? at::Tensor() : out[0];
+}
+
+double max_masked_diff(const at::Tensor& a, const at::Tensor& b, const at::Tensor& mask) {
+  return ((a - b).abs() * mask.to(a.scalar_type())).max().item<double>();
+}
+
+TEST(HybridEngine, Tp2Pp2TrainingGeneratesInTp2RolloutAndFollowsTraining) {
+  run_world(4, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    ParallelConfig pc;
+    pc.tp = 2;
+    pc.pp = 2;
+    auto ps = ParallelState::create(store, rank, pc);
+    auto train = training_model("tiny-qwen2", ps);
+    const auto& cfg = train->config();
+    auto full = read_hf_weights(kFixtures + "/tiny-qwen2");
+    HybridEngineOptions options;
+    options.rollout_tp = 2;
+    options.generation.cache.budget_bytes = 1 << 20;
+    options.reshard.bucket_bytes = 16 << 10;
+    HybridEngine hybrid(train, store, options);
+    EXPECT_EQ(hybrid.rollout_replicas(), 2);
+    EXPECT_EQ(hybrid.rollout_replica(), rank / 2);
+    expect_error([&] { hybrid.generate(kPrompts, greedy()); }, {"not in rollout"});
+
+    // Gradients from a backward exist before the rollout and are released by it.
+    std::vector<MicroBatch> mbs(1);
+    mbs[0].input_ids = at::tensor(std::vector<int64_t>{5, 17, 33, 9, 60, 12}, at::kLong).view({1, 6});
+    mbs[0].position_ids = at::arange(6, at::kLong).view({1, 6});
+    mbs[0].attention_mask = at::ones({1, 6}, at::kLong);
+    const Group& tp = ps->tp();
+    forward_backward(*train, mbs, [&](const at::Tensor& logits, const MicroBatch& mb) {
+      return -next_token_log_probs(logits, mb.input_ids, tp).mean();
+    });
+    ASSERT_TRUE(train->named_params()[0].second.grad().defined());
+
+    auto stats = hybrid.enter_rollout();
+    EXPECT_GT(stats.buckets, 1);
+    for (const auto& [name, p] : train->named_params())
+      EXPECT_FALSE(p.grad().defined()) << name << " kept its gradient during rollout";
+    EXPECT_GT(hybrid.rollout_bytes(), 0);
+    expect_error([&] { hybrid.enter_rollout(); }, {"already in rollout"});
+
+    // Both replicas (ranks 0-1 and 2-3) generate what one process does.
+    expect_same_sequences(hybrid.generate(kPrompts, greedy()), reference(cfg, full, greedy()),
+                          "greedy");
+    auto seqs = hybrid.generate(kPrompts, sampled());
+    expect_same_sequences(seqs, reference(cfg, full, sampled()), "sampled");
+
+    // Rollout log-probs against the training engine's, same tokens.
+    auto batch = to_rollout_batch(seqs);
+    hybrid.exit_rollout();
+    EXPECT_FALSE(hybrid.in_rollout());
+    EXPECT_EQ(hybrid.rollout_bytes(), 0);
+    auto before = training_log_probs(*train, batch);
+    if (before.defined())
+      EXPECT_LT(max_masked_diff(before, batch.rollout_log_probs, batch.response_mask), 1e-5);
+
+    // One optimizer step on the rollout batch; the next rollout follows it.
+    Optimizer opt(train, OptimizerOptions().set_lr(2e-2));
+    opt.zero_grad();
+    MicroBatch step;
+    step.input_ids = batch.input_ids;
+    step.position_ids = batch.position_ids;
+    step.attention_mask = batch.attention_mask;
+    forward_backward(*train, {step}, [&](const at::Tensor& logits, const MicroBatch& mb) {
+      return -next_token_log_probs(logits, mb.input_ids, tp).mean();
+    });
+    opt.step();
+    auto old_tokens_now = training_log_probs(*train, batch);
+    if (old_tokens_now.defined())
+      EXPECT_GT(max_masked_diff(old_tokens_now, before, batch.response_mask), 1e-3)
+          << "the step was meant to change the log-probs";
+
+    hybrid.enter_rollout();
+    auto after = to_rollout_batch(hybrid.generate(kPrompts, sampled()));
+    hybrid.exit_rollout();
+    auto train_after = training_log_probs(*train, after);
+    if (train_after.defined())
+      EXPECT_LT(max_masked_diff(train_after, after.rollout_log_probs, after.response_mask), 1e-5)
+          << "rollout after the step must use the new weights";
+  });
+}
+
+struct Layouts {
+  std::string name;
+  int64_t tp, pp, rollout_tp;
+};
+
+class HybridLayouts : public ::testing::TestWithParam<Layouts> {};
+
+TEST_P(HybridLayouts, RolloutGeneratesWhatOneProcessGenerates) {
+  const Layouts l = GetParam();
+  run_world(2, [l](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    ParallelConfig pc;
+    pc.tp = l.tp;
+    pc.pp = l.pp;
+    auto ps = ParallelState::create(store, rank, pc);
+    auto train = training_model("tiny-llama", ps);
+    auto full = read_hf_weights(kFixtures + "/tiny-llama");
+    HybridEngineOptions options;
+    options.rollout_tp = l.rollout_tp;
+    options.generation.cache.budget_bytes = 1 << 20;
+    HybridEngine hybrid(train, store, options);
+    hybrid.enter_rollout();
+    EXPECT_EQ(hybrid.rollout_replicas(), 2 / l.rollout_tp);
+    expect_same_sequences(hybrid.generate(kPrompts, greedy()),
+                          reference(train->config(), full, greedy()), l.name);
+    expect_same_sequences(hybrid.generate(kPrompts, sampled()),
+                          reference(train->config(), full, sampled()), l.name);
+    hybrid.exit_rollout();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, HybridLayouts,
+                         ::testing::Values(Layouts{"tp2_to_tp1", 2, 1, 1},
+                                           Layouts{"pp2_to_tp2", 1, 2, 2}),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace baton::engine
