@@ -5,6 +5,7 @@
 // step recomputes the full forward over every sequence so far).
 //
 //   ./build/bench/rollout_bench [--batches 1,16,64] [--prompt 32] [--new 32] [--repeats 3]
+//                               [--threads N] [--profile FILE]
 //
 // The last line of stdout is JSON. Per batch size (medians over --repeats):
 //   prefill_tokens_per_s  prompt tokens / time in prefill steps
@@ -13,11 +14,14 @@
 //   uncached_tokens_per_s generated tokens / wall time without a cache
 //   speedup               cached / uncached
 //   same_tokens           both produced the same sequences (greedy, fp32)
-// Intra-op threads: all cores (one process).
+// Intra-op threads: all cores (one process) unless --threads. --profile FILE:
+// after timing, one more cached generation at the first batch size under
+// LibTorch's autograd profiler, written as a Chrome trace.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,12 +47,14 @@ struct Args {
   int64_t prompt = 32;
   int64_t new_tokens = 32;
   int64_t repeats = 3;
+  int64_t threads = 0;  // 0: all cores
+  std::string profile;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "rollout_bench: %s\nusage: rollout_bench [--batches 1,16,64] [--prompt N] "
-               "[--new N] [--repeats N]\n",
+               "[--new N] [--repeats N] [--threads N] [--profile FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -67,14 +73,18 @@ Args parse(int argc, char** argv) try {
       a.new_tokens = cli::parse_int(v, k);
     } else if (k == "--repeats") {
       a.repeats = cli::parse_int(v, k);
+    } else if (k == "--threads") {
+      a.threads = cli::parse_int(v, k);
+    } else if (k == "--profile") {
+      a.profile = v;
     } else {
       usage("unknown option " + k);
     }
   }
   for (int64_t b : a.batches)
     if (b < 1) usage("batch sizes must be positive");
-  if (a.prompt < 1 || a.new_tokens < 1 || a.repeats < 1)
-    usage("--prompt, --new and --repeats must be positive");
+  if (a.prompt < 1 || a.new_tokens < 1 || a.repeats < 1 || a.threads < 0)
+    usage("--prompt, --new and --repeats must be positive, --threads >= 0");
   return a;
 } catch (const cli::UsageError& e) {
   usage(e.what());
@@ -110,7 +120,9 @@ double seconds_since(Clock::time_point t) {
 
 int main(int argc, char** argv) {
   Args args = parse(argc, argv);
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = args.threads > 0
+                    ? static_cast<int>(args.threads)
+                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
   auto cfg = bench_config(args.prompt + args.new_tokens);
   at::manual_seed(1234);
@@ -160,6 +172,15 @@ int main(int argc, char** argv) {
                 {"same_tokens", same}};
     std::fprintf(stderr, "%s\n", row.dump().c_str());
     results.push_back(row);
+  }
+  if (!args.profile.empty()) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+    auto ids = at::randint(3, cfg.vocab_size, {args.batches[0], args.prompt}, gen, at::kLong);
+    std::vector<std::vector<int64_t>> prompts;
+    for (int64_t i = 0; i < ids.size(0); ++i)
+      prompts.emplace_back(ids[i].data_ptr<int64_t>(), ids[i].data_ptr<int64_t>() + args.prompt);
+    torch::autograd::profiler::RecordProfile trace(args.profile);
+    engine.generate(prompts, greedy);
   }
   json out = {{"bench", "rollout"},
               {"model", {{"params", params},
