@@ -20,8 +20,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
-#include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -183,12 +183,13 @@ int main(int argc, char** argv) {
     engine.generate(prompts, greedy);
   }
   json out = {{"bench", "rollout"},
-              {"model", {{"params", params},
-                         {"vocab", cfg.vocab_size},
-                         {"hidden", cfg.hidden_size},
-                         {"layers", cfg.num_layers},
-                         {"heads", cfg.num_heads},
-                         {"kv_heads", cfg.num_kv_heads}}},
+              {"model",
+               {{"params", params},
+                {"vocab", cfg.vocab_size},
+                {"hidden", cfg.hidden_size},
+                {"layers", cfg.num_layers},
+                {"heads", cfg.num_heads},
+                {"kv_heads", cfg.num_kv_heads}}},
               {"prompt_tokens", args.prompt},
               {"new_tokens", args.new_tokens},
               {"repeats", args.repeats},

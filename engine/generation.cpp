@@ -108,11 +108,10 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
     // prompt + max_new_tokens - 1 positions at most.
     int64_t need = static_cast<int64_t>(prompts[i].size()) + params.max_new_tokens - 1;
     if (need > capacity)
-      throw EngineError(detail::cat("generate: request ", i, " needs up to ", need,
-                                    " cached tokens (prompt ", prompts[i].size(),
-                                    " + max_new_tokens ", params.max_new_tokens,
-                                    " - 1) but the KV cache holds ", capacity,
-                                    "; raise the cache budget"));
+      throw EngineError(
+          detail::cat("generate: request ", i, " needs up to ", need, " cached tokens (prompt ",
+                      prompts[i].size(), " + max_new_tokens ", params.max_new_tokens,
+                      " - 1) but the KV cache holds ", capacity, "; raise the cache budget"));
   }
   stats_ = GenerationStats{};
   auto stop = stop_tokens(cfg, params);
@@ -305,7 +304,8 @@ std::vector<GeneratedSequence> generate_without_cache(
     auto logits = gather_from_tp_region(shard, model.parallel().tp()).to(at::kCPU, at::kFloat);
     for (int64_t i = 0; i < b; ++i) {
       Row* r = active[i];
-      r->finished = append(r->out, r->tokens, sample_token(logits[i], params, r->rng), params, stop);
+      r->finished =
+          append(r->out, r->tokens, sample_token(logits[i], params, r->rng), params, stop);
     }
   }
   std::vector<GeneratedSequence> out;
@@ -331,7 +331,8 @@ RolloutBatch to_rollout_batch(const std::vector<GeneratedSequence>& sequences,
   if (with_log_probs) out.rollout_log_probs = at::zeros({n, r}, at::kFloat);
   for (int64_t i = 0; i < n; ++i) {
     const auto& s = sequences[i];
-    int64_t pl = static_cast<int64_t>(s.prompt.size()), rl = static_cast<int64_t>(s.response.size());
+    int64_t pl = static_cast<int64_t>(s.prompt.size()),
+            rl = static_cast<int64_t>(s.response.size());
     out.prompts[i].narrow(0, p - pl, pl).copy_(at::tensor(s.prompt, at::kLong));
     prompt_mask[i].narrow(0, p - pl, pl).fill_(1);
     if (rl == 0) continue;

@@ -69,11 +69,11 @@ struct GeneratedSequence {
 };
 
 struct GenerationStats {
-  int64_t steps = 0;            // forward passes (prefill + decode)
-  int64_t prefill_tokens = 0;   // real tokens prefilled (recomputation included)
-  int64_t decode_tokens = 0;    // tokens decoded one at a time
+  int64_t steps = 0;           // forward passes (prefill + decode)
+  int64_t prefill_tokens = 0;  // real tokens prefilled (recomputation included)
+  int64_t decode_tokens = 0;   // tokens decoded one at a time
   int64_t preemptions = 0;
-  int64_t peak_running = 0;     // most sequences running at once
+  int64_t peak_running = 0;  // most sequences running at once
   int64_t peak_cache_blocks = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;
@@ -88,10 +88,10 @@ class GenerationEngine {
   // Generates for every prompt × params.n. Results are ordered by (request,
   // sample). Sample j of request i draws from
   // SequenceRng::for_sample(seed_i, j), where seed_i is request_seeds[i] when
-  // given (one per prompt) and else params.seed mixed with i. Throws EngineError for invalid params, an empty prompt, a token
-  // outside the vocabulary, a sequence that cannot fit in the whole cache
-  // (prompt + max_new_tokens), or a call while asleep — each naming the
-  // request and the numbers.
+  // given (one per prompt) and else params.seed mixed with i. Throws EngineError for invalid
+  // params, an empty prompt, a token outside the vocabulary, a sequence that cannot fit in the
+  // whole cache (prompt + max_new_tokens), or a call while asleep — each naming the request and the
+  // numbers.
   std::vector<GeneratedSequence> generate(const std::vector<std::vector<int64_t>>& prompts,
                                           const SamplingParams& params,
                                           const std::vector<uint64_t>& request_seeds = {});

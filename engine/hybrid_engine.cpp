@@ -10,7 +10,8 @@ HybridEngine::HybridEngine(std::shared_ptr<Transformer> train,
     : train_(std::move(train)), options_(options) {
   validate_tensor_parallel(train_->config(), options_.rollout_tp);
   const ParallelState& ps = train_->parallel();
-  rollout_state_ = make_rollout_state(std::move(store), ps.rank(), ps.config(), options_.rollout_tp);
+  rollout_state_ =
+      make_rollout_state(std::move(store), ps.rank(), ps.config(), options_.rollout_tp);
   rollout_state_->set_num_layers(train_->config().num_layers);
 }
 

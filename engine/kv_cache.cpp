@@ -13,13 +13,13 @@ KvCache::KvCache(const ModelConfig& config, int64_t num_layers, int64_t local_kv
       options_(options) {
   if (options_.block_size < 1)
     throw EngineError(detail::cat("KvCache: block_size must be >= 1, got ", options_.block_size));
-  bytes_per_token_ = 2 * num_layers_ * kv_heads_ * head_dim_ *
-                     static_cast<int64_t>(tensors_.dtype().itemsize());
+  bytes_per_token_ =
+      2 * num_layers_ * kv_heads_ * head_dim_ * static_cast<int64_t>(tensors_.dtype().itemsize());
   num_blocks_ = options_.budget_bytes / (bytes_per_token_ * options_.block_size);
   if (num_blocks_ < 2)
-    throw EngineError(detail::cat("KvCache: a budget of ", options_.budget_bytes,
-                                  " bytes holds ", num_blocks_, " blocks of ", options_.block_size,
-                                  " tokens × ", bytes_per_token_,
+    throw EngineError(detail::cat("KvCache: a budget of ", options_.budget_bytes, " bytes holds ",
+                                  num_blocks_, " blocks of ", options_.block_size, " tokens × ",
+                                  bytes_per_token_,
                                   " bytes; at least 2 are needed (one is scratch)"));
   wake();
 }

@@ -35,8 +35,9 @@ struct KvCacheOptions {
 
 class KvCache {
  public:
-  // `tensors`: the cache's dtype and device (the model's). Throws EngineError when the budget holds fewer than two blocks (one
-  // usable besides scratch) or block_size < 1. Allocates the pool (awake).
+  // `tensors`: the cache's dtype and device (the model's). Throws EngineError when the budget holds
+  // fewer than two blocks (one usable besides scratch) or block_size < 1. Allocates the pool
+  // (awake).
   KvCache(const ModelConfig& config, int64_t num_layers, int64_t local_kv_heads,
           at::TensorOptions tensors, KvCacheOptions options = {});
 

@@ -190,6 +190,15 @@ std::shared_ptr<::gloo::transport::Device> gloo_device() {
   return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
 }
 
+c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout, std::shared_ptr<::gloo::transport::Device> device) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(std::move(device));
+  if (size == 1) options->threads = 1;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+
 // Builds the process groups of one ParallelState, sharing one process group
 // between group kinds with the same ranks.
 class GroupFactory {
@@ -227,11 +236,8 @@ class GroupFactory {
       throw EngineError("ParallelState: the NCCL backend needs a CUDA build (BATON_CUDA)");
 #endif
     }
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
     if (!device_) device_ = gloo_device();
-    options->devices.push_back(device_);
-    if (size == 1) options->threads = 1;
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+    return gloo_group(store, rank, size, timeout_, device_);
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -242,6 +248,13 @@ class GroupFactory {
 };
 
 }  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(c10::intrusive_ptr<c10d::Store> store,
+                                                       int64_t rank, int64_t size,
+                                                       std::chrono::milliseconds timeout) {
+  ENGINE_CHECK(size >= 1 && rank >= 0 && rank < size, "make_gloo_group: rank ", rank, " of ", size);
+  return gloo_group(store, static_cast<int>(rank), static_cast<int>(size), timeout, gloo_device());
+}
 
 ParallelState::ParallelState(ParallelConfig config, int64_t rank)
     : config_(std::move(config)), rank_(rank), coords_(coords_of(rank, config_)) {}

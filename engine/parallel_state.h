@@ -105,6 +105,14 @@ struct Group {
   std::vector<int64_t> ranks;  // global ranks by group rank
 };
 
+// A Gloo process group of `size` ranks over `store`, bound like a
+// ParallelState's groups (GLOO_SOCKET_IFNAME, else loopback): for groups
+// outside a ParallelState, such as weight sync to separate rollout workers.
+// Collective and blocking: every member calls it.
+c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(c10::intrusive_ptr<c10d::Store> store,
+                                                       int64_t rank, int64_t size,
+                                                       std::chrono::milliseconds timeout);
+
 // Process-group implementation. kNccl exists only in BATON_CUDA builds
 // (EngineError otherwise).
 enum class CollectiveBackend { kGloo, kNccl };

@@ -27,9 +27,7 @@ struct Item {
   int64_t dim = -1;           // the dim split over TP (-1: replicated)
   int64_t blocks = 1;         // sub-blocks along `dim` split separately (gate, up: 2)
   std::vector<int64_t> full;  // the full (unsharded) shape
-  int64_t outer = 1;          // elements before `dim`, and after it
-  int64_t inner = 1;
-  int64_t full_bytes = 0;  // in the rollout dtype
+  int64_t full_bytes = 0;     // in the rollout dtype
 
   bool replicated() const { return dim < 0; }
   // The shape of one shard of `tp` ranks.
@@ -137,27 +135,13 @@ std::vector<Item> plan_items(const Transformer& rollout, const ParallelConfig& t
         it.stage = training.pp - 1;
         break;
     }
-    switch (rule->transform) {
-      case Transform::kReplicated:
-        break;
-      case Transform::kSplitRows:
-      case Transform::kQkv:  // kv groups are contiguous in the fused rows
-        it.dim = 0;
-        break;
-      case Transform::kSplitCols:
-        it.dim = 1;
-        break;
-      case Transform::kGateUp:
-        it.dim = 0;
-        it.blocks = 2;
-        break;
-    }
+    const TpSplit split = tp_split_of(rule->transform);
+    it.dim = split.dim;
+    it.blocks = split.blocks;
     it.full = param.sizes().vec();
     if (!it.replicated()) {
       ENGINE_CHECK(it.dim < param.dim(), name, " has ", param.dim(), " dims");
       it.full[it.dim] *= r_tp;
-      for (int64_t d = 0; d < it.dim; ++d) it.outer *= it.full[d];
-      for (int64_t d = it.dim + 1; d < param.dim(); ++d) it.inner *= it.full[d];
       ENGINE_CHECK(it.full[it.dim] % (it.blocks * training.tp) == 0, name, " ", shape_str(it.full),
                    " does not split into ", it.blocks, " × ", training.tp);
     }
@@ -352,31 +336,17 @@ class Resharder {
     }
   }
 
-  // Copies this rank's TP_r slice of `it` out of the training shards, piece
-  // by piece: the slice of each sub-block is a contiguous range of that
-  // sub-block, which spans parts of one or more training shards.
+  // Copies this rank's TP_r slice of `it` out of the training shards it holds:
+  // all when gathered, else only its own (then it is the rollout slice, or
+  // TP_t = 1 and it is everything).
   void copy_out(const Item& it, const std::function<at::Tensor(int64_t k)>& shard) {
     if (it.replicated()) {
       it.dst.copy_(shard(0));
       return;
     }
-    const int64_t block = it.full[it.dim] / it.blocks;  // one sub-block, full size
-    const int64_t t_len = block / t_tp_, r_len = block / r_tp_;
-    auto dst = it.dst.view({it.outer, it.blocks * r_len, it.inner});
-    // Training shards this rank holds: all when gathered, else only its own
-    // (then it is the rollout slice, or TP_t = 1 and it is everything).
     const int64_t k_begin = gather_ ? 0 : t_rank_;
     const int64_t k_end = gather_ ? t_tp_ : t_rank_ + 1;
-    for (int64_t s = 0; s < it.blocks; ++s) {
-      const int64_t want_lo = r_rank_ * r_len, want_hi = want_lo + r_len;
-      for (int64_t k = k_begin; k < k_end; ++k) {
-        const int64_t lo = std::max(want_lo, k * t_len), hi = std::min(want_hi, (k + 1) * t_len);
-        if (lo >= hi) continue;
-        auto src = shard(k).view({it.outer, it.blocks * t_len, it.inner});
-        dst.narrow(1, s * r_len + lo - want_lo, hi - lo)
-            .copy_(src.narrow(1, s * t_len + lo - k * t_len, hi - lo));
-      }
-    }
+    copy_tp_slice(it.dst, it.full, it.dim, it.blocks, t_tp_, r_tp_, r_rank_, k_begin, k_end, shard);
   }
 
   const ParallelState& train_ps_;
@@ -391,6 +361,42 @@ class Resharder {
 };
 
 }  // namespace
+
+TpSplit tp_split_of(Transform transform) {
+  switch (transform) {
+    case Transform::kReplicated:
+      return {};
+    case Transform::kSplitRows:
+    case Transform::kQkv:
+      return {0, 1};
+    case Transform::kSplitCols:
+      return {1, 1};
+    case Transform::kGateUp:
+      return {0, 2};
+  }
+  ENGINE_CHECK(false, "unknown Transform");
+}
+
+void copy_tp_slice(at::Tensor dst, at::IntArrayRef full, int64_t dim, int64_t blocks, int64_t t_tp,
+                   int64_t r_tp, int64_t r_rank, int64_t k_begin, int64_t k_end,
+                   const std::function<at::Tensor(int64_t k)>& shard) {
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= full[d];
+  for (int64_t d = dim + 1; d < static_cast<int64_t>(full.size()); ++d) inner *= full[d];
+  const int64_t block = full[dim] / blocks;  // one sub-block, full size
+  const int64_t t_len = block / t_tp, r_len = block / r_tp;
+  auto out = dst.view({outer, blocks * r_len, inner});
+  const int64_t want_lo = r_rank * r_len, want_hi = want_lo + r_len;
+  for (int64_t s = 0; s < blocks; ++s) {
+    for (int64_t k = k_begin; k < k_end; ++k) {
+      const int64_t lo = std::max(want_lo, k * t_len), hi = std::min(want_hi, (k + 1) * t_len);
+      if (lo >= hi) continue;
+      auto src = shard(k).view({outer, blocks * t_len, inner});
+      out.narrow(1, s * r_len + lo - want_lo, hi - lo)
+          .copy_(src.narrow(1, s * t_len + lo - k * t_len, hi - lo));
+    }
+  }
+}
 
 std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store> store,
                                                   int64_t rank, const ParallelConfig& training,

@@ -103,8 +103,7 @@ Sampled sample_token(const at::Tensor& logits, const SamplingParams& p, Sequence
   // A candidate of zero probability (underflow) is never picked.
   while (pick > 0 && c[pick] == c[pick - 1]) --pick;
   out.token = cand.ids[pick].item<int64_t>();
-  if (p.log_probs)
-    out.log_prob = at::log_softmax(row / p.temperature, 0)[out.token].item<double>();
+  if (p.log_probs) out.log_prob = at::log_softmax(row / p.temperature, 0)[out.token].item<double>();
   return out;
 }
 

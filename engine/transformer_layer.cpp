@@ -149,7 +149,7 @@ at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& r
   auto grouped = qkv.view({b, s, g, r + 2, d});
   auto q = apply_rotary(grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2), rotary);
   auto k_new = apply_rotary(grouped.select(3, r).transpose(1, 2), rotary);  // [B, g, Q, d]
-  auto v_new = grouped.select(3, r + 1);                                     // [B, Q, g, d]
+  auto v_new = grouped.select(3, r + 1);                                    // [B, Q, g, d]
   k_cache.index_copy_(0, step.write_slots, k_new.transpose(1, 2).reshape({b * s, g, d}));
   v_cache.index_copy_(0, step.write_slots, v_new.reshape({b * s, g, d}));
   int64_t l = step.read_slots.size(1);

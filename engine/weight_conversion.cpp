@@ -359,6 +359,29 @@ void validate_tensor_parallel(const ModelConfig& cfg, int64_t tp_size) {
   require(cfg.intermediate_size, "intermediate_size");
 }
 
+std::vector<ModelTensor> whole_model_tensors(const ModelConfig& cfg, bool value_model) {
+  const auto& rules = conversion_rules(cfg.family);
+  std::vector<ModelTensor> out;
+  auto add = [&](const ConversionRule& r, int64_t layer) {
+    ModelTensor t{expand(r.engine_name, layer), &r, layer, resolve(r.hf[0].shape, cfg)};
+    // Fused tensors stack their HF parts along dim 0.
+    for (size_t i = 1; i < r.hf.size(); ++i) t.shape[0] += resolve(r.hf[i].shape[0], cfg);
+    out.push_back(std::move(t));
+  };
+  auto scope = [&](Scope s) {
+    for (const auto& r : rules)
+      if (r.scope == s && applies(r, cfg, value_model)) add(r, -1);
+  };
+  scope(Scope::kFirstStage);
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    for (const auto& r : rules)
+      if (r.scope == Scope::kLayer && applies(r, cfg, value_model)) add(r, l);
+  scope(Scope::kLastStage);
+  if (!cfg.tie_word_embeddings) scope(Scope::kLmHead);
+  scope(Scope::kValueHead);
+  return out;
+}
+
 const ConversionRule* find_rule(ModelFamily family, const std::string& engine_name,
                                 int64_t* layer) {
   struct Compiled {

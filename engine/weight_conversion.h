@@ -89,6 +89,21 @@ const std::vector<ConversionRule>& conversion_rules(ModelFamily family);
 const ConversionRule* find_rule(ModelFamily family, const std::string& engine_name,
                                 int64_t* layer = nullptr);
 
+// One engine tensor of the whole (unsharded, one-stage) model.
+struct ModelTensor {
+  std::string engine_name;
+  const ConversionRule* rule = nullptr;
+  int64_t layer = -1;          // global layer id, -1 outside the layers
+  std::vector<int64_t> shape;  // full shape (fused QKV and gate/up included)
+};
+
+// Every tensor of the whole model at pp = 1, derived from the config and the
+// rule table alone: the embedding, each layer's tensors in layer order, the
+// final norm, then the LM head (absent when tied) or the value head (weight
+// and bias). Senders and receivers of streamed weights agree on it without
+// exchanging metadata.
+std::vector<ModelTensor> whole_model_tensors(const ModelConfig& cfg, bool value_model);
+
 // One rank's part of the model.
 struct ShardSpec {
   int64_t tp_rank = 0;

@@ -43,11 +43,12 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "baton-generate: %s\nusage: baton-generate --model DIR --prompt-tokens \"1,2,3;4,5\" "
-               "--max-new-tokens N [--temperature T] [--top-k K] [--top-p P] [--n S] [--seed X] "
-               "[--tp N] [--stop-tokens 7,9] [--ignore-eos] [--cache-mb MB] [--max-batch B]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "baton-generate: %s\nusage: baton-generate --model DIR --prompt-tokens \"1,2,3;4,5\" "
+      "--max-new-tokens N [--temperature T] [--top-k K] [--top-p P] [--n S] [--seed X] "
+      "[--tp N] [--stop-tokens 7,9] [--ignore-eos] [--cache-mb MB] [--max-batch B]\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -103,10 +104,14 @@ Args parse(int argc, char** argv) try {
 }
 
 nlohmann::json params_json(const SamplingParams& p) {
-  return {{"temperature", p.temperature}, {"top_k", p.top_k},
-          {"top_p", p.top_p},             {"n", p.n},
-          {"max_new_tokens", p.max_new_tokens}, {"seed", p.seed},
-          {"stop_token_ids", p.stop_token_ids}, {"ignore_eos", p.ignore_eos}};
+  return {{"temperature", p.temperature},
+          {"top_k", p.top_k},
+          {"top_p", p.top_p},
+          {"n", p.n},
+          {"max_new_tokens", p.max_new_tokens},
+          {"seed", p.seed},
+          {"stop_token_ids", p.stop_token_ids},
+          {"ignore_eos", p.ignore_eos}};
 }
 
 int run(const Args& a, const std::optional<LocalRank>& me) {

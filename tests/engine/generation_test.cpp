@@ -57,8 +57,8 @@ std::vector<int64_t> argmax_without_cache(Transformer& model, std::vector<int64_
   for (int64_t i = 0; i < max_new; ++i) {
     auto n = static_cast<int64_t>(tokens.size());
     auto ids = at::tensor(tokens, at::kLong).view({1, n});
-    auto logits = model.forward(ids, at::arange(n, at::kLong).view({1, n}),
-                                at::ones({1, n}, at::kLong));
+    auto logits =
+        model.forward(ids, at::arange(n, at::kLong).view({1, n}), at::ones({1, n}, at::kLong));
     int64_t next = logits[0][n - 1].argmax().item<int64_t>();
     out.push_back(next);
     tokens.push_back(next);
@@ -210,14 +210,21 @@ TEST(Generation, BadRequestsNameWhatIsWrong) {
   small.cache.block_size = 4;
   small.cache.budget_bytes = 5 * 4 * model->make_kv_cache({})->bytes_per_token();  // 16 usable
   GenerationEngine engine(model, small);
-  expect_error([&] { engine.generate({{1, 2}, std::vector<int64_t>(10, 3)}, greedy(8)); },
-               {"request 1", "17", "16"});
+  expect_error(
+      [&] {
+        engine.generate({{1, 2}, std::vector<int64_t>(10, 3)}, greedy(8));
+      },
+      {"request 1", "17", "16"});
   expect_error([&] { engine.generate({{1, 2}, {}}, greedy(4)); }, {"prompt 1", "empty"});
   expect_error([&] { engine.generate({{1, 999}}, greedy(4)); }, {"prompt 0", "999", "128"});
   auto p = greedy(4);
   p.top_p = 0;
   expect_error([&] { engine.generate({{1}}, p); }, {"top_p", "0"});
-  expect_error([&] { engine.generate({{1}, {2}}, greedy(4), {7}); }, {"1 request seeds", "2 prompts"});
+  expect_error(
+      [&] {
+        engine.generate({{1}, {2}}, greedy(4), {7});
+      },
+      {"1 request seeds", "2 prompts"});
   expect_error([&] { KvCache(model->config(), 4, 2, at::kFloat, {.budget_bytes = 100}); },
                {"100 bytes", "at least 2"});
 }
@@ -251,8 +258,8 @@ TEST(Generation, RolloutLogProbsMatchTrainingLogProbs) {
   {
     at::NoGradGuard no_grad;
     auto logits = model->forward(batch.input_ids, batch.position_ids, batch.attention_mask);
-    train = next_token_log_probs(logits, batch.input_ids, model->parallel().tp())
-                .narrow(1, pl - 1, rl);
+    train =
+        next_token_log_probs(logits, batch.input_ids, model->parallel().tp()).narrow(1, pl - 1, rl);
   }
   auto m = batch.response_mask.to(at::kFloat);
   double diff = ((train - batch.rollout_log_probs).abs() * m).max().item<double>();

@@ -56,9 +56,9 @@ std::shared_ptr<Transformer> training_model(const std::string& fixture,
   const auto& pc = ps->config();
   auto split = pc.layer_split.empty() ? even_layer_split(cfg.num_layers, pc.pp) : pc.layer_split;
   auto model = std::make_shared<Transformer>(cfg, ps);
-  model->load_state_dict(hf_to_shard(
-      read_hf_weights(dir), cfg,
-      ShardSpec::for_rank(cfg, ps->coords().tp, pc.tp, ps->coords().pp, split)));
+  model->load_state_dict(
+      hf_to_shard(read_hf_weights(dir), cfg,
+                  ShardSpec::for_rank(cfg, ps->coords().tp, pc.tp, ps->coords().pp, split)));
   return model;
 }
 
@@ -122,7 +122,8 @@ TEST(HybridEngine, Tp2Pp2TrainingGeneratesInTp2RolloutAndFollowsTraining) {
 
     // Gradients from a backward exist before the rollout and are released by it.
     std::vector<MicroBatch> mbs(1);
-    mbs[0].input_ids = at::tensor(std::vector<int64_t>{5, 17, 33, 9, 60, 12}, at::kLong).view({1, 6});
+    mbs[0].input_ids =
+        at::tensor(std::vector<int64_t>{5, 17, 33, 9, 60, 12}, at::kLong).view({1, 6});
     mbs[0].position_ids = at::arange(6, at::kLong).view({1, 6});
     mbs[0].attention_mask = at::ones({1, 6}, at::kLong);
     const Group& tp = ps->tp();

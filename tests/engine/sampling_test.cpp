@@ -41,8 +41,7 @@ TEST(Sampling, DistributionsAreTheIntendedOnes) {
   // Top-k 3: the three most likely, renormalised over 0.8.
   expect_distribution(sampling_distribution(l, params(1, 3, 1)), {0.5, 0.3125, 0.1875, 0, 0, 0});
   // Top-p 0.7: 0.4 + 0.25 = 0.65 < 0.7, so the third joins (0.8 >= 0.7).
-  expect_distribution(sampling_distribution(l, params(1, 0, 0.7)),
-                      {0.5, 0.3125, 0.1875, 0, 0, 0});
+  expect_distribution(sampling_distribution(l, params(1, 0, 0.7)), {0.5, 0.3125, 0.1875, 0, 0, 0});
   // Top-p 0.65 exactly reached by two tokens.
   expect_distribution(sampling_distribution(l, params(1, 0, 0.65)),
                       {0.4 / 0.65, 0.25 / 0.65, 0, 0, 0, 0});

@@ -410,5 +410,30 @@ INSTANTIATE_TEST_SUITE_P(HfFixtures, FixtureRoundTrip,
                            return s;
                          });
 
+// whole_model_tensors lists exactly what one TP1 stage holds, with its shapes.
+TEST(WeightConversion, WholeModelTensorsAreTheOneStageModel) {
+  for (bool tied : {false, true}) {
+    for (auto family : {ModelFamily::kLlama, ModelFamily::kQwen2}) {
+      auto cfg = tiny_config(family, tied);
+      SCOPED_TRACE(cfg.architecture + (tied ? " tied" : " untied"));
+      auto one_stage = hf_to_shard(random_hf(cfg, !tied), cfg,
+                                   ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers}));
+      auto listed = whole_model_tensors(cfg, /*value_model=*/false);
+      ASSERT_EQ(listed.size(), one_stage.size());
+      for (const auto& t : listed) {
+        ASSERT_TRUE(one_stage.count(t.engine_name)) << t.engine_name;
+        EXPECT_EQ(one_stage.at(t.engine_name).sizes(), at::IntArrayRef(t.shape)) << t.engine_name;
+        EXPECT_EQ(find_rule(cfg.family, t.engine_name), t.rule) << t.engine_name;
+      }
+      EXPECT_EQ(listed.front().engine_name, "embedding.word_embeddings.weight");
+    }
+  }
+  auto cfg = tiny_config(ModelFamily::kQwen2, false);
+  auto critic = whole_model_tensors(cfg, /*value_model=*/true);
+  EXPECT_EQ(critic[critic.size() - 2].engine_name, "value_head.weight");
+  EXPECT_EQ(critic.back().engine_name, "value_head.bias");
+  EXPECT_EQ(critic.back().shape, std::vector<int64_t>{1});
+}
+
 }  // namespace
 }  // namespace baton::engine

@@ -1,0 +1,459 @@
+#include "engine/weight_sync.h"
+
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/errors.h"
+#include "engine/reshard.h"
+#include "engine/weight_conversion.h"
+
+namespace baton::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+int64_t align8(int64_t n) { return (n + 7) / 8 * 8; }
+
+// One tensor of the stream: the whole model's tensor, its owning training
+// stage and its TP split.
+struct Item {
+  ModelTensor tensor;
+  int64_t stage = 0;
+  TpSplit split;
+  int64_t bytes = 0;  // full tensor, in the stream's dtype
+
+  bool replicated() const { return split.dim < 0; }
+  std::vector<int64_t> shard_shape(int64_t tp) const {
+    auto s = tensor.shape;
+    if (!replicated()) s[split.dim] /= tp;
+    return s;
+  }
+  int64_t shard_bytes(int64_t tp) const { return replicated() ? bytes : bytes / tp; }
+};
+
+// Items in whole_model_tensors() order, cut into buckets at stage changes
+// and at `bucket_bytes`. Region k of a bucket's buffer holds training TP rank
+// k's shards (replicated tensors in region 0 only).
+struct Bucket {
+  int64_t stage = 0;
+  std::vector<const Item*> items;
+  std::vector<std::vector<int64_t>> offset;  // [item][region], -1: absent
+  std::vector<int64_t> region_begin, region_bytes;
+  int64_t total = 0;
+};
+
+struct Plan {
+  std::vector<Item> items;
+  std::vector<Bucket> buckets;
+  int64_t model_bytes = 0;
+};
+
+Plan make_plan(const ModelConfig& cfg, bool value_model, const ParallelConfig& training,
+               int64_t element_size, int64_t bucket_bytes) {
+  Plan plan;
+  std::vector<int64_t> stage_of_layer(cfg.num_layers, 0);
+  for (int64_t s = 0; s < training.pp; ++s) {
+    auto [begin, end] = stage_layer_range(s, cfg.num_layers, training);
+    for (int64_t l = begin; l < end; ++l) stage_of_layer[l] = s;
+  }
+  for (auto& t : whole_model_tensors(cfg, value_model)) {
+    Item it;
+    switch (t.rule->scope) {
+      case Scope::kFirstStage:
+        it.stage = 0;
+        break;
+      case Scope::kLayer:
+        it.stage = stage_of_layer[t.layer];
+        break;
+      default:
+        it.stage = training.pp - 1;
+    }
+    it.split = tp_split_of(t.rule->transform);
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    it.bytes = numel * element_size;
+    plan.model_bytes += it.bytes;
+    it.tensor = std::move(t);
+    plan.items.push_back(std::move(it));
+  }
+  int64_t filled = 0;
+  for (const Item& it : plan.items) {
+    if (plan.buckets.empty() || plan.buckets.back().stage != it.stage ||
+        filled + it.bytes > bucket_bytes) {
+      plan.buckets.push_back(Bucket{it.stage, {}, {}, {}, {}, 0});
+      filled = 0;
+    }
+    plan.buckets.back().items.push_back(&it);
+    filled += it.bytes;
+  }
+  for (Bucket& b : plan.buckets) {
+    b.offset.assign(b.items.size(), std::vector<int64_t>(training.tp, -1));
+    int64_t pos = 0;
+    for (int64_t k = 0; k < training.tp; ++k) {
+      b.region_begin.push_back(pos);
+      for (size_t i = 0; i < b.items.size(); ++i) {
+        if (b.items[i]->replicated() && k > 0) continue;
+        b.offset[i][k] = pos;
+        pos += align8(b.items[i]->shard_bytes(training.tp));
+      }
+      b.region_bytes.push_back(pos - b.region_begin.back());
+    }
+    b.total = pos;
+  }
+  return plan;
+}
+
+// Item i's shard of region k in `buffer`, typed and shaped.
+at::Tensor segment(const at::Tensor& buffer, const Bucket& b, size_t i, int64_t k, int64_t tp,
+                   at::ScalarType dtype) {
+  return at::from_blob(static_cast<uint8_t*>(buffer.data_ptr()) + b.offset[i][k],
+                       b.items[i]->shard_shape(tp), at::TensorOptions().dtype(dtype));
+}
+
+// The header rank 0 broadcasts before the buckets.
+enum Header : int64_t {
+  kVersion,
+  kItems,
+  kModelBytes,
+  kDtype,
+  kTrainingTp,
+  kTrainingPp,
+  kBucketBytes,
+  kValueModel,
+  kHeaderSize
+};
+
+void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+  for (auto& w : works) w->wait();
+  works.clear();
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_sync_group(c10::intrusive_ptr<c10d::Store> store,
+                                                       int64_t rank, int64_t size,
+                                                       std::chrono::milliseconds timeout) {
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("baton/weight_sync", std::move(store));
+  return make_gloo_group(prefixed, rank, size, timeout);
+}
+
+// ---------------------------------------------------------------- sender
+
+class WeightSender::Impl {
+ public:
+  Impl(std::shared_ptr<Transformer> train, c10::intrusive_ptr<c10d::ProcessGroup> sync,
+       WeightSyncOptions options)
+      : train_(std::move(train)), sync_(std::move(sync)), options_(options) {
+    const ParallelState& ps = train_->parallel();
+    if (ps.rank() == 0 && !sync_)
+      throw EngineError("WeightSender: training rank 0 needs the sync group (make_sync_group)");
+    if (options_.bucket_bytes < 1)
+      throw EngineError(
+          detail::cat("WeightSender: bucket_bytes must be positive, got ", options_.bucket_bytes));
+    for (const auto& [name, p] : train_->named_params()) {
+      if (params_.empty()) dtype_ = p.scalar_type();
+      if (p.scalar_type() != dtype_)
+        throw EngineError(detail::cat("WeightSender: parameter ", name, " is ", p.scalar_type(),
+                                      " but the others are ", dtype_));
+      params_.emplace(name, p);
+    }
+    plan_ = make_plan(train_->config(), train_->options().value_model, ps.config(),
+                      static_cast<int64_t>(c10::elementSize(dtype_)), options_.bucket_bytes);
+  }
+
+  WeightSyncStats send(int64_t version) {
+    const auto t0 = Clock::now();
+    const ParallelState& ps = train_->parallel();
+    handshake(version);
+    WeightSyncStats stats;
+    stats.version = version;
+    stats.model_bytes = plan_.model_bytes;
+    stats.buckets = static_cast<int64_t>(plan_.buckets.size());
+    const Coords& c = ps.coords();
+    if (c.cp == 0 && c.dp == 0) {
+      // Rank 0: at most two buckets alive, one travelling and one being assembled.
+      std::deque<std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>>> flying;
+      for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+        at::Tensor full = assemble(plan_.buckets[b], static_cast<int>(b));
+        if (ps.rank() != 0) continue;
+        std::vector<at::Tensor> ts{full};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = 0;
+        flying.emplace_back(full, sync_->broadcast(ts, opts));
+        if (flying.size() > 1) {
+          flying.front().second->wait();
+          release(flying.front().first);
+          flying.pop_front();
+        }
+      }
+      for (auto& [buf, work] : flying) {
+        work->wait();
+        release(buf);
+      }
+    }
+    stats.peak_buffer_bytes = peak_;
+    stats.seconds = seconds_since(t0);
+    return stats;
+  }
+
+ private:
+  // Rank 0 tells the receivers what comes; their verdicts come back summed,
+  // and the training world learns the outcome, so all fail together.
+  void handshake(int64_t version) {
+    const ParallelState& ps = train_->parallel();
+    auto rejected = at::zeros({1}, at::kLong);
+    if (ps.rank() == 0) {
+      auto header = at::zeros({kHeaderSize}, at::kLong);
+      auto h = header.accessor<int64_t, 1>();
+      h[kVersion] = version;
+      h[kItems] = static_cast<int64_t>(plan_.items.size());
+      h[kModelBytes] = plan_.model_bytes;
+      h[kDtype] = static_cast<int64_t>(dtype_);
+      h[kTrainingTp] = ps.config().tp;
+      h[kTrainingPp] = ps.config().pp;
+      h[kBucketBytes] = options_.bucket_bytes;
+      h[kValueModel] = train_->options().value_model ? 1 : 0;
+      std::vector<at::Tensor> ts{header};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      sync_->broadcast(ts, opts)->wait();
+      std::vector<at::Tensor> verdict{rejected};
+      sync_->allreduce(verdict)->wait();
+    }
+    std::vector<at::Tensor> ts{rejected};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = 0;
+    ps.world().pg->broadcast(ts, opts)->wait();
+    int64_t n = rejected.item<int64_t>();
+    if (n > 0)
+      throw EngineError(detail::cat("WeightSender: ", n,
+                                    " rollout rank(s) rejected the weights (their model or "
+                                    "options differ; see their errors); nothing was sent"));
+  }
+
+  at::Tensor allocate(int64_t bytes) {
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+    return at::empty({bytes}, at::kByte);
+  }
+  void release(at::Tensor& buf) {
+    live_ -= buf.numel();
+    buf = at::Tensor();
+  }
+
+  // The whole bucket on training rank 0 (returned there; undefined elsewhere).
+  at::Tensor assemble(const Bucket& b, int tag) {
+    const ParallelState& ps = train_->parallel();
+    const int64_t t_tp = ps.config().tp, k = ps.coords().tp, stage = ps.coords().pp;
+    at::Tensor full;
+    if (stage == b.stage) {
+      at::NoGradGuard no_grad;
+      at::Tensor buf = allocate(k == 0 ? b.total : b.region_bytes[k]);
+      const int64_t base = k == 0 ? 0 : b.region_begin[k];
+      for (size_t i = 0; i < b.items.size(); ++i) {
+        if (b.offset[i][k] < 0) continue;
+        at::from_blob(static_cast<uint8_t*>(buf.data_ptr()) + b.offset[i][k] - base,
+                      b.items[i]->shard_shape(t_tp), at::TensorOptions().dtype(dtype_))
+            .copy_(params_.at(b.items[i]->tensor.engine_name));
+      }
+      const Group& tp = ps.tp();
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      std::vector<std::vector<at::Tensor>> parts(t_tp);
+      if (k == 0) {
+        for (int64_t r = 1; r < t_tp; ++r) {
+          if (b.region_bytes[r] == 0) continue;
+          parts[r] = {buf.narrow(0, b.region_begin[r], b.region_bytes[r])};
+          works.push_back(tp.pg->recv(parts[r], static_cast<int>(r), tag));
+        }
+      } else if (b.region_bytes[k] > 0) {
+        parts[k] = {buf};
+        works.push_back(tp.pg->send(parts[k], 0, tag));
+      }
+      wait_all(works);
+      if (k != 0) {
+        release(buf);
+        return full;
+      }
+      if (b.stage == 0) return buf;  // on rank 0 itself
+      std::vector<at::Tensor> ts{buf};
+      ps.pp().pg->send(ts, 0, tag)->wait();
+      release(buf);
+      return full;
+    }
+    if (ps.rank() == 0) {
+      full = allocate(b.total);
+      std::vector<at::Tensor> ts{full};
+      ps.pp().pg->recv(ts, static_cast<int>(b.stage), tag)->wait();
+    }
+    return full;
+  }
+
+  std::shared_ptr<Transformer> train_;
+  c10::intrusive_ptr<c10d::ProcessGroup> sync_;
+  WeightSyncOptions options_;
+  at::ScalarType dtype_ = at::kFloat;
+  std::map<std::string, at::Tensor> params_;
+  Plan plan_;
+  int64_t live_ = 0, peak_ = 0;
+};
+
+WeightSender::WeightSender(std::shared_ptr<Transformer> train,
+                           c10::intrusive_ptr<c10d::ProcessGroup> sync, WeightSyncOptions options)
+    : impl_(std::make_unique<Impl>(std::move(train), std::move(sync), options)) {}
+WeightSender::~WeightSender() = default;
+WeightSyncStats WeightSender::send(int64_t version) { return impl_->send(version); }
+
+// ---------------------------------------------------------------- receiver
+
+class WeightReceiver::Impl {
+ public:
+  Impl(std::shared_ptr<Transformer> rollout, const ParallelConfig& training,
+       c10::intrusive_ptr<c10d::ProcessGroup> sync, WeightSyncOptions options)
+      : rollout_(std::move(rollout)),
+        training_(training),
+        sync_(std::move(sync)),
+        options_(options) {
+    if (!rollout_->first_stage() || !rollout_->last_stage())
+      throw EngineError("WeightReceiver: the rollout model must be one stage (pp = 1)");
+    ENGINE_CHECK(sync_, "WeightReceiver: no sync group");
+    for (const auto& [name, p] : rollout_->named_params()) params_.emplace(name, p);
+  }
+
+  WeightSyncStats receive() {
+    const auto t0 = Clock::now();
+    auto header = at::zeros({kHeaderSize}, at::kLong);
+    {
+      std::vector<at::Tensor> ts{header};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      sync_->broadcast(ts, opts)->wait();
+    }
+    auto h = header.accessor<int64_t, 1>();
+    std::string problem = check(h);
+    auto rejected = at::full({1}, problem.empty() ? 0 : 1, at::kLong);
+    std::vector<at::Tensor> verdict{rejected};
+    sync_->allreduce(verdict)->wait();
+    if (!problem.empty()) throw EngineError("WeightReceiver: " + problem);
+    if (rejected.item<int64_t>() > 0)
+      throw EngineError(detail::cat("WeightReceiver: ", rejected.item<int64_t>(),
+                                    " other rollout rank(s) rejected the weights"));
+
+    const auto dtype = static_cast<at::ScalarType>(h[kDtype]);
+    const int64_t t_tp = training_.tp, r_tp = rollout_->parallel().tp().size;
+    const int64_t r_rank = rollout_->parallel().coords().tp;
+    WeightSyncStats stats;
+    stats.version = h[kVersion];
+    stats.model_bytes = plan_.model_bytes;
+    stats.buckets = static_cast<int64_t>(plan_.buckets.size());
+    // Two buckets posted at once: the next arrives while this one is copied out.
+    std::deque<std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>>> posted;
+    auto post = [&](size_t b) {
+      at::Tensor buf = at::empty({plan_.buckets[b].total}, at::kByte);
+      live_ += buf.numel();
+      peak_ = std::max(peak_, live_);
+      std::vector<at::Tensor> ts{buf};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = 0;
+      posted.emplace_back(buf, sync_->broadcast(ts, opts));
+    };
+    if (!plan_.buckets.empty()) post(0);
+    at::NoGradGuard no_grad;
+    for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+      if (b + 1 < plan_.buckets.size()) post(b + 1);
+      auto [buf, work] = posted.front();
+      posted.pop_front();
+      work->wait();
+      const Bucket& bucket = plan_.buckets[b];
+      for (size_t i = 0; i < bucket.items.size(); ++i) {
+        const Item& it = *bucket.items[i];
+        at::Tensor dst = params_.at(it.tensor.engine_name);
+        auto shard = [&](int64_t k) { return segment(buf, bucket, i, k, t_tp, dtype); };
+        if (it.replicated())
+          dst.copy_(shard(0));
+        else
+          copy_tp_slice(dst, it.tensor.shape, it.split.dim, it.split.blocks, t_tp, r_tp, r_rank, 0,
+                        t_tp, shard);
+      }
+      live_ -= buf.numel();
+    }
+    stats.peak_buffer_bytes = peak_;
+    stats.seconds = seconds_since(t0);
+    return stats;
+  }
+
+ private:
+  // Empty when the header fits this model; else what differs. Builds the plan.
+  std::string check(at::TensorAccessor<int64_t, 1> h) {
+    std::vector<std::string> diffs;
+    auto cmp = [&](const char* what, int64_t sender, int64_t mine) {
+      if (sender != mine) diffs.push_back(detail::cat(what, " ", sender, " vs ", mine));
+    };
+    cmp("training tp", h[kTrainingTp], training_.tp);
+    cmp("training pp", h[kTrainingPp], training_.pp);
+    cmp("bucket_bytes", h[kBucketBytes], options_.bucket_bytes);
+    cmp("value model", h[kValueModel], rollout_->options().value_model ? 1 : 0);
+    if (h[kDtype] < 0 || h[kDtype] >= static_cast<int64_t>(at::ScalarType::NumOptions))
+      diffs.push_back(detail::cat("unknown dtype code ", h[kDtype]));
+    if (!diffs.empty()) return join("the sender's header differs (sender vs this rank):", diffs);
+    const auto dtype = static_cast<at::ScalarType>(h[kDtype]);
+    plan_ = make_plan(rollout_->config(), rollout_->options().value_model, training_,
+                      static_cast<int64_t>(c10::elementSize(dtype)), options_.bucket_bytes);
+    cmp("tensors", h[kItems], static_cast<int64_t>(plan_.items.size()));
+    cmp("model bytes", h[kModelBytes], plan_.model_bytes);
+    const int64_t r_tp = rollout_->parallel().tp().size;
+    size_t found = 0;
+    for (const Item& it : plan_.items) {
+      auto p = params_.find(it.tensor.engine_name);
+      if (p == params_.end()) {
+        diffs.push_back("missing " + it.tensor.engine_name);
+        continue;
+      }
+      ++found;
+      auto want = it.shard_shape(r_tp);
+      if (p->second.sizes() != at::IntArrayRef(want))
+        diffs.push_back(detail::cat(it.tensor.engine_name, " is ", p->second.sizes(), ", expected ",
+                                    at::IntArrayRef(want)));
+    }
+    if (found != params_.size())
+      diffs.push_back(
+          detail::cat(params_.size() - found, " rollout parameter(s) not in the stream"));
+    if (!diffs.empty())
+      return join("the sender's model does not fit this rollout model (sender vs this rank):",
+                  diffs);
+    return "";
+  }
+
+  static std::string join(const std::string& head, const std::vector<std::string>& parts) {
+    std::string out = head;
+    for (const auto& p : parts) out += " " + p + ";";
+    return out;
+  }
+
+  std::shared_ptr<Transformer> rollout_;
+  ParallelConfig training_;
+  c10::intrusive_ptr<c10d::ProcessGroup> sync_;
+  WeightSyncOptions options_;
+  std::map<std::string, at::Tensor> params_;
+  Plan plan_;
+  int64_t live_ = 0, peak_ = 0;
+};
+
+WeightReceiver::WeightReceiver(std::shared_ptr<Transformer> rollout, const ParallelConfig& training,
+                               c10::intrusive_ptr<c10d::ProcessGroup> sync,
+                               WeightSyncOptions options)
+    : impl_(std::make_unique<Impl>(std::move(rollout), training, std::move(sync), options)) {}
+WeightReceiver::~WeightReceiver() = default;
+WeightSyncStats WeightReceiver::receive() { return impl_->receive(); }
+
+}  // namespace baton::engine

@@ -1,0 +1,177 @@
+// Weight sync to separate rollout workers over real Gloo processes: trainer
+// layouts TP2 × PP2 and PP2 send to rollout workers (TP1, TP2) that are other
+// processes. Received weights must equal hf_to_shard for the rollout rank bit
+// for bit, before and after an optimizer step; a rollout model that does not
+// match makes both sides fail with a clear error instead of hanging.
+#include "engine/weight_sync.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "engine/optimizer.h"
+#include "engine/pipeline_schedule.h"
+#include "engine/safetensors.h"
+#include "engine/sharded_model.h"
+#include "engine/weight_conversion.h"
+#include "tests/engine/expect_error.h"
+#include "tests/engine/multiprocess.h"
+
+namespace baton::engine {
+namespace {
+
+using test::run_world;
+using testing::expect_error;
+
+const std::string kFixtures = BATON_FIXTURES_DIR;
+
+c10::intrusive_ptr<c10d::Store> prefixed(const std::string& prefix,
+                                         c10::intrusive_ptr<c10d::Store> store) {
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, std::move(store));
+}
+
+void expect_exact(const Transformer& model, const TensorMap& expected, const std::string& what) {
+  auto got = model.state_dict();
+  ASSERT_EQ(got.size(), expected.size()) << what;
+  for (const auto& [name, t] : got) {
+    ASSERT_TRUE(expected.count(name)) << what << ": unexpected " << name;
+    EXPECT_TRUE(at::equal(t, expected.at(name))) << what << ": " << name << " differs";
+  }
+}
+
+std::shared_ptr<Transformer> trainer_model(const std::string& fixture,
+                                           std::shared_ptr<ParallelState> ps) {
+  auto dir = kFixtures + "/" + fixture;
+  auto cfg = ModelConfig::load(dir);
+  auto split = even_layer_split(cfg.num_layers, ps->config().pp);
+  auto model = std::make_shared<Transformer>(cfg, ps);
+  model->load_state_dict(hf_to_shard(
+      read_hf_weights(dir), cfg,
+      ShardSpec::for_rank(cfg, ps->coords().tp, ps->config().tp, ps->coords().pp, split)));
+  return model;
+}
+
+TEST(WeightSync, Tp2Pp2TrainerToSeparateRolloutWorkerBeforeAndAfterAStep) {
+  run_world(5, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    const std::string fixture = "tiny-qwen2";
+    auto cfg = ModelConfig::load(kFixtures + "/" + fixture);
+    ParallelConfig training;
+    training.tp = 2;
+    training.pp = 2;
+    WeightSyncOptions options;
+    options.bucket_bytes = 8 << 10;
+    if (rank < 4) {
+      auto ps = ParallelState::create(prefixed("train", store), rank, training);
+      auto train = trainer_model(fixture, ps);
+      c10::intrusive_ptr<c10d::ProcessGroup> sync;
+      if (rank == 0) sync = make_sync_group(store, 0, 2);
+      WeightSender sender(train, sync, options);
+      auto stats = sender.send(1);
+      EXPECT_EQ(stats.version, 1);
+      EXPECT_GT(stats.buckets, 2);
+
+      // One step, then the trained shards go to a directory for the worker's
+      // check, then the new weights go out.
+      std::vector<MicroBatch> mbs(1);
+      mbs[0].input_ids =
+          at::tensor(std::vector<int64_t>{5, 17, 33, 9, 60, 12}, at::kLong).view({1, 6});
+      mbs[0].position_ids = at::arange(6, at::kLong).view({1, 6});
+      mbs[0].attention_mask = at::ones({1, 6}, at::kLong);
+      const Group& tp = ps->tp();
+      Optimizer opt(train, OptimizerOptions().set_lr(1e-2));
+      opt.zero_grad();
+      forward_backward(*train, mbs, [&](const at::Tensor& logits, const MicroBatch& mb) {
+        return -next_token_log_probs(logits, mb.input_ids, tp).mean();
+      });
+      opt.step();
+      if (rank == 0) {
+        auto d = std::filesystem::temp_directory_path() /
+                 ("baton_weight_sync_" + std::to_string(::getpid()));
+        std::filesystem::create_directories(d);
+        write_sharded_layout(
+            d, cfg,
+            ShardedLayout{.tp = 2, .pp = 2, .layer_split = even_layer_split(cfg.num_layers, 2)});
+        std::string s = d.string();
+        store->set("trained_dir", std::vector<uint8_t>(s.begin(), s.end()));
+      }
+      auto bytes = store->get("trained_dir");
+      write_sharded_rank(std::string(bytes.begin(), bytes.end()), ps->coords().tp, ps->coords().pp,
+                         train->state_dict());
+      ps->world().pg->barrier()->wait();
+      EXPECT_EQ(sender.send(2).version, 2);
+      return;
+    }
+    // The rollout worker: its own process and model, TP1.
+    auto rollout = std::make_shared<Transformer>(cfg, ParallelState::single());
+    WeightReceiver receiver(rollout, training, make_sync_group(store, 1, 2), options);
+    auto stats = receiver.receive();
+    EXPECT_EQ(stats.version, 1);
+    EXPECT_GT(stats.buckets, 2);
+    int64_t largest = 0;
+    for (const auto& [name, t] : rollout->named_params())
+      largest = std::max<int64_t>(largest, t.nbytes());
+    EXPECT_LE(stats.peak_buffer_bytes, 2 * (std::max<int64_t>(options.bucket_bytes, largest) + 64));
+    auto spec = ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers});
+    auto initial = hf_to_shard(read_hf_weights(kFixtures + "/" + fixture), cfg, spec);
+    expect_exact(*rollout, initial, "version 1");
+
+    EXPECT_EQ(receiver.receive().version, 2);
+    auto bytes = store->get("trained_dir");
+    const std::filesystem::path root(std::string(bytes.begin(), bytes.end()));
+    auto trained =
+        shards_to_hf(load_sharded_all(root), cfg, even_layer_split(cfg.num_layers, 2), false);
+    std::filesystem::remove_all(root);
+    expect_exact(*rollout, hf_to_shard(trained, cfg, spec), "version 2");
+    int64_t changed = 0;
+    for (const auto& [name, t] : rollout->state_dict()) changed += !at::equal(t, initial.at(name));
+    EXPECT_EQ(changed, static_cast<int64_t>(initial.size())) << "tensors changed by the step";
+  });
+}
+
+TEST(WeightSync, Pp2TrainerToTp2RolloutWorkers) {
+  run_world(4, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    const std::string fixture = "tiny-llama";
+    auto cfg = ModelConfig::load(kFixtures + "/" + fixture);
+    ParallelConfig training;
+    training.pp = 2;
+    if (rank < 2) {
+      auto ps = ParallelState::create(prefixed("train", store), rank, training);
+      c10::intrusive_ptr<c10d::ProcessGroup> sync;
+      if (rank == 0) sync = make_sync_group(store, 0, 3);
+      WeightSender(trainer_model(fixture, ps), sync).send(7);
+      return;
+    }
+    ParallelConfig pc;
+    pc.tp = 2;
+    auto rs = ParallelState::create(prefixed("rollout", store), rank - 2, pc);
+    auto rollout = std::make_shared<Transformer>(cfg, rs);
+    WeightReceiver receiver(rollout, training, make_sync_group(store, rank - 1, 3));
+    EXPECT_EQ(receiver.receive().version, 7);
+    auto spec = ShardSpec::for_rank(cfg, rs->coords().tp, 2, 0, {cfg.num_layers});
+    expect_exact(*rollout, hf_to_shard(read_hf_weights(kFixtures + "/" + fixture), cfg, spec),
+                 "tp2 rollout");
+  });
+}
+
+TEST(WeightSync, AMismatchedRolloutModelFailsBothSides) {
+  run_world(2, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    ParallelConfig training;
+    if (rank == 0) {
+      auto ps = ParallelState::create(prefixed("train", store), 0, training);
+      WeightSender sender(trainer_model("tiny-llama", ps), make_sync_group(store, 0, 2));
+      expect_error([&] { sender.send(1); }, {"1 rollout rank(s) rejected"});
+      return;
+    }
+    auto qwen = std::make_shared<Transformer>(ModelConfig::load(kFixtures + "/tiny-qwen2"),
+                                              ParallelState::single());
+    WeightReceiver receiver(qwen, training, make_sync_group(store, 1, 2));
+    expect_error([&] { receiver.receive(); }, {"does not fit", "tensors"});
+  });
+}
+
+}  // namespace
+}  // namespace baton::engine
