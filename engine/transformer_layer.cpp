@@ -123,8 +123,15 @@ at::Tensor TransformerLayer::attend(const at::Tensor& q, at::Tensor k, at::Tenso
   int64_t d = config_.head_dim;
   int64_t r = config_.num_heads / config_.num_kv_heads;
   if (r > 1) {
-    k = k.repeat_interleave(r, 1);
-    v = v.repeat_interleave(r, 1);
+    // Each kv head serves r consecutive query heads (repeat_interleave's
+    // result, without its index computation).
+    auto repeat = [r](const at::Tensor& x) {
+      return x.unsqueeze(2)
+          .expand({x.size(0), x.size(1), r, x.size(2), x.size(3)})
+          .reshape({x.size(0), x.size(1) * r, x.size(2), x.size(3)});
+    };
+    k = repeat(k);
+    v = repeat(v);
   }
 #if TORCH_VERSION_MAJOR >= 2
   auto ctx = at::scaled_dot_product_attention(q, k, v, bias);
