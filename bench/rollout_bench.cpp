@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       cached.push_back(b * args.new_tokens / seconds_since(t));
       const auto& st = engine.last_stats();
       prefill.push_back(st.prefill_tokens / st.prefill_seconds);
-      decode.push_back(st.decode_tokens / st.decode_seconds);
+      decode.push_back(st.decode_tokens > 0 ? st.decode_tokens / st.decode_seconds : 0.0);
       t = Clock::now();
       without_cache = generate_without_cache(*model, prompts, greedy);
       uncached.push_back(b * args.new_tokens / seconds_since(t));

@@ -130,6 +130,14 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
       all.push_back(std::move(s));
     }
   }
+  // Whatever happens (a TP peer failing mid-step, say), no block outlives the call.
+  struct ReleaseOnExit {
+    KvCache& cache;
+    std::vector<std::unique_ptr<Sequence>>& seqs;
+    ~ReleaseOnExit() {
+      for (auto& s : seqs) cache.release(s->table);
+    }
+  } release_on_exit{*cache_, all};
   std::vector<Sequence*> running;  // in admission order
   auto finish_done = [&](std::vector<Sequence*>& seqs) {
     for (Sequence* s : seqs)

@@ -25,7 +25,8 @@
 //   }
 //
 // Not here yet: optimizer state offload during rollout (on CPU there is no
-// device memory to free), and separate rollout workers fed over c10d.
+// device memory to free). Rollout workers in other processes are fed by
+// weight_sync.h instead.
 // Thread safety: none; the worker thread that owns the training model drives it.
 #pragma once
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -425,7 +426,24 @@ ReshardStats reshard_weights(const Transformer& train, Transformer& rollout,
     throw EngineError(
         detail::cat("reshard_weights: bucket_bytes must be positive, got ", options.bucket_bytes));
   validate(train, rollout);
-  ReshardStats stats = Resharder(train, rollout, options).run();
+  // Each rank checks its own shards; the world agrees on the outcome before
+  // any bucket moves, so a bad shard fails every rank instead of hanging them.
+  std::unique_ptr<Resharder> resharder;
+  std::string problem;
+  try {
+    resharder = std::make_unique<Resharder>(train, rollout, options);
+  } catch (const EngineError& e) {
+    problem = e.what();
+  }
+  auto bad = at::full({1}, problem.empty() ? 0 : 1, at::kLong);
+  std::vector<at::Tensor> flag{bad};
+  train.parallel().world().pg->allreduce(flag)->wait();
+  if (!problem.empty()) throw EngineError(problem);
+  if (bad.item<int64_t>() > 0)
+    throw EngineError(detail::cat("reshard_weights: ", bad.item<int64_t>(),
+                                  " other training rank(s) found shards that do not fit the "
+                                  "model (see their errors); nothing was moved"));
+  ReshardStats stats = resharder->run();
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return stats;
 }

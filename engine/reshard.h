@@ -16,7 +16,8 @@
 // all-gather would copy through a temporary as large as the bucket. Two
 // buckets are in flight at once (the next travels while this one is copied
 // out), so the extra memory is at most two buffers, each one bucket or one
-// tensor larger than a bucket: not a second copy of the model. With TP_r ==
+// tensor larger than a bucket (plus 8-byte alignment per tensor): not a second
+// copy of the model. With TP_r ==
 // TP_t and pp = 1 nothing is communicated. Each CP/DP replica of the training
 // layout streams over its own groups.
 //
@@ -67,10 +68,11 @@ std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store
 // rank bit for bit. Works for value models (value_head.*) too. A tied model's
 // embedding comes from stage 0 (the last stage's output_layer copy is not
 // read). Collective over the training world and blocking: every rank calls it,
-// with models built on ParallelStates over the same ranks. Throws EngineError,
-// before any communication, when the two models disagree (config, value-model
-// flag, world size, rank, rollout pp != 1), a training shard has an unexpected
-// shape, or bucket_bytes < 1.
+// with models built on ParallelStates over the same ranks. Throws EngineError
+// before any bucket moves: when the two models disagree (config, value-model
+// flag, world size, rank, rollout pp != 1) or bucket_bytes < 1, at once; when
+// some rank's training shard has an unexpected shape, on every rank (one
+// all-reduce of the verdicts), so none is left waiting.
 ReshardStats reshard_weights(const Transformer& train, Transformer& rollout,
                              const ReshardOptions& options = {});
 

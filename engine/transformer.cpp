@@ -163,13 +163,31 @@ at::Tensor Transformer::forward_cached(const at::Tensor& ids, const at::Tensor& 
     throw EngineError("Transformer::forward_cached: ids " + shape_of(ids) + " and position_ids " +
                       shape_of(position_ids) + " must both be int64 [B, Q]");
   ENGINE_CHECK(cache.awake(), "Transformer::forward_cached: the KV cache is asleep");
+  const int64_t b = ids.size(0), q = ids.size(1);
+  const int64_t l = step.read_slots.dim() == 2 ? step.read_slots.size(1) : -1;
+  if (step.write_slots.dim() != 1 || step.write_slots.size(0) != b * q ||
+      step.read_slots.dim() != 2 || step.read_slots.size(0) != b || step.bias.dim() != 4 ||
+      step.bias.size(0) != b || step.bias.size(1) != 1 || step.bias.size(2) != q ||
+      step.bias.size(3) != l || last.dim() != 1 || last.size(0) != b)
+    throw EngineError(detail::cat("Transformer::forward_cached: for ids [", b, ", ", q,
+                                  "] the step needs write_slots [", b * q, "], read_slots [", b,
+                                  ", L], bias [", b, ", 1, ", q, ", L] and last [", b, "]; got ",
+                                  shape_of(step.write_slots), ", ", shape_of(step.read_slots), ", ",
+                                  shape_of(step.bias), " and ", shape_of(last)));
+  const int64_t slots = cache.keys(0).size(0);
+  auto out_of_range = [](const at::Tensor& t, int64_t end) {
+    return t.numel() > 0 && (t.min().item<int64_t>() < 0 || t.max().item<int64_t>() >= end);
+  };
+  if (out_of_range(step.write_slots, slots) || out_of_range(step.read_slots, slots) ||
+      out_of_range(last, q))
+    throw EngineError(detail::cat("Transformer::forward_cached: a cache slot outside [0, ", slots,
+                                  ") or a last index outside [0, ", q, ")"));
   at::NoGradGuard no_grad;
   auto h = embedding_->forward(ids);
   auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
   for (size_t i = 0; i < layers_.size(); ++i)
     h = layers_[i]->forward_cached(h, rotary, step, cache.keys(static_cast<int64_t>(i)),
                                    cache.values(static_cast<int64_t>(i)));
-  int64_t b = ids.size(0), q = ids.size(1);
   auto flat = at::arange(b, last.options()) * q + last;
   h = h.reshape({b * q, h.size(2)}).index_select(0, flat);  // [B, H]: the sampled-from tokens
   h = rms_norm(h, final_norm_, config_.rms_norm_eps);

@@ -114,6 +114,23 @@ Plan make_plan(const ModelConfig& cfg, bool value_model, const ParallelConfig& t
   return plan;
 }
 
+// A digest of everything both sides must agree on: each tensor's full shape
+// and owning stage, and each bucket's size.
+int64_t plan_digest(const Plan& plan) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over 64-bit words
+  auto mix = [&h](int64_t v) {
+    h ^= static_cast<uint64_t>(v);
+    h *= 1099511628211ULL;
+  };
+  for (const Item& it : plan.items) {
+    mix(it.stage);
+    for (int64_t d : it.tensor.shape) mix(d);
+    mix(-1);
+  }
+  for (const Bucket& b : plan.buckets) mix(b.total);
+  return static_cast<int64_t>(h);
+}
+
 // Item i's shard of region k in `buffer`, typed and shaped.
 at::Tensor segment(const at::Tensor& buffer, const Bucket& b, size_t i, int64_t k, int64_t tp,
                    at::ScalarType dtype) {
@@ -131,6 +148,9 @@ enum Header : int64_t {
   kTrainingPp,
   kBucketBytes,
   kValueModel,
+  kBuckets,
+  kPlanDigest,
+  kTrainerOk,  // 0 when a training rank failed its own checks: nothing follows
   kHeaderSize
 };
 
@@ -142,9 +162,12 @@ void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_sync_group(c10::intrusive_ptr<c10d::Store> store,
-                                                       int64_t rank, int64_t size,
+                                                       const std::string& name, int64_t rank,
+                                                       int64_t size,
                                                        std::chrono::milliseconds timeout) {
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("baton/weight_sync", std::move(store));
+  if (name.empty()) throw EngineError("make_sync_group: the group needs a name");
+  auto prefixed =
+      c10::make_intrusive<c10d::PrefixStore>("baton/weight_sync/" + name, std::move(store));
   return make_gloo_group(prefixed, rank, size, timeout);
 }
 
@@ -170,9 +193,21 @@ class WeightSender::Impl {
     }
     plan_ = make_plan(train_->config(), train_->options().value_model, ps.config(),
                       static_cast<int64_t>(c10::elementSize(dtype_)), options_.bucket_bytes);
+    // This rank's shards, checked now; send() tells every party before streaming.
+    for (const Item& it : plan_.items) {
+      if (it.stage != ps.coords().pp) continue;
+      auto p = params_.find(it.tensor.engine_name);
+      auto want = it.shard_shape(ps.config().tp);
+      if (p == params_.end())
+        problem_ += detail::cat(" no parameter ", it.tensor.engine_name, ";");
+      else if (p->second.sizes() != at::IntArrayRef(want))
+        problem_ += detail::cat(" ", it.tensor.engine_name, " is ", p->second.sizes(),
+                                ", expected ", at::IntArrayRef(want), ";");
+    }
   }
 
   WeightSyncStats send(int64_t version) {
+    live_ = peak_ = 0;
     const auto t0 = Clock::now();
     const ParallelState& ps = train_->parallel();
     handshake(version);
@@ -208,10 +243,17 @@ class WeightSender::Impl {
   }
 
  private:
-  // Rank 0 tells the receivers what comes; their verdicts come back summed,
-  // and the training world learns the outcome, so all fail together.
+  // The training ranks agree that their shards are sound; rank 0 tells the
+  // receivers what comes (or that nothing does); their verdicts come back
+  // summed and the training world learns the outcome, so all fail together.
   void handshake(int64_t version) {
     const ParallelState& ps = train_->parallel();
+    auto trainer_bad = at::full({1}, problem_.empty() ? 0 : 1, at::kLong);
+    {
+      std::vector<at::Tensor> ts{trainer_bad};
+      ps.world().pg->allreduce(ts)->wait();
+    }
+    const bool trainer_ok = trainer_bad.item<int64_t>() == 0;
     auto rejected = at::zeros({1}, at::kLong);
     if (ps.rank() == 0) {
       auto header = at::zeros({kHeaderSize}, at::kLong);
@@ -224,6 +266,9 @@ class WeightSender::Impl {
       h[kTrainingPp] = ps.config().pp;
       h[kBucketBytes] = options_.bucket_bytes;
       h[kValueModel] = train_->options().value_model ? 1 : 0;
+      h[kBuckets] = static_cast<int64_t>(plan_.buckets.size());
+      h[kPlanDigest] = plan_digest(plan_);
+      h[kTrainerOk] = trainer_ok ? 1 : 0;
       std::vector<at::Tensor> ts{header};
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
@@ -231,6 +276,12 @@ class WeightSender::Impl {
       std::vector<at::Tensor> verdict{rejected};
       sync_->allreduce(verdict)->wait();
     }
+    if (!trainer_ok)
+      throw EngineError(detail::cat("WeightSender (training rank ", ps.rank(), "): ",
+                                    problem_.empty() ? std::string(" another training rank's "
+                                                                   "shards do not fit the model;")
+                                                     : problem_,
+                                    " nothing was sent"));
     std::vector<at::Tensor> ts{rejected};
     c10d::BroadcastOptions opts;
     opts.rootRank = 0;
@@ -305,6 +356,7 @@ class WeightSender::Impl {
   at::ScalarType dtype_ = at::kFloat;
   std::map<std::string, at::Tensor> params_;
   Plan plan_;
+  std::string problem_;  // this rank's shards that do not fit the model
   int64_t live_ = 0, peak_ = 0;
 };
 
@@ -332,6 +384,7 @@ class WeightReceiver::Impl {
 
   WeightSyncStats receive() {
     const auto t0 = Clock::now();
+    live_ = peak_ = 0;
     auto header = at::zeros({kHeaderSize}, at::kLong);
     {
       std::vector<at::Tensor> ts{header};
@@ -340,7 +393,20 @@ class WeightReceiver::Impl {
       sync_->broadcast(ts, opts)->wait();
     }
     auto h = header.accessor<int64_t, 1>();
-    std::string problem = check(h);
+    if (h[kTrainerOk] == 0) {
+      // The trainer failed its own checks; it still counts on our verdict.
+      std::vector<at::Tensor> verdict{at::zeros({1}, at::kLong)};
+      sync_->allreduce(verdict)->wait();
+      throw EngineError(
+          "WeightReceiver: the trainer's shards failed its own checks; "
+          "nothing was sent (see the trainer's error)");
+    }
+    std::string problem;
+    try {
+      problem = check(h);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
     auto rejected = at::full({1}, problem.empty() ? 0 : 1, at::kLong);
     std::vector<at::Tensor> verdict{rejected};
     sync_->allreduce(verdict)->wait();
@@ -411,6 +477,11 @@ class WeightReceiver::Impl {
                       static_cast<int64_t>(c10::elementSize(dtype)), options_.bucket_bytes);
     cmp("tensors", h[kItems], static_cast<int64_t>(plan_.items.size()));
     cmp("model bytes", h[kModelBytes], plan_.model_bytes);
+    cmp("buckets", h[kBuckets], static_cast<int64_t>(plan_.buckets.size()));
+    if (diffs.empty() && h[kPlanDigest] != plan_digest(plan_))
+      diffs.push_back(
+          "tensor shapes, stages or layer split (the plan digests differ: check "
+          "training.layer_split and the model config)");
     const int64_t r_tp = rollout_->parallel().tp().size;
     size_t found = 0;
     for (const Item& it : plan_.items) {

@@ -2,11 +2,13 @@
 // fully-async training needs): the trainer's processes and the rollout
 // workers' processes are different ones, joined by a sync group of training
 // rank 0 (sync rank 0) and every rollout rank (sync rank 1 + r). One send:
-//   1. Handshake. Rank 0 broadcasts a header (version, tensor count, model
-//      bytes, dtype, training TP/PP); each receiver checks it against its own
-//      model, and an all-reduce of their verdicts, then a broadcast over the
-//      training world, makes every party fail together with an EngineError
-//      instead of hanging when a receiver's model differs.
+//   1. Handshake. The training ranks all-reduce whether their own shards fit
+//      the model; rank 0 broadcasts a header (version, tensor count, model
+//      bytes, dtype, training TP/PP, bucket count, a digest of every tensor's
+//      shape and stage and every bucket's size, and the trainers' verdict);
+//      each receiver checks it against its own model, and an all-reduce of
+//      their verdicts, then a broadcast over the training world, makes every
+//      party fail together with an EngineError instead of hanging.
 //   2. Buckets of about `bucket_bytes` of full tensors, in the order of
 //      whole_model_tensors() (weight_conversion.h), so nobody exchanges
 //      metadata. The training world's first replica (cp = dp = 0) assembles
@@ -21,12 +23,12 @@
 // Example:
 //   // training rank t of W_t (rank 0 holds the sync group):
 //   c10::intrusive_ptr<c10d::ProcessGroup> sync;           // null except on rank 0
-//   if (t == 0) sync = make_sync_group(store, 0, 1 + rollout_world);
+//   if (t == 0) sync = make_sync_group(store, "actor", 0, 1 + rollout_world);
 //   WeightSender sender(train_model, sync);
 //   sender.send(/*version=*/step);                         // every training rank
 //   // rollout rank r:
 //   WeightReceiver receiver(rollout_model, training_cfg,
-//                           make_sync_group(store, 1 + r, 1 + rollout_world));
+//                           make_sync_group(store, "actor", 1 + r, 1 + rollout_world));
 //   auto stats = receiver.receive();                       // stats.version == step
 //
 // Thread safety: none; each side is driven by one thread.
@@ -38,6 +40,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "engine/parallel_state.h"
 #include "engine/transformer.h"
@@ -59,9 +62,11 @@ struct WeightSyncStats {
 };
 
 // A Gloo process group of `size` ranks for weight sync, over `store` under
-// keys of its own ("baton/weight_sync/"). Collective: every member calls it.
+// keys "baton/weight_sync/<name>/": every member calls it with the same name,
+// and a new group on the same store (a restarted worker set, a second trainer)
+// needs a new name. Collective and blocking.
 c10::intrusive_ptr<c10d::ProcessGroup> make_sync_group(
-    c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t size,
+    c10::intrusive_ptr<c10d::Store> store, const std::string& name, int64_t rank, int64_t size,
     std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
 class WeightSender {

@@ -229,6 +229,47 @@ TEST(Generation, BadRequestsNameWhatIsWrong) {
                {"100 bytes", "at least 2"});
 }
 
+// A step that fails mid-generate (here: an LM head of the wrong shape) leaves
+// no block held: the cache can sleep, and generation works again once fixed.
+TEST(Generation, AFailedGenerateReleasesItsBlocks) {
+  auto model = load_model("tiny-llama");
+  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));
+  auto ps = prompts(4, model->config().vocab_size, 5);
+  auto good = engine.generate(ps, greedy(4));
+  at::Tensor head;
+  for (auto& [name, t] : model->named_params())
+    if (name == "output_layer.weight") head = t;
+  ASSERT_TRUE(head.defined());
+  auto saved = head.detach().clone();
+  {
+    at::NoGradGuard no_grad;
+    head.set_(at::zeros({3, 3}));
+  }
+  EXPECT_ANY_THROW(engine.generate(ps, greedy(4)));
+  EXPECT_EQ(engine.cache().free_blocks(), engine.cache().usable_blocks());
+  {
+    at::NoGradGuard no_grad;
+    head.set_(saved);
+  }
+  engine.sleep();
+  engine.wake();
+  auto again = engine.generate(ps, greedy(4));
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(again[i].response, good[i].response);
+}
+
+TEST(Generation, ForwardCachedChecksItsStep) {
+  auto model = load_model("tiny-llama");
+  auto cache = model->make_kv_cache({});
+  auto ids = at::ones({2, 3}, at::kLong);
+  CacheStep bad{at::zeros({5}, at::kLong), at::zeros({2, 4}, at::kLong), at::zeros({2, 1, 3, 4})};
+  expect_error([&] { model->forward_cached(ids, ids, bad, *cache, at::zeros({2}, at::kLong)); },
+               {"write_slots [6]", "[5]"});
+  CacheStep far{at::full({6}, 1 << 30, at::kLong), at::zeros({2, 4}, at::kLong),
+                at::zeros({2, 1, 3, 4})};
+  expect_error([&] { model->forward_cached(ids, ids, far, *cache, at::zeros({2}, at::kLong)); },
+               {"cache slot outside"});
+}
+
 TEST(Generation, RolloutLogProbsMatchTrainingLogProbs) {
   auto model = load_model("tiny-qwen2");
   GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));

@@ -151,6 +151,7 @@ TEST(HybridEngine, Tp2Pp2TrainingGeneratesInTp2RolloutAndFollowsTraining) {
     EXPECT_FALSE(hybrid.in_rollout());
     EXPECT_EQ(hybrid.rollout_bytes(), 0);
     auto before = training_log_probs(*train, batch);
+    ASSERT_EQ(before.defined(), train->last_stage());
     if (before.defined())
       EXPECT_LT(max_masked_diff(before, batch.rollout_log_probs, batch.response_mask), 1e-5);
 

@@ -68,7 +68,7 @@ TEST(WeightSync, Tp2Pp2TrainerToSeparateRolloutWorkerBeforeAndAfterAStep) {
       auto ps = ParallelState::create(prefixed("train", store), rank, training);
       auto train = trainer_model(fixture, ps);
       c10::intrusive_ptr<c10d::ProcessGroup> sync;
-      if (rank == 0) sync = make_sync_group(store, 0, 2);
+      if (rank == 0) sync = make_sync_group(store, "test", 0, 2);
       WeightSender sender(train, sync, options);
       auto stats = sender.send(1);
       EXPECT_EQ(stats.version, 1);
@@ -107,7 +107,7 @@ TEST(WeightSync, Tp2Pp2TrainerToSeparateRolloutWorkerBeforeAndAfterAStep) {
     }
     // The rollout worker: its own process and model, TP1.
     auto rollout = std::make_shared<Transformer>(cfg, ParallelState::single());
-    WeightReceiver receiver(rollout, training, make_sync_group(store, 1, 2), options);
+    WeightReceiver receiver(rollout, training, make_sync_group(store, "test", 1, 2), options);
     auto stats = receiver.receive();
     EXPECT_EQ(stats.version, 1);
     EXPECT_GT(stats.buckets, 2);
@@ -141,7 +141,7 @@ TEST(WeightSync, Pp2TrainerToTp2RolloutWorkers) {
     if (rank < 2) {
       auto ps = ParallelState::create(prefixed("train", store), rank, training);
       c10::intrusive_ptr<c10d::ProcessGroup> sync;
-      if (rank == 0) sync = make_sync_group(store, 0, 3);
+      if (rank == 0) sync = make_sync_group(store, "test", 0, 3);
       WeightSender(trainer_model(fixture, ps), sync).send(7);
       return;
     }
@@ -149,7 +149,7 @@ TEST(WeightSync, Pp2TrainerToTp2RolloutWorkers) {
     pc.tp = 2;
     auto rs = ParallelState::create(prefixed("rollout", store), rank - 2, pc);
     auto rollout = std::make_shared<Transformer>(cfg, rs);
-    WeightReceiver receiver(rollout, training, make_sync_group(store, rank - 1, 3));
+    WeightReceiver receiver(rollout, training, make_sync_group(store, "test", rank - 1, 3));
     EXPECT_EQ(receiver.receive().version, 7);
     auto spec = ShardSpec::for_rank(cfg, rs->coords().tp, 2, 0, {cfg.num_layers});
     expect_exact(*rollout, hf_to_shard(read_hf_weights(kFixtures + "/" + fixture), cfg, spec),
@@ -162,14 +162,43 @@ TEST(WeightSync, AMismatchedRolloutModelFailsBothSides) {
     ParallelConfig training;
     if (rank == 0) {
       auto ps = ParallelState::create(prefixed("train", store), 0, training);
-      WeightSender sender(trainer_model("tiny-llama", ps), make_sync_group(store, 0, 2));
+      WeightSender sender(trainer_model("tiny-llama", ps), make_sync_group(store, "test", 0, 2));
       expect_error([&] { sender.send(1); }, {"1 rollout rank(s) rejected"});
       return;
     }
     auto qwen = std::make_shared<Transformer>(ModelConfig::load(kFixtures + "/tiny-qwen2"),
                                               ParallelState::single());
-    WeightReceiver receiver(qwen, training, make_sync_group(store, 1, 2));
+    WeightReceiver receiver(qwen, training, make_sync_group(store, "test", 1, 2));
     expect_error([&] { receiver.receive(); }, {"does not fit", "tensors"});
+  });
+}
+
+// The receiver is told the wrong layer split: every header count matches, the
+// digest does not, and both sides fail instead of streaming mismatched buckets.
+TEST(WeightSync, ALayerSplitMismatchFailsBothSides) {
+  run_world(3, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    ParallelConfig training;
+    training.pp = 2;
+    training.layer_split = {3, 1};
+    if (rank < 2) {
+      auto ps = ParallelState::create(prefixed("train", store), rank, training);
+      ps->set_num_layers(4);
+      c10::intrusive_ptr<c10d::ProcessGroup> sync;
+      if (rank == 0) sync = make_sync_group(store, "test", 0, 2);
+      auto cfg = ModelConfig::load(kFixtures + "/tiny-llama");
+      auto model = std::make_shared<Transformer>(cfg, ps);
+      model->load_state_dict(hf_to_shard(read_hf_weights(kFixtures + "/tiny-llama"), cfg,
+                                         ShardSpec::for_rank(cfg, 0, 1, rank, {3, 1})));
+      WeightSender sender(model, sync);
+      expect_error([&] { sender.send(1); }, {"1 rollout rank(s) rejected"});
+      return;
+    }
+    ParallelConfig told = training;
+    told.layer_split = {};  // even: [2, 2]
+    auto rollout = std::make_shared<Transformer>(ModelConfig::load(kFixtures + "/tiny-llama"),
+                                                 ParallelState::single());
+    WeightReceiver receiver(rollout, told, make_sync_group(store, "test", 1, 2));
+    expect_error([&] { receiver.receive(); }, {"layer split", "digests differ"});
   });
 }
 
