@@ -2,7 +2,7 @@
 // on two local processes, against a plain Gloo all-gather of the same bytes.
 //
 //   ./build/bench/reshard_bench [--bucket-mb 64] [--repeats 3] [--warmup 1]
-//                               [--cases tp2-tp1,tp2-tp2,pp2-tp1,pp2-tp2]
+//                               [--cases tp2-tp1,tp2-tp2,pp2-tp1,pp2-tp2,sync-tp2-tp1,sync-pp2-tp1]
 //
 // The model: Llama, vocab 32000, hidden 768, 12 layers, 12 heads / 4 kv heads,
 // intermediate 2048, untied LM head (124.7M parameters, 499 MB fp32), random
@@ -23,6 +23,18 @@
 //   peak_extra_target_ok           rollout weights + rss growth <= rollout weights + two
 //                                  buckets, a bucket being max(--bucket-mb, largest
 //                                  tensor) since a bigger tensor travels alone
+//
+// Cases "sync-<training>-tp1" measure weight sync to a separate rollout
+// worker (weight_sync.h) instead: a world of 3 processes, the training layout
+// on ranks 0-1 and a TP1 rollout worker on rank 2. Per case: seconds and
+// model_bytes_per_s of one send/receive (max over the 3 ranks), against a
+// plain Gloo broadcast of the same bytes from training rank 0 to the worker
+// over the same sync group (rate_ratio = sync rate / broadcast rate: how well
+// assembling the next bucket hides behind sending this one), with
+// peak_buffer_bytes (max over ranks) and rss_growth_bytes as above;
+// peak_extra_target_ok there is rss growth <= two of the largest bucket
+// buffer (largest_bucket_bytes: a bucket or one larger tensor, plus 8-byte
+// alignment per tensor). The rollout worker's weights are allocated before.
 // The last line of stdout is one JSON object with every case.
 #include <ATen/ATen.h>
 #include <unistd.h>
@@ -34,8 +46,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -43,9 +55,12 @@
 #include "engine/local_world.h"
 #include "engine/reshard.h"
 #include "engine/transformer.h"
+#include "engine/weight_sync.h"
+#include "tools/cli.h"
 
 using namespace baton::engine;
 using json = nlohmann::json;
+namespace cli = baton::cli;
 
 namespace {
 
@@ -73,23 +88,30 @@ json model_json() {
 struct Case {
   std::string name;  // "tp2-tp1"
   int64_t train_tp = 1, train_pp = 1, rollout_tp = 1;
+  bool sync = false;  // to a separate rollout worker (world of 3)
+  int64_t world() const { return sync ? kWorld + 1 : kWorld; }
 };
 
-const std::vector<Case> kCases = {
-    {"tp2-tp1", 2, 1, 1}, {"tp2-tp2", 2, 1, 2}, {"pp2-tp1", 1, 2, 1}, {"pp2-tp2", 1, 2, 2}};
+const std::vector<Case> kCases = {{"tp2-tp1", 2, 1, 1},
+                                  {"tp2-tp2", 2, 1, 2},
+                                  {"pp2-tp1", 1, 2, 1},
+                                  {"pp2-tp2", 1, 2, 2},
+                                  {"sync-tp2-tp1", 2, 1, 1, true},
+                                  {"sync-pp2-tp1", 1, 2, 1, true}};
 
 struct Args {
   int64_t bucket_mb = 64;
   int repeats = 3;
   int warmup = 1;
-  std::vector<std::string> cases{"tp2-tp1", "tp2-tp2", "pp2-tp1", "pp2-tp2"};
+  std::vector<std::string> cases{"tp2-tp1", "tp2-tp2",      "pp2-tp1",
+                                 "pp2-tp2", "sync-tp2-tp1", "sync-pp2-tp1"};
   std::string result;  // in the child world: where rank 0 writes its JSON
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "reshard_bench: %s\nusage: reshard_bench [--bucket-mb N] [--repeats N] "
-               "[--warmup N] [--cases tp2-tp1,tp2-tp2,pp2-tp1,pp2-tp2]\n",
+               "[--warmup N] [--cases tp2-tp1,tp2-tp2,pp2-tp1,pp2-tp2,sync-tp2-tp1,sync-pp2-tp1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -97,36 +119,25 @@ struct Args {
 const Case& find_case(const std::string& name) {
   for (const auto& c : kCases)
     if (c.name == name) return c;
-  usage("unknown case \"" + name + "\" (known: tp2-tp1, tp2-tp2, pp2-tp1, pp2-tp2)");
+  usage("unknown case \"" + name +
+        "\" (known: tp2-tp1, tp2-tp2, pp2-tp1, pp2-tp2, sync-tp2-tp1, sync-pp2-tp1)");
 }
 
-Args parse(int argc, char** argv) {
+Args parse(int argc, char** argv) try {
   Args a;
-  auto number = [](const std::string& k, const std::string& v) {
-    try {
-      size_t used = 0;
-      long long n = std::stoll(v, &used);
-      if (used != v.size()) throw std::invalid_argument(v);
-      return static_cast<int64_t>(n);
-    } catch (const std::exception&) {
-      usage(k + " needs an integer, got \"" + v + "\"");
-    }
-  };
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (i + 1 >= argc) usage("missing value for " + k);
     std::string v = argv[++i];
     if (k == "--bucket-mb") {
-      a.bucket_mb = number(k, v);
+      a.bucket_mb = cli::parse_int(v, k);
     } else if (k == "--repeats") {
-      a.repeats = static_cast<int>(number(k, v));
+      a.repeats = static_cast<int>(cli::parse_int(v, k));
     } else if (k == "--warmup") {
-      a.warmup = static_cast<int>(number(k, v));
+      a.warmup = static_cast<int>(cli::parse_int(v, k));
     } else if (k == "--cases") {
       a.cases.clear();
-      std::stringstream in(v);
-      for (std::string c; std::getline(in, c, ',');) a.cases.push_back(find_case(c).name);
-      if (a.cases.empty()) usage("--cases is empty");
+      for (const auto& c : cli::split(v, ',')) a.cases.push_back(find_case(c).name);
     } else if (k == "--result") {
       a.result = v;
     } else {
@@ -136,6 +147,8 @@ Args parse(int argc, char** argv) {
   if (a.bucket_mb < 1 || a.repeats < 1 || a.warmup < 0)
     usage("--bucket-mb and --repeats must be >= 1, --warmup >= 0");
   return a;
+} catch (const cli::UsageError& e) {
+  usage(e.what());
 }
 
 double median(std::vector<double> xs) {
@@ -252,6 +265,98 @@ json run_case(const Case& c, const Args& args, const LocalRank& me, const ModelC
   return j;
 }
 
+// Weight sync from the training layout on ranks 0-1 to a TP1 rollout worker
+// on rank 2, against a plain broadcast of the same bytes over the sync group.
+json run_sync_case(const Case& c, const Args& args, const LocalRank& me, const ModelConfig& cfg) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>("reshard_bench/" + c.name, me.store);
+  Group all;
+  all.pg = make_gloo_group(c10::make_intrusive<c10d::PrefixStore>("all", store), me.rank,
+                           kWorld + 1, std::chrono::minutes(5));
+  all.size = kWorld + 1;
+  all.rank = me.rank;
+  ParallelConfig pc;
+  pc.tp = c.train_tp;
+  pc.pp = c.train_pp;
+  WeightSyncOptions so;
+  so.bucket_bytes = args.bucket_mb << 20;
+  const bool trainer = me.rank < kWorld;
+  c10::intrusive_ptr<c10d::ProcessGroup> sync;
+  if (me.rank == 0 || !trainer) sync = make_sync_group(store, c.name, trainer ? 0 : 1, 2);
+  std::unique_ptr<WeightSender> sender;
+  std::unique_ptr<WeightReceiver> receiver;
+  int64_t largest = 0;
+  if (trainer) {
+    auto ps =
+        ParallelState::create(c10::make_intrusive<c10d::PrefixStore>("train", store), me.rank, pc);
+    sender = std::make_unique<WeightSender>(std::make_shared<Transformer>(cfg, ps), sync, so);
+  } else {
+    auto rollout = std::make_shared<Transformer>(cfg, ParallelState::single());
+    for (const auto& [name, p] : rollout->named_params())
+      largest = std::max<int64_t>(largest, p.nbytes());
+    receiver = std::make_unique<WeightReceiver>(rollout, pc, sync, so);
+  }
+  std::vector<double> sync_s;
+  double rss_growth = 0, peak_buffer = 0;
+  WeightSyncStats stats;
+  for (int i = 0; i < args.warmup + args.repeats; ++i) {
+    barrier(all);
+    reset_peak_rss();
+    const double rss_before = static_cast<double>(proc_status_bytes("VmRSS"));
+    auto t0 = Clock::now();
+    stats = trainer ? sender->send(i) : receiver->receive();
+    double s = since(t0);
+    const double growth = static_cast<double>(proc_status_bytes("VmHWM")) - rss_before;
+    auto m = world_max(all, {s, growth, static_cast<double>(stats.peak_buffer_bytes),
+                             static_cast<double>(stats.model_bytes), static_cast<double>(largest),
+                             static_cast<double>(stats.largest_bucket_bytes)});
+    if (i < args.warmup) continue;
+    sync_s.push_back(m[0]);
+    rss_growth = std::max(rss_growth, m[1]);
+    peak_buffer = std::max(peak_buffer, m[2]);
+    stats.model_bytes = static_cast<int64_t>(m[3]);
+    largest = static_cast<int64_t>(m[4]);
+    stats.largest_bucket_bytes = static_cast<int64_t>(m[5]);
+  }
+  std::vector<double> bcast_s;
+  {
+    auto buf = at::ones({stats.model_bytes}, at::kByte);
+    for (int i = 0; i < args.warmup + args.repeats; ++i) {
+      barrier(all);
+      auto t0 = Clock::now();
+      if (sync) {
+        std::vector<at::Tensor> ts{buf};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = 0;
+        sync->broadcast(ts, opts)->wait();
+      }
+      double s = world_max(all, {since(t0)})[0];
+      if (i >= args.warmup) bcast_s.push_back(s);
+    }
+  }
+  const double model_bytes = static_cast<double>(stats.model_bytes);
+  const double rate = model_bytes / median(sync_s);
+  const double bcast_rate = model_bytes / median(bcast_s);
+  const double bucket = static_cast<double>(stats.largest_bucket_bytes);
+  json j;
+  j["training"] = pc.to_string();
+  j["rollout_tp"] = 1;
+  j["separate_rollout_worker"] = true;
+  j["seconds"] = median(sync_s);
+  j["seconds_all"] = sync_s;
+  j["model_bytes"] = stats.model_bytes;
+  j["model_bytes_per_s"] = rate;
+  j["buckets"] = stats.buckets;
+  j["broadcast_s"] = median(bcast_s);
+  j["broadcast_bytes_per_s"] = bcast_rate;
+  j["rate_ratio"] = rate / bcast_rate;
+  j["peak_buffer_bytes"] = static_cast<int64_t>(peak_buffer);
+  j["rss_growth_bytes"] = static_cast<int64_t>(rss_growth);
+  j["largest_tensor_bytes"] = largest;
+  j["largest_bucket_bytes"] = stats.largest_bucket_bytes;
+  j["peak_extra_target_ok"] = rss_growth <= 2 * bucket;
+  return j;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -260,29 +365,37 @@ int main(int argc, char** argv) {
     auto cfg = ModelConfig::from_hf_json(model_json(), "reshard_bench");
     auto me = local_world_rank();
     if (me) {  // a rank of the child world: run every case
-      if (me->world_size != kWorld) throw EngineError("reshard_bench needs a world of 2");
       json cases = json::object();
-      for (const auto& name : args.cases) cases[name] = run_case(find_case(name), args, *me, cfg);
+      for (const auto& name : args.cases) {
+        const Case& c = find_case(name);
+        if (c.world() != me->world_size) continue;
+        cases[name] = c.sync ? run_sync_case(c, args, *me, cfg) : run_case(c, args, *me, cfg);
+      }
       if (me->rank == 0) std::ofstream(args.result) << cases.dump() << "\n";
       return 0;
     }
 
-    auto file = std::filesystem::temp_directory_path() /
-                ("reshard-bench-" + std::to_string(::getpid()) + ".json");
-    std::vector<std::string> words(argv, argv + argc);
-    words.insert(words.end(), {"--result", file.string()});
-    std::vector<char*> child_argv;
-    for (auto& w : words) child_argv.push_back(w.data());
-    child_argv.push_back(nullptr);
-    std::fflush(stdout);
-    if (launch_local_world(static_cast<int>(words.size()), child_argv.data(), kWorld) != 0)
-      throw EngineError("a rank failed (see above)");
-    json cases;
-    {
+    // One child world per world size the chosen cases need.
+    json cases = json::object();
+    for (int64_t world : {kWorld, kWorld + 1}) {
+      bool needed = false;
+      for (const auto& name : args.cases) needed = needed || find_case(name).world() == world;
+      if (!needed) continue;
+      auto file = std::filesystem::temp_directory_path() /
+                  ("reshard-bench-" + std::to_string(::getpid()) + ".json");
+      std::vector<std::string> words(argv, argv + argc);
+      words.insert(words.end(), {"--result", file.string()});
+      std::vector<char*> child_argv;
+      for (auto& w : words) child_argv.push_back(w.data());
+      child_argv.push_back(nullptr);
+      std::fflush(stdout);
+      if (launch_local_world(static_cast<int>(words.size()), child_argv.data(), world) != 0)
+        throw EngineError("a rank failed (see above)");
       std::ifstream in(file);
-      cases = json::parse(in);
+      cases.update(json::parse(in));
+      in.close();
+      std::filesystem::remove(file);
     }
-    std::filesystem::remove(file);
 
     int64_t params = 0;
     {
@@ -295,14 +408,15 @@ int main(int argc, char** argv) {
         params / 1e6, static_cast<long long>(kWorld), static_cast<long long>(args.bucket_mb));
     for (const auto& name : args.cases) {
       const json& j = cases[name];
+      const bool sync = j.contains("separate_rollout_worker");
       std::printf(
-          "%s: %.3f s  %.0f MB/s  (all-gather %.0f MB/s, ratio %.2f)  buckets %lld  peak buffers "
-          "%.0f MB  RSS growth %.0f MB  rollout %.0f MB/rank\n",
+          "%s: %.3f s  %.0f MB/s  (%s %.0f MB/s, ratio %.2f)  buckets %lld  peak buffers "
+          "%.0f MB  RSS growth %.0f MB\n",
           name.c_str(), j["seconds"].get<double>(), j["model_bytes_per_s"].get<double>() / 1e6,
-          j["allgather_bytes_per_s"].get<double>() / 1e6, j["rate_ratio"].get<double>(),
-          static_cast<long long>(j["buckets"].get<int64_t>()),
-          j["peak_buffer_bytes"].get<double>() / 1e6, j["rss_growth_bytes"].get<double>() / 1e6,
-          j["rollout_bytes_per_rank"].get<double>() / 1e6);
+          sync ? "broadcast" : "all-gather",
+          j[sync ? "broadcast_bytes_per_s" : "allgather_bytes_per_s"].get<double>() / 1e6,
+          j["rate_ratio"].get<double>(), static_cast<long long>(j["buckets"].get<int64_t>()),
+          j["peak_buffer_bytes"].get<double>() / 1e6, j["rss_growth_bytes"].get<double>() / 1e6);
     }
     json out;
     out["model"] = model_json();
@@ -314,7 +428,8 @@ int main(int argc, char** argv) {
     out["cases"] = cases;
     bool rate_ok = true, memory_ok = true;
     for (const auto& [name, j] : cases.items()) {
-      rate_ok = rate_ok && j["target_rate_ratio_ge_0_67"].get<bool>();
+      if (j.contains("target_rate_ratio_ge_0_67"))
+        rate_ok = rate_ok && j["target_rate_ratio_ge_0_67"].get<bool>();
       memory_ok = memory_ok && j["peak_extra_target_ok"].get<bool>();
     }
     out["all_rate_targets_met"] = rate_ok;

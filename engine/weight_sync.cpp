@@ -131,12 +131,60 @@ int64_t plan_digest(const Plan& plan) {
   return static_cast<int64_t>(h);
 }
 
+int64_t largest_bucket(const Plan& plan) {
+  int64_t most = 0;
+  for (const Bucket& b : plan.buckets) most = std::max(most, b.total);
+  return most;
+}
+
 // Item i's shard of region k in `buffer`, typed and shaped.
 at::Tensor segment(const at::Tensor& buffer, const Bucket& b, size_t i, int64_t k, int64_t tp,
                    at::ScalarType dtype) {
   return at::from_blob(static_cast<uint8_t*>(buffer.data_ptr()) + b.offset[i][k],
                        b.items[i]->shard_shape(tp), at::TensorOptions().dtype(dtype));
 }
+
+// Bucket buffers reused within one send or receive: a returned buffer serves
+// the next bucket that fits, since fresh pages for every bucket cost a page
+// fault per 4 KB. When none fits, the pooled ones are let go first, so the
+// bytes held stay within the two largest buffers in use at once.
+class BufferPool {
+ public:
+  // A buffer of exactly `bytes` (a view of a possibly larger one).
+  at::Tensor take(int64_t bytes) {
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].numel() < bytes) continue;
+      at::Tensor base = free_[i];
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+      return base.narrow(0, 0, bytes);
+    }
+    clear();
+    held_ += bytes;
+    peak_ = std::max(peak_, held_);
+    return at::empty({bytes}, at::kByte);
+  }
+  // Gives a buffer from take() back (the whole allocation behind the view).
+  void give(at::Tensor& buffer) {
+    const auto capacity = static_cast<int64_t>(buffer.storage().nbytes());
+    free_.push_back(at::empty({0}, at::kByte).set_(buffer.storage(), 0, {capacity}));
+    buffer = at::Tensor();
+  }
+  // Frees the pooled buffers and starts a new peak.
+  void reset() {
+    clear();
+    peak_ = held_;
+  }
+  int64_t peak() const { return peak_; }
+
+ private:
+  void clear() {
+    for (const auto& t : free_) held_ -= t.numel();
+    free_.clear();
+  }
+
+  std::vector<at::Tensor> free_;
+  int64_t held_ = 0, peak_ = 0;
+};
 
 // The header rank 0 broadcasts before the buckets.
 enum Header : int64_t {
@@ -207,7 +255,7 @@ class WeightSender::Impl {
   }
 
   WeightSyncStats send(int64_t version) {
-    live_ = peak_ = 0;
+    pool_.reset();
     const auto t0 = Clock::now();
     const ParallelState& ps = train_->parallel();
     handshake(version);
@@ -215,6 +263,7 @@ class WeightSender::Impl {
     stats.version = version;
     stats.model_bytes = plan_.model_bytes;
     stats.buckets = static_cast<int64_t>(plan_.buckets.size());
+    stats.largest_bucket_bytes = largest_bucket(plan_);
     const Coords& c = ps.coords();
     if (c.cp == 0 && c.dp == 0) {
       // Rank 0: at most two buckets alive, one travelling and one being assembled.
@@ -237,7 +286,8 @@ class WeightSender::Impl {
         release(buf);
       }
     }
-    stats.peak_buffer_bytes = peak_;
+    stats.peak_buffer_bytes = pool_.peak();
+    pool_.reset();
     stats.seconds = seconds_since(t0);
     return stats;
   }
@@ -293,15 +343,8 @@ class WeightSender::Impl {
                                     "options differ; see their errors); nothing was sent"));
   }
 
-  at::Tensor allocate(int64_t bytes) {
-    live_ += bytes;
-    peak_ = std::max(peak_, live_);
-    return at::empty({bytes}, at::kByte);
-  }
-  void release(at::Tensor& buf) {
-    live_ -= buf.numel();
-    buf = at::Tensor();
-  }
+  at::Tensor allocate(int64_t bytes) { return pool_.take(bytes); }
+  void release(at::Tensor& buf) { pool_.give(buf); }
 
   // The whole bucket on training rank 0 (returned there; undefined elsewhere).
   at::Tensor assemble(const Bucket& b, int tag) {
@@ -357,7 +400,7 @@ class WeightSender::Impl {
   std::map<std::string, at::Tensor> params_;
   Plan plan_;
   std::string problem_;  // this rank's shards that do not fit the model
-  int64_t live_ = 0, peak_ = 0;
+  BufferPool pool_;
 };
 
 WeightSender::WeightSender(std::shared_ptr<Transformer> train,
@@ -384,7 +427,7 @@ class WeightReceiver::Impl {
 
   WeightSyncStats receive() {
     const auto t0 = Clock::now();
-    live_ = peak_ = 0;
+    pool_.reset();
     auto header = at::zeros({kHeaderSize}, at::kLong);
     {
       std::vector<at::Tensor> ts{header};
@@ -422,12 +465,11 @@ class WeightReceiver::Impl {
     stats.version = h[kVersion];
     stats.model_bytes = plan_.model_bytes;
     stats.buckets = static_cast<int64_t>(plan_.buckets.size());
+    stats.largest_bucket_bytes = largest_bucket(plan_);
     // Two buckets posted at once: the next arrives while this one is copied out.
     std::deque<std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>>> posted;
     auto post = [&](size_t b) {
-      at::Tensor buf = at::empty({plan_.buckets[b].total}, at::kByte);
-      live_ += buf.numel();
-      peak_ = std::max(peak_, live_);
+      at::Tensor buf = pool_.take(plan_.buckets[b].total);
       std::vector<at::Tensor> ts{buf};
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
@@ -451,9 +493,10 @@ class WeightReceiver::Impl {
           copy_tp_slice(dst, it.tensor.shape, it.split.dim, it.split.blocks, t_tp, r_tp, r_rank, 0,
                         t_tp, shard);
       }
-      live_ -= buf.numel();
+      pool_.give(buf);
     }
-    stats.peak_buffer_bytes = peak_;
+    stats.peak_buffer_bytes = pool_.peak();
+    pool_.reset();
     stats.seconds = seconds_since(t0);
     return stats;
   }
@@ -517,7 +560,7 @@ class WeightReceiver::Impl {
   WeightSyncOptions options_;
   std::map<std::string, at::Tensor> params_;
   Plan plan_;
-  int64_t live_ = 0, peak_ = 0;
+  BufferPool pool_;
 };
 
 WeightReceiver::WeightReceiver(std::shared_ptr<Transformer> rollout, const ParallelConfig& training,

@@ -59,6 +59,9 @@ struct WeightSyncStats {
   int64_t model_bytes = 0;  // full model, each tensor once, in the sender's dtype
   int64_t buckets = 0;
   int64_t peak_buffer_bytes = 0;  // most bucket-buffer bytes held at once on this rank
+  // The largest bucket's buffer (a bucket, or one larger tensor, plus 8-byte
+  // alignment per tensor): peak_buffer_bytes stays within two of these.
+  int64_t largest_bucket_bytes = 0;
 };
 
 // A Gloo process group of `size` ranks for weight sync, over `store` under
