@@ -131,18 +131,15 @@ struct Args {
   std::exit(2);
 }
 
-Args parse(int argc, char** argv) {
+Args parse(int argc, char** argv) try {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (i + 1 >= argc) usage("missing value for " + k);
-    std::string v = argv[++i];
+  cli::for_each_option(argc, argv, {}, [&](const std::string& k, const std::string& v) {
     if (k == "--layouts") {
       a.layouts = cli::split(v, ',');
     } else if (k == "--warmup") {
-      a.warmup = std::stoi(v);
+      a.warmup = static_cast<int>(cli::parse_int(v, k));
     } else if (k == "--iters") {
-      a.iters = std::stoi(v);
+      a.iters = static_cast<int>(cli::parse_int(v, k));
     } else if (k == "--torch-json") {
       a.torch_json = v;
     } else if (k == "--profile") {
@@ -152,11 +149,13 @@ Args parse(int argc, char** argv) {
     } else if (k == "--result") {
       a.result = v;
     } else {
-      usage("unknown option " + k);
+      cli::unknown_option(k);
     }
-  }
+  });
   if (a.warmup < 0 || a.iters < 1) usage("--warmup must be >= 0 and --iters >= 1");
   return a;
+} catch (const cli::UsageError& e) {
+  usage(e.what());
 }
 
 const Layout& find_layout(const std::string& name) {

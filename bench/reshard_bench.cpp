@@ -125,10 +125,7 @@ const Case& find_case(const std::string& name) {
 
 Args parse(int argc, char** argv) try {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (i + 1 >= argc) usage("missing value for " + k);
-    std::string v = argv[++i];
+  cli::for_each_option(argc, argv, {}, [&](const std::string& k, const std::string& v) {
     if (k == "--bucket-mb") {
       a.bucket_mb = cli::parse_int(v, k);
     } else if (k == "--repeats") {
@@ -141,9 +138,9 @@ Args parse(int argc, char** argv) try {
     } else if (k == "--result") {
       a.result = v;
     } else {
-      usage("unknown option " + k);
+      cli::unknown_option(k);
     }
-  }
+  });
   if (a.bucket_mb < 1 || a.repeats < 1 || a.warmup < 0)
     usage("--bucket-mb and --repeats must be >= 1, --warmup >= 0");
   return a;

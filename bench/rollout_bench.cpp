@@ -61,10 +61,7 @@ struct Args {
 
 Args parse(int argc, char** argv) try {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (i + 1 >= argc) usage("missing value for " + k);
-    std::string v = argv[++i];
+  cli::for_each_option(argc, argv, {}, [&](const std::string& k, const std::string& v) {
     if (k == "--batches") {
       a.batches = cli::parse_int_list(v, ',', "batch size");
     } else if (k == "--prompt") {
@@ -78,9 +75,9 @@ Args parse(int argc, char** argv) try {
     } else if (k == "--profile") {
       a.profile = v;
     } else {
-      usage("unknown option " + k);
+      cli::unknown_option(k);
     }
-  }
+  });
   for (int64_t b : a.batches)
     if (b < 1) usage("batch sizes must be positive");
   if (a.prompt < 1 || a.new_tokens < 1 || a.repeats < 1 || a.threads < 0)

@@ -54,44 +54,40 @@ struct Args {
 
 Args parse(int argc, char** argv) try {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (k == "--ignore-eos") {
-      a.params.ignore_eos = true;
-      continue;
-    }
-    if (i + 1 >= argc) usage("missing value for " + k);
-    std::string v = argv[++i];
-    if (k == "--model") {
-      a.model = v;
-    } else if (k == "--prompt-tokens") {
-      for (const auto& prompt : cli::split(v, ';'))
-        a.prompts.push_back(cli::parse_int_list(prompt, ',', "prompt token"));
-    } else if (k == "--max-new-tokens") {
-      a.params.max_new_tokens = cli::parse_int(v, k);
-      a.max_new_given = true;
-    } else if (k == "--temperature") {
-      a.params.temperature = cli::parse_double(v, k);
-    } else if (k == "--top-k") {
-      a.params.top_k = cli::parse_int(v, k);
-    } else if (k == "--top-p") {
-      a.params.top_p = cli::parse_double(v, k);
-    } else if (k == "--n") {
-      a.params.n = cli::parse_int(v, k);
-    } else if (k == "--seed") {
-      a.params.seed = static_cast<uint64_t>(cli::parse_int(v, k));
-    } else if (k == "--tp") {
-      a.tp = cli::parse_int(v, k);
-    } else if (k == "--stop-tokens") {
-      a.params.stop_token_ids = cli::parse_int_list(v, ',', "stop token");
-    } else if (k == "--cache-mb") {
-      a.cache_mb = cli::parse_int(v, k);
-    } else if (k == "--max-batch") {
-      a.max_batch = cli::parse_int(v, k);
-    } else {
-      usage("unknown option " + k);
-    }
-  }
+  cli::for_each_option(argc, argv, {"--ignore-eos"},
+                       [&](const std::string& k, const std::string& v) {
+                         if (k == "--ignore-eos") {
+                           a.params.ignore_eos = true;
+                         } else if (k == "--model") {
+                           a.model = v;
+                         } else if (k == "--prompt-tokens") {
+                           for (const auto& prompt : cli::split(v, ';'))
+                             a.prompts.push_back(cli::parse_int_list(prompt, ',', "prompt token"));
+                         } else if (k == "--max-new-tokens") {
+                           a.params.max_new_tokens = cli::parse_int(v, k);
+                           a.max_new_given = true;
+                         } else if (k == "--temperature") {
+                           a.params.temperature = cli::parse_double(v, k);
+                         } else if (k == "--top-k") {
+                           a.params.top_k = cli::parse_int(v, k);
+                         } else if (k == "--top-p") {
+                           a.params.top_p = cli::parse_double(v, k);
+                         } else if (k == "--n") {
+                           a.params.n = cli::parse_int(v, k);
+                         } else if (k == "--seed") {
+                           a.params.seed = static_cast<uint64_t>(cli::parse_int(v, k));
+                         } else if (k == "--tp") {
+                           a.tp = cli::parse_int(v, k);
+                         } else if (k == "--stop-tokens") {
+                           a.params.stop_token_ids = cli::parse_int_list(v, ',', "stop token");
+                         } else if (k == "--cache-mb") {
+                           a.cache_mb = cli::parse_int(v, k);
+                         } else if (k == "--max-batch") {
+                           a.max_batch = cli::parse_int(v, k);
+                         } else {
+                           cli::unknown_option(k);
+                         }
+                       });
   if (a.model.empty()) usage("--model is required");
   if (a.prompts.empty()) usage("--prompt-tokens is required");
   if (!a.max_new_given) usage("--max-new-tokens is required");

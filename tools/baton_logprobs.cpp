@@ -44,10 +44,7 @@ struct Args {
 
 Args parse(int argc, char** argv) try {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    if (i + 1 >= argc) usage("missing value for " + k);
-    std::string v = argv[++i];
+  cli::for_each_option(argc, argv, {}, [&](const std::string& k, const std::string& v) {
     if (k == "--model") {
       a.model = v;
     } else if (k == "--tokens") {
@@ -57,9 +54,9 @@ Args parse(int argc, char** argv) try {
     } else if (k == "--pp") {
       a.pp = cli::parse_int(v, "--pp");
     } else {
-      usage("unknown option " + k);
+      cli::unknown_option(k);
     }
-  }
+  });
   if (a.model.empty()) usage("--model is required");
   if (a.tokens.size() < 2) usage("--tokens needs at least two tokens");
   if (a.tp < 1 || a.pp < 1) usage("--tp and --pp must be positive");

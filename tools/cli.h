@@ -4,12 +4,18 @@
 //
 // Example:
 //   try {
-//     args.tp = cli::parse_int(value, "--tp");
-//     args.prompts = cli::split(value, ';');   // "1,2;3" -> {"1,2", "3"}
+//     cli::for_each_option(argc, argv, {"--verbose"}, [&](const auto& key, const auto& value) {
+//       if (key == "--tp") args.tp = cli::parse_int(value, key);
+//       else if (key == "--verbose") args.verbose = true;
+//       else cli::unknown_option(key);
+//     });
+//     auto prompts = cli::split("1,2;3", ';');   // {"1,2", "3"}
 //   } catch (const cli::UsageError& e) { usage(e.what()); }
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -19,6 +25,27 @@ namespace baton::cli {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Walks the "--key value" pairs of argv (and the `flags`, which take no
+// value: then `on` gets an empty value), calling on(key, value) for each.
+// Throws UsageError for an option without its value; `on` throws it for
+// keys it does not know (see unknown_option).
+inline void for_each_option(int argc, char** argv, const std::vector<std::string>& flags,
+                            const std::function<void(const std::string&, const std::string&)>& on) {
+  for (int i = 1; i < argc; ++i) {
+    std::string key = argv[i];
+    if (std::find(flags.begin(), flags.end(), key) != flags.end()) {
+      on(key, "");
+      continue;
+    }
+    if (i + 1 >= argc) throw UsageError("missing value for " + key);
+    on(key, argv[++i]);
+  }
+}
+
+[[noreturn]] inline void unknown_option(const std::string& key) {
+  throw UsageError("unknown option " + key);
+}
 
 // The parts of `text` between `sep`s ("a,,b" -> {"a", "", "b"}; "" -> {""}).
 inline std::vector<std::string> split(const std::string& text, char sep) {
