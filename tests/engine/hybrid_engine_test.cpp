@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,8 @@ struct Layouts {
   std::string name;
   int64_t tp, pp, rollout_tp;
 };
+
+void PrintTo(const Layouts& l, std::ostream* os) { *os << l.name; }
 
 class HybridLayouts : public ::testing::TestWithParam<Layouts> {};
 
