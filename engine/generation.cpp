@@ -168,7 +168,7 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
     }
     if (!admitted.empty()) {
       note_peak();
-      step(admitted, params, /*prefill=*/true);
+      step(admitted, params, stop, /*prefill=*/true);
       for (Sequence* s : admitted)
         if (!s->finished) running.push_back(s);
       finish_done(admitted);
@@ -194,7 +194,7 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
     }
     if (running.empty()) continue;
     note_peak();
-    step(running, params, /*prefill=*/false);
+    step(running, params, stop, /*prefill=*/false);
     finish_done(running);
   }
 
@@ -205,7 +205,7 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
 }
 
 void GenerationEngine::step(std::vector<Sequence*>& batch, const SamplingParams& params,
-                            bool prefill) {
+                            const std::set<int64_t>& stop, bool prefill) {
   auto start = Clock::now();
   int64_t b = static_cast<int64_t>(batch.size());
   int64_t q = 0, l = 0, real = 0;
@@ -248,7 +248,6 @@ void GenerationEngine::step(std::vector<Sequence*>& batch, const SamplingParams&
   CacheStep cs{write.to(device), read.to(device), bias.to(device)};
   auto logits = model_->forward_cached(ids.to(device), pos.to(device), cs, *cache_, last.to(device))
                     .to(at::kCPU, at::kFloat);
-  auto stop = stop_tokens(model_->config(), params);
   for (int64_t r = 0; r < b; ++r) {
     Sequence* s = batch[r];
     s->cached = static_cast<int64_t>(s->tokens.size());

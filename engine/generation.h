@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -108,7 +109,10 @@ class GenerationEngine {
 
  private:
   struct Sequence;
-  void step(std::vector<Sequence*>& batch, const SamplingParams& params, bool prefill);
+  // One forward over `batch` and a sampled token per sequence; `stop` are the
+  // token ids that finish a sequence.
+  void step(std::vector<Sequence*>& batch, const SamplingParams& params,
+            const std::set<int64_t>& stop, bool prefill);
 
   std::shared_ptr<Transformer> model_;
   GenerationOptions options_;
