@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/errors.h"
-#include "engine/weight_conversion.h"
+#include "engine/weight_stream.h"
 
 namespace baton::engine {
 namespace {
@@ -21,23 +21,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // One rollout parameter and where its elements come from.
-struct Item {
-  std::string name;
-  at::Tensor dst;             // the rollout parameter (this rank's TP_r slice)
-  int64_t stage = 0;          // the training stage that owns it
-  int64_t dim = -1;           // the dim split over TP (-1: replicated)
-  int64_t blocks = 1;         // sub-blocks along `dim` split separately (gate, up: 2)
-  std::vector<int64_t> full;  // the full (unsharded) shape
-  int64_t full_bytes = 0;     // in the rollout dtype
-
-  bool replicated() const { return dim < 0; }
-  // The shape of one shard of `tp` ranks.
-  std::vector<int64_t> shard_shape(int64_t tp) const {
-    auto s = full;
-    if (!replicated()) s[dim] /= tp;
-    return s;
-  }
-  int64_t shard_bytes(int64_t tp) const { return replicated() ? full_bytes : full_bytes / tp; }
+struct Item : StreamTensor {
+  at::Tensor dst;  // the rollout parameter (this rank's TP_r slice)
 };
 
 // A run of consecutive items of one owning stage, streamed together.
@@ -100,56 +85,34 @@ void validate(const Transformer& train, const Transformer& rollout) {
                                   " of the rollout world"));
 }
 
-// The rollout parameters in order, each with its owning training stage and
-// its layout over TP (from the conversion rules), so every rank knows the
-// whole plan without exchanging metadata.
+// The whole model's tensors (weight_stream.h), each bound to its rollout
+// parameter, so every rank knows the whole plan without exchanging metadata.
 std::vector<Item> plan_items(const Transformer& rollout, const ParallelConfig& training) {
-  const ModelConfig& cfg = rollout.config();
   const int64_t r_tp = rollout.parallel().tp().size;
-  std::vector<int64_t> stage_of_layer(cfg.num_layers, -1);
-  for (int64_t s = 0; s < training.pp; ++s) {
-    auto [begin, end] = stage_layer_range(s, cfg.num_layers, training);
-    for (int64_t l = begin; l < end; ++l) stage_of_layer[l] = s;
-  }
+  std::map<std::string, at::Tensor> params;
+  for (const auto& [name, param] : rollout.named_params()) params.emplace(name, param);
   std::vector<Item> items;
-  for (const auto& [name, param] : rollout.named_params()) {
-    int64_t layer = -1;
-    const ConversionRule* rule = find_rule(cfg.family, name, &layer);
-    if (!rule)
-      throw EngineError(
-          detail::cat("reshard_weights: no conversion rule for rollout parameter ", name));
-    ENGINE_CHECK(param.is_contiguous(), "rollout parameter ", name, " is not contiguous");
+  const auto element_size =
+      static_cast<int64_t>(rollout.named_params().front().second.element_size());
+  for (auto& t :
+       stream_tensors(rollout.config(), rollout.options().value_model, training, element_size)) {
+    auto p = params.find(t.name);
+    if (p == params.end())
+      throw EngineError(detail::cat("reshard_weights: the rollout model has no ", t.name));
     Item it;
-    it.name = name;
-    it.dst = param;
-    switch (rule->scope) {
-      case Scope::kFirstStage:
-        it.stage = 0;
-        break;
-      case Scope::kLayer:
-        ENGINE_CHECK(layer >= 0 && layer < cfg.num_layers, name, ": layer ", layer);
-        it.stage = stage_of_layer[layer];
-        break;
-      case Scope::kLastStage:
-      case Scope::kLmHead:
-      case Scope::kValueHead:
-        it.stage = training.pp - 1;
-        break;
-    }
-    const TpSplit split = tp_split_of(rule->transform);
-    it.dim = split.dim;
-    it.blocks = split.blocks;
-    it.full = param.sizes().vec();
-    if (!it.replicated()) {
-      ENGINE_CHECK(it.dim < param.dim(), name, " has ", param.dim(), " dims");
-      it.full[it.dim] *= r_tp;
-      ENGINE_CHECK(it.full[it.dim] % (it.blocks * training.tp) == 0, name, " ", shape_str(it.full),
-                   " does not split into ", it.blocks, " × ", training.tp);
-    }
-    it.full_bytes =
-        param.numel() * (it.replicated() ? 1 : r_tp) * static_cast<int64_t>(param.element_size());
+    static_cast<StreamTensor&>(it) = std::move(t);
+    it.dst = p->second;
+    params.erase(p);
+    ENGINE_CHECK(it.dst.is_contiguous(), "rollout parameter ", it.name, " is not contiguous");
+    if (it.dst.sizes() != at::IntArrayRef(it.shard_shape(r_tp)))
+      throw EngineError(detail::cat("reshard_weights: rollout parameter ", it.name, " is ",
+                                    shape_str(it.dst.sizes()), ", expected ",
+                                    shape_str(it.shard_shape(r_tp))));
     items.push_back(std::move(it));
   }
+  if (!params.empty())
+    throw EngineError(detail::cat("reshard_weights: rollout parameter ", params.begin()->first,
+                                  " is not part of the model's tensor plan"));
   return items;
 }
 
@@ -163,12 +126,12 @@ std::vector<Bucket> make_buckets(const std::vector<Item>& items, int64_t pp, int
   for (const Item& it : items) {
     auto& list = per_stage[it.stage];
     int64_t& bytes = filled[it.stage];
-    if (list.empty() || bytes + it.full_bytes > bucket_bytes) {
+    if (list.empty() || bytes + it.bytes > bucket_bytes) {
       list.push_back(Bucket{it.stage, {}});
       bytes = 0;
     }
     list.back().items.push_back(&it);
-    bytes += it.full_bytes;
+    bytes += it.bytes;
   }
   std::vector<Bucket> out;
   for (size_t i = 0;; ++i) {
@@ -182,8 +145,6 @@ std::vector<Bucket> make_buckets(const std::vector<Item>& items, int64_t pp, int
   }
   return out;
 }
-
-int64_t align8(int64_t n) { return (n + 7) / 8 * 8; }
 
 // The reshard of one call: the plan plus this rank's coordinates.
 class Resharder {
@@ -216,7 +177,7 @@ class Resharder {
 
   ReshardStats run() {
     ReshardStats stats;
-    for (const Item& it : items_) stats.model_bytes += it.full_bytes;
+    for (const Item& it : items_) stats.model_bytes += it.bytes;
     stats.buckets = static_cast<int64_t>(buckets_.size());
     // Two buckets in flight: the next one travels while this one is copied out.
     std::vector<InFlight> flights(buckets_.size());
@@ -230,38 +191,19 @@ class Resharder {
   }
 
  private:
-  // Where each item's shards sit in a bucket's flat byte buffer. The buffer
-  // holds `regions` runs, one per training TP rank when gathering (region k
-  // is TP rank k's shards; replicated tensors only in region 0), else one run
-  // with this rank's own shards. Each region is one broadcast's payload.
-  struct Layout {
-    std::vector<int64_t> region_begin, region_bytes;
-    std::vector<std::vector<int64_t>> offset;  // [item][region], -1: absent
-  };
-
+  // A bucket's buffer (weight_stream.h): one region per training TP rank
+  // when gathering, else one region with this rank's own shards. Each region
+  // is one broadcast's payload.
   struct InFlight {
     bool direct = false;  // no communication: copy from the training params
-    Layout layout;
+    RegionLayout layout;
     at::Tensor buffer;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
 
-  Layout layout_of(const Bucket& b) const {
-    Layout l;
-    const int64_t regions = gather_ ? t_tp_ : 1;
-    l.offset.assign(b.items.size(), std::vector<int64_t>(regions, -1));
-    int64_t pos = 0;
-    for (int64_t k = 0; k < regions; ++k) {
-      l.region_begin.push_back(pos);
-      for (size_t i = 0; i < b.items.size(); ++i) {
-        const Item& it = *b.items[i];
-        if (gather_ && it.replicated() && k > 0) continue;
-        l.offset[i][k] = pos;
-        pos += align8(it.shard_bytes(t_tp_));
-      }
-      l.region_bytes.push_back(pos - l.region_begin.back());
-    }
-    return l;
+  RegionLayout layout_of(const Bucket& b) const {
+    std::vector<const StreamTensor*> tensors(b.items.begin(), b.items.end());
+    return region_layout(tensors, gather_ ? t_tp_ : 1, t_tp_);
   }
 
   // Item i's shard in region `k` of a buffer, typed and shaped.
@@ -281,7 +223,7 @@ class Resharder {
       return;
     }
     f.layout = layout_of(b);
-    const int64_t total = f.layout.region_begin.back() + f.layout.region_bytes.back();
+    const int64_t total = f.layout.total;
     f.buffer = at::empty({total}, at::kByte);
     live_bytes_ += total;
     peak_bytes_ = std::max(peak_bytes_, live_bytes_);
@@ -347,7 +289,8 @@ class Resharder {
     }
     const int64_t k_begin = gather_ ? 0 : t_rank_;
     const int64_t k_end = gather_ ? t_tp_ : t_rank_ + 1;
-    copy_tp_slice(it.dst, it.full, it.dim, it.blocks, t_tp_, r_tp_, r_rank_, k_begin, k_end, shard);
+    copy_tp_slice(it.dst, it.full, it.split.dim, it.split.blocks, t_tp_, r_tp_, r_rank_, k_begin,
+                  k_end, shard);
   }
 
   const ParallelState& train_ps_;
@@ -362,42 +305,6 @@ class Resharder {
 };
 
 }  // namespace
-
-TpSplit tp_split_of(Transform transform) {
-  switch (transform) {
-    case Transform::kReplicated:
-      return {};
-    case Transform::kSplitRows:
-    case Transform::kQkv:
-      return {0, 1};
-    case Transform::kSplitCols:
-      return {1, 1};
-    case Transform::kGateUp:
-      return {0, 2};
-  }
-  ENGINE_CHECK(false, "unknown Transform");
-}
-
-void copy_tp_slice(at::Tensor dst, at::IntArrayRef full, int64_t dim, int64_t blocks, int64_t t_tp,
-                   int64_t r_tp, int64_t r_rank, int64_t k_begin, int64_t k_end,
-                   const std::function<at::Tensor(int64_t k)>& shard) {
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < dim; ++d) outer *= full[d];
-  for (int64_t d = dim + 1; d < static_cast<int64_t>(full.size()); ++d) inner *= full[d];
-  const int64_t block = full[dim] / blocks;  // one sub-block, full size
-  const int64_t t_len = block / t_tp, r_len = block / r_tp;
-  auto out = dst.view({outer, blocks * r_len, inner});
-  const int64_t want_lo = r_rank * r_len, want_hi = want_lo + r_len;
-  for (int64_t s = 0; s < blocks; ++s) {
-    for (int64_t k = k_begin; k < k_end; ++k) {
-      const int64_t lo = std::max(want_lo, k * t_len), hi = std::min(want_hi, (k + 1) * t_len);
-      if (lo >= hi) continue;
-      auto src = shard(k).view({outer, blocks * t_len, inner});
-      out.narrow(1, s * r_len + lo - want_lo, hi - lo)
-          .copy_(src.narrow(1, s * t_len + lo - k * t_len, hi - lo));
-    }
-  }
-}
 
 std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store> store,
                                                   int64_t rank, const ParallelConfig& training,

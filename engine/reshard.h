@@ -32,12 +32,10 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 
 #include "engine/parallel_state.h"
 #include "engine/transformer.h"
-#include "engine/weight_conversion.h"
 
 namespace baton::engine {
 
@@ -75,25 +73,5 @@ std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store
 // all-reduce of the verdicts), so none is left waiting.
 ReshardStats reshard_weights(const Transformer& train, Transformer& rollout,
                              const ReshardOptions& options = {});
-
-// How a tensor of a given conversion transform is split over TP ranks: along
-// `dim` (-1: replicated) in `blocks` separately split sub-blocks (gate/up: 2).
-// Fused QKV splits along dim 0 like rows, its kv groups being contiguous.
-struct TpSplit {
-  int64_t dim = -1;
-  int64_t blocks = 1;
-};
-TpSplit tp_split_of(Transform transform);
-
-// Copies TP rank `r_rank` of `r_tp`'s slice of one tensor into `dst`, from
-// the shards of a `t_tp`-way split: `shard(k)` returns TP rank k's shard for k
-// in [k_begin, k_end) (the shards holding the slice must be among them). The
-// tensor's full shape is `full`, split along `dim` in `blocks` sub-blocks that
-// are split separately (2 for gate/up, else 1); each sub-block's slice is a
-// contiguous range that may span several shards, copied piece by piece (and
-// cast to dst's dtype).
-void copy_tp_slice(at::Tensor dst, at::IntArrayRef full, int64_t dim, int64_t blocks, int64_t t_tp,
-                   int64_t r_tp, int64_t r_rank, int64_t k_begin, int64_t k_end,
-                   const std::function<at::Tensor(int64_t k)>& shard);
 
 }  // namespace baton::engine

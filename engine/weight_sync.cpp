@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "engine/errors.h"
-#include "engine/reshard.h"
-#include "engine/weight_conversion.h"
+#include "engine/weight_stream.h"
 
 namespace baton::engine {
 namespace {
@@ -23,38 +22,17 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-int64_t align8(int64_t n) { return (n + 7) / 8 * 8; }
-
-// One tensor of the stream: the whole model's tensor, its owning training
-// stage and its TP split.
-struct Item {
-  ModelTensor tensor;
-  int64_t stage = 0;
-  TpSplit split;
-  int64_t bytes = 0;  // full tensor, in the stream's dtype
-
-  bool replicated() const { return split.dim < 0; }
-  std::vector<int64_t> shard_shape(int64_t tp) const {
-    auto s = tensor.shape;
-    if (!replicated()) s[split.dim] /= tp;
-    return s;
-  }
-  int64_t shard_bytes(int64_t tp) const { return replicated() ? bytes : bytes / tp; }
-};
-
-// Items in whole_model_tensors() order, cut into buckets at stage changes
-// and at `bucket_bytes`. Region k of a bucket's buffer holds training TP rank
-// k's shards (replicated tensors in region 0 only).
+// Items in whole_model_tensors() order (weight_stream.h), cut into buckets at
+// stage changes and at `bucket_bytes`. Region k of a bucket's buffer holds
+// training TP rank k's shards (replicated tensors in region 0 only).
 struct Bucket {
   int64_t stage = 0;
-  std::vector<const Item*> items;
-  std::vector<std::vector<int64_t>> offset;  // [item][region], -1: absent
-  std::vector<int64_t> region_begin, region_bytes;
-  int64_t total = 0;
+  std::vector<const StreamTensor*> items;
+  RegionLayout layout;
 };
 
 struct Plan {
-  std::vector<Item> items;
+  std::vector<StreamTensor> items;
   std::vector<Bucket> buckets;
   int64_t model_bytes = 0;
 };
@@ -62,55 +40,19 @@ struct Plan {
 Plan make_plan(const ModelConfig& cfg, bool value_model, const ParallelConfig& training,
                int64_t element_size, int64_t bucket_bytes) {
   Plan plan;
-  std::vector<int64_t> stage_of_layer(cfg.num_layers, 0);
-  for (int64_t s = 0; s < training.pp; ++s) {
-    auto [begin, end] = stage_layer_range(s, cfg.num_layers, training);
-    for (int64_t l = begin; l < end; ++l) stage_of_layer[l] = s;
-  }
-  for (auto& t : whole_model_tensors(cfg, value_model)) {
-    Item it;
-    switch (t.rule->scope) {
-      case Scope::kFirstStage:
-        it.stage = 0;
-        break;
-      case Scope::kLayer:
-        it.stage = stage_of_layer[t.layer];
-        break;
-      default:
-        it.stage = training.pp - 1;
-    }
-    it.split = tp_split_of(t.rule->transform);
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;
-    it.bytes = numel * element_size;
-    plan.model_bytes += it.bytes;
-    it.tensor = std::move(t);
-    plan.items.push_back(std::move(it));
-  }
+  plan.items = stream_tensors(cfg, value_model, training, element_size);
   int64_t filled = 0;
-  for (const Item& it : plan.items) {
+  for (const StreamTensor& it : plan.items) {
+    plan.model_bytes += it.bytes;
     if (plan.buckets.empty() || plan.buckets.back().stage != it.stage ||
         filled + it.bytes > bucket_bytes) {
-      plan.buckets.push_back(Bucket{it.stage, {}, {}, {}, {}, 0});
+      plan.buckets.push_back(Bucket{it.stage, {}, {}});
       filled = 0;
     }
     plan.buckets.back().items.push_back(&it);
     filled += it.bytes;
   }
-  for (Bucket& b : plan.buckets) {
-    b.offset.assign(b.items.size(), std::vector<int64_t>(training.tp, -1));
-    int64_t pos = 0;
-    for (int64_t k = 0; k < training.tp; ++k) {
-      b.region_begin.push_back(pos);
-      for (size_t i = 0; i < b.items.size(); ++i) {
-        if (b.items[i]->replicated() && k > 0) continue;
-        b.offset[i][k] = pos;
-        pos += align8(b.items[i]->shard_bytes(training.tp));
-      }
-      b.region_bytes.push_back(pos - b.region_begin.back());
-    }
-    b.total = pos;
-  }
+  for (Bucket& b : plan.buckets) b.layout = region_layout(b.items, training.tp, training.tp);
   return plan;
 }
 
@@ -122,25 +64,25 @@ int64_t plan_digest(const Plan& plan) {
     h ^= static_cast<uint64_t>(v);
     h *= 1099511628211ULL;
   };
-  for (const Item& it : plan.items) {
+  for (const StreamTensor& it : plan.items) {
     mix(it.stage);
-    for (int64_t d : it.tensor.shape) mix(d);
+    for (int64_t d : it.full) mix(d);
     mix(-1);
   }
-  for (const Bucket& b : plan.buckets) mix(b.total);
+  for (const Bucket& b : plan.buckets) mix(b.layout.total);
   return static_cast<int64_t>(h);
 }
 
 int64_t largest_bucket(const Plan& plan) {
   int64_t most = 0;
-  for (const Bucket& b : plan.buckets) most = std::max(most, b.total);
+  for (const Bucket& b : plan.buckets) most = std::max(most, b.layout.total);
   return most;
 }
 
 // Item i's shard of region k in `buffer`, typed and shaped.
 at::Tensor segment(const at::Tensor& buffer, const Bucket& b, size_t i, int64_t k, int64_t tp,
                    at::ScalarType dtype) {
-  return at::from_blob(static_cast<uint8_t*>(buffer.data_ptr()) + b.offset[i][k],
+  return at::from_blob(static_cast<uint8_t*>(buffer.data_ptr()) + b.layout.offset[i][k],
                        b.items[i]->shard_shape(tp), at::TensorOptions().dtype(dtype));
 }
 
@@ -242,15 +184,15 @@ class WeightSender::Impl {
     plan_ = make_plan(train_->config(), train_->options().value_model, ps.config(),
                       static_cast<int64_t>(c10::elementSize(dtype_)), options_.bucket_bytes);
     // This rank's shards, checked now; send() tells every party before streaming.
-    for (const Item& it : plan_.items) {
+    for (const StreamTensor& it : plan_.items) {
       if (it.stage != ps.coords().pp) continue;
-      auto p = params_.find(it.tensor.engine_name);
+      auto p = params_.find(it.name);
       auto want = it.shard_shape(ps.config().tp);
       if (p == params_.end())
-        problem_ += detail::cat(" no parameter ", it.tensor.engine_name, ";");
+        problem_ += detail::cat(" no parameter ", it.name, ";");
       else if (p->second.sizes() != at::IntArrayRef(want))
-        problem_ += detail::cat(" ", it.tensor.engine_name, " is ", p->second.sizes(),
-                                ", expected ", at::IntArrayRef(want), ";");
+        problem_ += detail::cat(" ", it.name, " is ", p->second.sizes(), ", expected ",
+                                at::IntArrayRef(want), ";");
     }
   }
 
@@ -353,24 +295,24 @@ class WeightSender::Impl {
     at::Tensor full;
     if (stage == b.stage) {
       at::NoGradGuard no_grad;
-      at::Tensor buf = allocate(k == 0 ? b.total : b.region_bytes[k]);
-      const int64_t base = k == 0 ? 0 : b.region_begin[k];
+      at::Tensor buf = allocate(k == 0 ? b.layout.total : b.layout.region_bytes[k]);
+      const int64_t base = k == 0 ? 0 : b.layout.region_begin[k];
       for (size_t i = 0; i < b.items.size(); ++i) {
-        if (b.offset[i][k] < 0) continue;
-        at::from_blob(static_cast<uint8_t*>(buf.data_ptr()) + b.offset[i][k] - base,
+        if (b.layout.offset[i][k] < 0) continue;
+        at::from_blob(static_cast<uint8_t*>(buf.data_ptr()) + b.layout.offset[i][k] - base,
                       b.items[i]->shard_shape(t_tp), at::TensorOptions().dtype(dtype_))
-            .copy_(params_.at(b.items[i]->tensor.engine_name));
+            .copy_(params_.at(b.items[i]->name));
       }
       const Group& tp = ps.tp();
       std::vector<c10::intrusive_ptr<c10d::Work>> works;
       std::vector<std::vector<at::Tensor>> parts(t_tp);
       if (k == 0) {
         for (int64_t r = 1; r < t_tp; ++r) {
-          if (b.region_bytes[r] == 0) continue;
-          parts[r] = {buf.narrow(0, b.region_begin[r], b.region_bytes[r])};
+          if (b.layout.region_bytes[r] == 0) continue;
+          parts[r] = {buf.narrow(0, b.layout.region_begin[r], b.layout.region_bytes[r])};
           works.push_back(tp.pg->recv(parts[r], static_cast<int>(r), tag));
         }
-      } else if (b.region_bytes[k] > 0) {
+      } else if (b.layout.region_bytes[k] > 0) {
         parts[k] = {buf};
         works.push_back(tp.pg->send(parts[k], 0, tag));
       }
@@ -386,7 +328,7 @@ class WeightSender::Impl {
       return full;
     }
     if (ps.rank() == 0) {
-      full = allocate(b.total);
+      full = allocate(b.layout.total);
       std::vector<at::Tensor> ts{full};
       ps.pp().pg->recv(ts, static_cast<int>(b.stage), tag)->wait();
     }
@@ -469,7 +411,7 @@ class WeightReceiver::Impl {
     // Two buckets posted at once: the next arrives while this one is copied out.
     std::deque<std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>>> posted;
     auto post = [&](size_t b) {
-      at::Tensor buf = pool_.take(plan_.buckets[b].total);
+      at::Tensor buf = pool_.take(plan_.buckets[b].layout.total);
       std::vector<at::Tensor> ts{buf};
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
@@ -484,14 +426,14 @@ class WeightReceiver::Impl {
       work->wait();
       const Bucket& bucket = plan_.buckets[b];
       for (size_t i = 0; i < bucket.items.size(); ++i) {
-        const Item& it = *bucket.items[i];
-        at::Tensor dst = params_.at(it.tensor.engine_name);
+        const StreamTensor& it = *bucket.items[i];
+        at::Tensor dst = params_.at(it.name);
         auto shard = [&](int64_t k) { return segment(buf, bucket, i, k, t_tp, dtype); };
         if (it.replicated())
           dst.copy_(shard(0));
         else
-          copy_tp_slice(dst, it.tensor.shape, it.split.dim, it.split.blocks, t_tp, r_tp, r_rank, 0,
-                        t_tp, shard);
+          copy_tp_slice(dst, it.full, it.split.dim, it.split.blocks, t_tp, r_tp, r_rank, 0, t_tp,
+                        shard);
       }
       pool_.give(buf);
     }
@@ -527,17 +469,17 @@ class WeightReceiver::Impl {
           "training.layer_split and the model config)");
     const int64_t r_tp = rollout_->parallel().tp().size;
     size_t found = 0;
-    for (const Item& it : plan_.items) {
-      auto p = params_.find(it.tensor.engine_name);
+    for (const StreamTensor& it : plan_.items) {
+      auto p = params_.find(it.name);
       if (p == params_.end()) {
-        diffs.push_back("missing " + it.tensor.engine_name);
+        diffs.push_back("missing " + it.name);
         continue;
       }
       ++found;
       auto want = it.shard_shape(r_tp);
       if (p->second.sizes() != at::IntArrayRef(want))
-        diffs.push_back(detail::cat(it.tensor.engine_name, " is ", p->second.sizes(), ", expected ",
-                                    at::IntArrayRef(want)));
+        diffs.push_back(
+            detail::cat(it.name, " is ", p->second.sizes(), ", expected ", at::IntArrayRef(want)));
     }
     if (found != params_.size())
       diffs.push_back(

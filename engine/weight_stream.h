@@ -1,0 +1,81 @@
+// Weight streams: the plan resharding (reshard.h) and weight sync to
+// separate rollout workers (weight_sync.h) share. Every rank derives it from
+// the config, the conversion rules and the training layout alone, so no
+// metadata travels: the whole one-stage model's tensors in
+// whole_model_tensors() order, each with its owning training stage and its TP
+// split, and the byte layout of a bucket's flat buffer.
+//
+// Example:
+//   auto tensors = stream_tensors(cfg, /*value_model=*/false, training, /*element_size=*/4);
+//   std::vector<const StreamTensor*> bucket{&tensors[0], &tensors[1]};
+//   RegionLayout l = region_layout(bucket, /*regions=*/training.tp, training.tp);
+//   // TP rank k's shard of bucket[i] sits at l.offset[i][k] (-1: replicated, k > 0)
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/model_config.h"
+#include "engine/parallel_state.h"
+#include "engine/weight_conversion.h"
+
+namespace baton::engine {
+
+// How a tensor of a given conversion transform is split over TP ranks: along
+// `dim` (-1: replicated) in `blocks` separately split sub-blocks (gate/up: 2).
+// Fused QKV splits along dim 0 like rows, its kv groups being contiguous.
+struct TpSplit {
+  int64_t dim = -1;
+  int64_t blocks = 1;
+};
+TpSplit tp_split_of(Transform transform);
+
+// One tensor of the whole model in a stream.
+struct StreamTensor {
+  std::string name;           // engine name
+  int64_t stage = 0;          // the training pipeline stage that owns it
+  TpSplit split;              // its layout over TP ranks
+  std::vector<int64_t> full;  // the full (unsharded) shape
+  int64_t bytes = 0;          // the full tensor's bytes in the stream's dtype
+
+  bool replicated() const { return split.dim < 0; }
+  // The shape of one shard of a `tp`-way split.
+  std::vector<int64_t> shard_shape(int64_t tp) const;
+  int64_t shard_bytes(int64_t tp) const { return replicated() ? bytes : bytes / tp; }
+};
+
+// The whole model (whole_model_tensors order) with owning stages for the
+// `training` layout (its layer split) and bytes at `element_size`. Throws
+// EngineError when a split tensor does not divide over training.tp.
+std::vector<StreamTensor> stream_tensors(const ModelConfig& cfg, bool value_model,
+                                         const ParallelConfig& training, int64_t element_size);
+
+// Where each tensor's shards sit in a bucket's flat byte buffer: `regions`
+// runs, region k holding every tensor's shard of TP rank k of `tp` (a
+// replicated tensor only in region 0), each shard 8-byte aligned. With one
+// region it holds one shard of every tensor (this rank's own). Each region
+// is one message's payload.
+struct RegionLayout {
+  std::vector<std::vector<int64_t>> offset;  // [tensor][region], -1: absent
+  std::vector<int64_t> region_begin, region_bytes;
+  int64_t total = 0;
+};
+RegionLayout region_layout(const std::vector<const StreamTensor*>& tensors, int64_t regions,
+                           int64_t tp);
+
+// Copies TP rank `r_rank` of `r_tp`'s slice of one tensor into `dst`, from
+// the shards of a `t_tp`-way split: `shard(k)` returns TP rank k's shard for k
+// in [k_begin, k_end) (the shards holding the slice must be among them). The
+// tensor's full shape is `full`, split along `dim` in `blocks` sub-blocks that
+// are split separately (2 for gate/up, else 1); each sub-block's slice is a
+// contiguous range that may span several shards, copied piece by piece (and
+// cast to dst's dtype).
+void copy_tp_slice(at::Tensor dst, at::IntArrayRef full, int64_t dim, int64_t blocks, int64_t t_tp,
+                   int64_t r_tp, int64_t r_rank, int64_t k_begin, int64_t k_end,
+                   const std::function<at::Tensor(int64_t k)>& shard);
+
+}  // namespace baton::engine
