@@ -32,22 +32,31 @@ struct ModelConfig {
   int64_t head_dim = 0;      // "head_dim" (defaults to hidden / heads)
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
+  // "rope_theta" (transformers 4) or "rope_parameters": {"rope_theta"} (5).
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: always; Llama: "attention_bias"
   bool mlp_bias = false;  // Llama's "mlp_bias"
+  // "torch_dtype" (transformers 4) or "dtype" (5).
   std::string torch_dtype = "float32";
   // "eos_token_id": one id or a list (absent: none). Generation stops on them.
   std::vector<int64_t> eos_token_ids;
 
-  // Parses an HF config. `where` names the source in errors (a path).
-  // Throws EngineError for an unsupported architecture, a missing or
-  // non-positive size, or sizes that do not fit together (heads not dividing).
+  // Parses an HF config as transformers 4 or 5 writes it. `where` names the
+  // source in errors (a path). Throws EngineError for an unsupported
+  // architecture, a missing or non-positive size, sizes that do not fit
+  // together (heads not dividing), and for keys that would make HF compute
+  // something the engine does not, each error naming the key and its value:
+  // a RoPE other than the default one (rope_type, scaling parameters,
+  // partial_rotary_factor), a sliding window in use (Qwen2), attention
+  // dropout, or a config whose 4.x and 5.x spellings disagree (rope_theta vs
+  // rope_parameters.rope_theta, torch_dtype vs dtype).
   static ModelConfig from_hf_json(const nlohmann::json& json, const std::string& where);
   // Reads `dir/config.json` (or `path` itself when it is a file).
   static ModelConfig load(const std::filesystem::path& path);
 
-  // The HF form: every key above under its HF name, plus `architectures` and
+  // The HF form: every key above under its HF name (rope_theta and dtype
+  // under both the transformers 4 and the 5 names), plus `architectures` and
   // `model_type`. `architecture` overrides the class (e.g. a value model's
   // "Qwen2ForTokenClassification").
   nlohmann::json to_hf_json(const std::string& architecture = "") const;

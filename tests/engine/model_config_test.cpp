@@ -9,9 +9,14 @@
 #include <fstream>
 
 #include "engine/errors.h"
+#include "tests/engine/expect_error.h"
 
 namespace baton::engine {
 namespace {
+
+using testing::expect_error;
+
+const std::string kFixtures = BATON_FIXTURES_DIR;
 
 nlohmann::json qwen2_json() {
   return {{"architectures", {"Qwen2ForCausalLM"}},
@@ -96,6 +101,223 @@ TEST(ModelConfig, MalformedFileNamesThePath) {
     EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
   }
   std::filesystem::remove(file);
+}
+
+// --- Configs as transformers 4 and 5 write them -------------------------
+// transformers 5 writes "rope_parameters": {"rope_type", "rope_theta"} and
+// "dtype" where 4.x wrote "rope_theta" and "torch_dtype" at the top level.
+
+nlohmann::json llama_json() {
+  auto j = qwen2_json();
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  return j;
+}
+
+// Transformers 5's form of a Llama 3 style config (no top-level rope_theta).
+nlohmann::json llama_tf5_json() {
+  auto j = llama_json();
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  j["dtype"] = "bfloat16";
+  return j;
+}
+
+TEST(ModelConfig, ReadsRopeThetaAndDtypeFromTransformers5Form) {
+  auto c = ModelConfig::from_hf_json(llama_tf5_json(), "test");
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+}
+
+TEST(ModelConfig, AcceptsBothFormsWhenTheyAgree) {
+  auto j = llama_tf5_json();
+  j["rope_theta"] = 500000;  // an integer in one place, a float in the other
+  j["torch_dtype"] = "bfloat16";
+  auto c = ModelConfig::from_hf_json(j, "test");
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+}
+
+TEST(ModelConfig, DefaultsToThetaTenThousandAndFloat32WhenNeitherFormIsThere) {
+  auto j = llama_json();
+  j.erase("rope_theta");
+  auto c = ModelConfig::from_hf_json(j, "test");
+  EXPECT_EQ(c.rope_theta, 10000.0);  // HF's default in both versions
+  EXPECT_EQ(c.torch_dtype, "float32");
+}
+
+TEST(ModelConfig, RejectsRopeThetaThatDisagreesWithRopeParameters) {
+  auto j = llama_tf5_json();
+  j["rope_theta"] = 10000.0;
+  expect_error([&] { ModelConfig::from_hf_json(j, "dir/config.json"); },
+               {"dir/config.json", "\"rope_theta\" is 10000.0",
+                "\"rope_parameters.rope_theta\" is 500000.0"});
+  // The same through a 4.x "rope_scaling" that carries a theta of its own.
+  j = llama_json();  // rope_theta 1e6
+  j["rope_scaling"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_theta\" is 1000000.0", "\"rope_scaling.rope_theta\" is 10000.0"});
+}
+
+TEST(ModelConfig, RejectsTorchDtypeThatDisagreesWithDtype) {
+  auto j = llama_tf5_json();
+  j["torch_dtype"] = "float32";
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"torch_dtype\" is \"float32\"", "\"dtype\" is \"bfloat16\""});
+}
+
+TEST(ModelConfig, RejectsRopeTypesOtherThanDefaultNamingThem) {
+  for (const char* type : {"llama3", "yarn", "linear", "dynamic", "longrope"}) {
+    auto j = llama_tf5_json();
+    j["rope_parameters"]["rope_type"] = type;
+    j["rope_parameters"]["factor"] = 8.0;
+    expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+                 {"cfg", std::string("\"rope_parameters.rope_type\" is \"") + type + "\""});
+  }
+}
+
+TEST(ModelConfig, RejectsRopeScalingOfTransformers4NamingIt) {
+  auto j = llama_json();
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_scaling.rope_type\" is \"llama3\""});
+  // The pre-4.45 spelling "type".
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_scaling.type\" is \"linear\""});
+  // A "default" type with a scaling parameter it would not use: not understood.
+  j["rope_scaling"] = {{"rope_type", "default"}, {"factor", 2.0}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_scaling.factor\" is 2.0"});
+  // Not an object at all.
+  j["rope_scaling"] = "linear";
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_scaling\" is \"linear\""});
+}
+
+TEST(ModelConfig, AcceptsRopeScalingThatSaysDefault) {
+  // Both versions compute the plain RoPE for it (5.x reads it as rope_parameters).
+  auto j = llama_json();
+  j["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "cfg").rope_theta, 1e6);
+}
+
+TEST(ModelConfig, RejectsPartialRotaryFactorBelowOne) {
+  auto j = llama_tf5_json();
+  j["rope_parameters"]["partial_rotary_factor"] = 0.5;
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_parameters.partial_rotary_factor\" is 0.5"});
+  j = llama_json();
+  j["partial_rotary_factor"] = 0.25;
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"partial_rotary_factor\" is 0.25"});
+  j["partial_rotary_factor"] = 1.0;
+  EXPECT_NO_THROW(ModelConfig::from_hf_json(j, "cfg"));
+}
+
+TEST(ModelConfig, RejectsRopeValuesOfTheWrongTypeAsEngineErrors) {
+  auto j = llama_json();
+  j["rope_theta"] = "1e6";
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); }, {"cfg", "\"rope_theta\" is \"1e6\""});
+  j = llama_tf5_json();
+  j["rope_parameters"]["rope_theta"] = -1.0;
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_parameters.rope_theta\" is -1.0", "not positive"});
+  j = llama_tf5_json();
+  j["dtype"] = 16;
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); }, {"cfg", "\"dtype\" is 16"});
+}
+
+TEST(ModelConfig, RejectsQwen2SlidingWindowInUse) {
+  // transformers 4: layers >= max_window_layers use the window.
+  auto j = qwen2_json();  // 4 layers
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  j["max_window_layers"] = 2;
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"use_sliding_window\" is true", "\"sliding_window\" is 4096",
+                "\"max_window_layers\" is 2"});
+  // max_window_layers absent: HF's default 28 covers these 4 layers, no window.
+  j.erase("max_window_layers");
+  EXPECT_NO_THROW(ModelConfig::from_hf_json(j, "cfg"));
+  // transformers 5 names each layer's kind.
+  j = qwen2_json();
+  j["layer_types"] = {"full_attention", "full_attention", "full_attention", "sliding_attention"};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"layer_types[3]\" is \"sliding_attention\""});
+}
+
+TEST(ModelConfig, AcceptsQwen2SlidingWindowThatIsSetButOff) {
+  // As Qwen2.5 ships (and transformers 5 writes it: window null, all layers full).
+  auto j = qwen2_json();
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = 131072;
+  j["max_window_layers"] = 0;
+  EXPECT_NO_THROW(ModelConfig::from_hf_json(j, "cfg"));
+  j["sliding_window"] = nullptr;
+  j["layer_types"] = {"full_attention", "full_attention", "full_attention", "full_attention"};
+  EXPECT_NO_THROW(ModelConfig::from_hf_json(j, "cfg"));
+}
+
+TEST(ModelConfig, IgnoresSlidingWindowKeysOnLlamaAsHfDoes) {
+  auto j = llama_json();
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 16;
+  j["max_window_layers"] = 0;
+  EXPECT_NO_THROW(ModelConfig::from_hf_json(j, "cfg"));
+}
+
+TEST(ModelConfig, RejectsAttentionDropout) {
+  auto j = qwen2_json();
+  j["attention_dropout"] = 0.1;
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"attention_dropout\" is 0.1"});
+  j["attention_dropout"] = 0;
+  EXPECT_NO_THROW(ModelConfig::from_hf_json(j, "cfg"));
+}
+
+// The fixtures' configs, written by HF itself: tiny-llama and tiny-qwen2 by
+// transformers 4.49 (make_fixtures.py), tiny-llama-tf5 and tf5-configs/ by
+// transformers 5.23 (make_tf5_fixtures.py).
+TEST(ModelConfig, LoadsConfigsSavedByTransformers4And5) {
+  auto llama4 = ModelConfig::load(kFixtures + "/tiny-llama");
+  EXPECT_EQ(llama4.rope_theta, 10000.0);
+  auto qwen4 = ModelConfig::load(kFixtures + "/tiny-qwen2");  // window 4096 set, off
+  EXPECT_EQ(qwen4.rope_theta, 1e6);
+  EXPECT_EQ(qwen4.torch_dtype, "float32");
+
+  auto llama5 = ModelConfig::load(kFixtures + "/tiny-llama-tf5");
+  EXPECT_EQ(llama5.rope_theta, 500000.0);
+  EXPECT_EQ(llama5.torch_dtype, "float32");
+  auto qwen5 = ModelConfig::load(kFixtures + "/tf5-configs/qwen2.json");
+  EXPECT_EQ(qwen5.rope_theta, 1e6);
+  EXPECT_EQ(qwen5.torch_dtype, "bfloat16");
+  EXPECT_TRUE(qwen5.tie_word_embeddings);
+}
+
+TEST(ModelConfig, RefusesTransformers5ConfigsItCannotComputeNamingFileKeyAndValue) {
+  const std::string dir = kFixtures + "/tf5-configs/";
+  expect_error([&] { ModelConfig::load(dir + "llama-rope-llama3.json"); },
+               {dir + "llama-rope-llama3.json", "\"rope_parameters.rope_type\" is \"llama3\""});
+  expect_error([&] { ModelConfig::load(dir + "llama-rope-yarn.json"); },
+               {dir + "llama-rope-yarn.json", "\"rope_parameters.rope_type\" is \"yarn\""});
+  expect_error([&] { ModelConfig::load(dir + "qwen2-sliding.json"); },
+               {dir + "qwen2-sliding.json", "\"sliding_window\" is 8"});
+}
+
+TEST(ModelConfig, WritesThetaAndDtypeInTheSpellingsOfBothVersions) {
+  auto c = ModelConfig::load(kFixtures + "/tiny-llama-tf5");
+  auto j = c.to_hf_json();
+  EXPECT_EQ(j.at("rope_theta"), 500000.0);
+  EXPECT_EQ(j.at("rope_parameters"),
+            (nlohmann::json{{"rope_type", "default"}, {"rope_theta", 500000.0}}));
+  EXPECT_EQ(j.at("torch_dtype"), "float32");
+  EXPECT_EQ(j.at("dtype"), "float32");
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "saved").rope_theta, 500000.0);
 }
 
 }  // namespace
