@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "runtime/dispatch_registry.h"
+#include "runtime/runtime.h"
+
 namespace baton {
 
 namespace {
@@ -88,6 +91,19 @@ std::vector<std::string> builtin_method_names() {
   return out;
 }
 
+void WorkerRegistry::check_dispatch_modes(const WorkerClassSpec& spec) const {
+  std::lock_guard<std::mutex> lock(checked_mu_);
+  if (checked_.count(spec.name)) return;
+  for (const auto& [name, method] : spec.methods) {
+    try {
+      find_dispatch_mode(method.options.dispatch_mode);
+    } catch (const CallError& e) {
+      throw CallError("worker class " + spec.name + ", method '" + name + "': " + e.what());
+    }
+  }
+  checked_.insert(spec.name);
+}
+
 WorkerRegistry& WorkerRegistry::global() {
   static WorkerRegistry registry;
   return registry;
@@ -100,7 +116,10 @@ void WorkerRegistry::add(WorkerClassSpec spec) {
 
 const WorkerClassSpec& WorkerRegistry::get(const std::string& class_name) const {
   auto it = classes_.find(class_name);
-  if (it != classes_.end()) return it->second;
+  if (it != classes_.end()) {
+    if (!is_worker_process()) check_dispatch_modes(it->second);
+    return it->second;
+  }
   std::vector<std::string> known;
   for (const auto& [n, c] : classes_) known.push_back(n);
   throw CallError("no worker class named '" + class_name +

@@ -5,6 +5,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -27,10 +29,16 @@ enum class Execute {
   kRankZero,  // only rank 0 runs it
 };
 
-// How a registered method is called by WorkerGroup::call.
+// How a registered method is called by WorkerGroup::call. The dispatch mode
+// is a name in the dispatch registry (dispatch_registry.h): the constants in
+// baton::dispatch_mode (here and in dispatch/dispatch_modes.h), or a mode of
+// your own. Spawning a group checks that every method's mode is registered
+// (see WorkerRegistry::get), so a misspelt mode fails before any worker
+// starts, naming the method; register your own modes before spawning.
 //
 // Example:
 //   t.def("shard", &W::shard, MethodOptions().dispatch(dispatch_mode::kAllToAll));
+//   t.def("head", &W::head, MethodOptions().execute(Execute::kRankZero));
 struct MethodOptions {
   std::string dispatch_mode = dispatch_mode::kOneToAll;
   Execute execute_mode = Execute::kAll;
@@ -92,11 +100,20 @@ class WorkerRegistry {
  public:
   static WorkerRegistry& global();
   void add(WorkerClassSpec spec);
-  // Throws CallError naming the class if it was never registered.
+  // Throws CallError naming the class if it was never registered. In the
+  // driver (not in a worker process, which never dispatches) it also checks,
+  // at the class's first lookup (WorkerGroup::spawn makes it, after static
+  // initialisation registered the dispatch modes), that every method's
+  // dispatch mode is registered: CallError naming the class, the method, the
+  // mode and the registered ones otherwise.
   const WorkerClassSpec& get(const std::string& class_name) const;
 
  private:
+  void check_dispatch_modes(const WorkerClassSpec& spec) const;
+
   std::map<std::string, WorkerClassSpec> classes_;
+  mutable std::mutex checked_mu_;
+  mutable std::set<std::string> checked_;  // classes whose dispatch modes were found
 };
 
 template <class W>
@@ -118,6 +135,34 @@ class MethodTable {
  private:
   template <class R, class... A, class F>
   MethodTable& def_impl(const std::string& name, F call, MethodOptions options) {
+    constexpr bool supported = (is_value_type_v<std::decay_t<A>> && ... && true) &&
+                               result_supported<R>();
+    if constexpr (!supported) {
+      // One static_assert per unsupported type, naming it (value_traits.h).
+      (require_value_type<std::decay_t<A>>(), ...);
+      if constexpr (!std::is_void_v<R>) require_value_type<std::decay_t<R>>();
+      return *this;
+    } else {
+      return def_supported<R, A...>(name, std::move(call), std::move(options));
+    }
+  }
+
+  template <class R>
+  static constexpr bool result_supported() {
+    if constexpr (std::is_void_v<R>) {
+      return true;
+    } else {
+      return is_value_type_v<std::decay_t<R>>;
+    }
+  }
+
+  template <class T>
+  static void require_value_type() {
+    if constexpr (!is_value_type_v<T>) ValueTraits<T>::spec();  // fails, naming T
+  }
+
+  template <class R, class... A, class F>
+  MethodTable& def_supported(const std::string& name, F call, MethodOptions options) {
     MethodSpec m;
     m.name = name;
     m.params = {ValueTraits<std::decay_t<A>>::spec()...};

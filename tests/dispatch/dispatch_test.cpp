@@ -44,7 +44,6 @@ class ProtoWorker : public Worker {
     t.def("summarize", &ProtoWorker::summarize, MethodOptions().dispatch(mode::kDpComputeProto));
     t.def("metric", &ProtoWorker::metric, MethodOptions().dispatch(mode::kDpComputeMetric));
     t.def("scaled", &ProtoWorker::scaled, MethodOptions().dispatch(mode::kDpCompute));
-    t.def("first_two", &ProtoWorker::scaled, MethodOptions().dispatch("TEST_FIRST_TWO"));
     t.def("mc_tag", &ProtoWorker::tag, MethodOptions().dispatch(mode::kMegatronComputeProto));
     t.def("ppdp_tag", &ProtoWorker::tag, MethodOptions().dispatch(mode::kMegatronPpAsDpProto));
     t.def("mc_coords", &ProtoWorker::coords, MethodOptions().dispatch(mode::kMegatronCompute));
@@ -53,6 +52,17 @@ class ProtoWorker : public Worker {
   }
 };
 BATON_WORKER(ProtoWorker);
+
+// Its mode is registered by the test that spawns it: spawning checks that
+// every method's mode is registered.
+class FirstTwoWorker : public Worker {
+ public:
+  int64_t scaled(int64_t x) { return x * (rank() + 1); }
+  static void register_methods(MethodTable<FirstTwoWorker>& t) {
+    t.def("first_two", &FirstTwoWorker::scaled, MethodOptions().dispatch("TEST_FIRST_TWO"));
+  }
+};
+BATON_WORKER(FirstTwoWorker);
 
 DataProto batch_of(int64_t rows) {
   List prompts;
@@ -140,7 +150,7 @@ TEST_F(DispatchTest, UserRegisteredModeRunsOnTheRanksItPlansAndCollectsItsWay) {
         return p;
       },
       [](const CollectInput& in) { return Value(List{Value(in.outputs), Value(in.ranks[0])}); });
-  WorkerGroup g = WorkerGroup::spawn("ProtoWorker", pool);
+  WorkerGroup g = WorkerGroup::spawn("FirstTwoWorker", pool);
   EXPECT_EQ(g.call("first_two", {10}).get(), Value(List{List{20}, 1}));
   EXPECT_THROW(register_dispatch_mode("TEST_FIRST_TWO", nullptr, nullptr), Error);
 }

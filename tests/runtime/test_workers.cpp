@@ -101,7 +101,6 @@ class TestWorker : public baton::Worker {
     t.def("keep", &TestWorker::keep);
     t.def("kept_sum", &TestWorker::kept_sum);
     t.def("all_reduce", &TestWorker::all_reduce);
-    t.def("unknown_mode", &TestWorker::my_rank, MethodOptions().dispatch("NO_SUCH_MODE"));
   }
 
  private:

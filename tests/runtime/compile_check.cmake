@@ -1,0 +1,40 @@
+# Compiles SOURCE (syntax only) and checks what the compiler says.
+#   cmake -DCXX=<compiler> -DINCLUDES="dir|dir|..." -DSOURCE=<file> [-DDEFINE=<macro>]
+#         [-DFORBIDDEN=<regex>] [-DEXPECT_ERROR=<regex>] -P compile_check.cmake
+# Without EXPECT_ERROR the source must compile, and with FORBIDDEN no header it
+# includes (g++ -H) may match that regex. With EXPECT_ERROR it must fail, and
+# its diagnostics must match the regex.
+string(REPLACE "|" ";" include_list "${INCLUDES}")
+set(args -std=c++20 -fsyntax-only)
+foreach(dir IN LISTS include_list)
+  list(APPEND args "-I${dir}")
+endforeach()
+if(DEFINE)
+  list(APPEND args "-D${DEFINE}")
+endif()
+if(FORBIDDEN)
+  list(APPEND args -H)
+endif()
+execute_process(COMMAND "${CXX}" ${args} "${SOURCE}"
+  RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(EXPECT_ERROR)
+  if(result EQUAL 0)
+    message(FATAL_ERROR "${SOURCE} with ${DEFINE} compiled; it must not")
+  endif()
+  if(NOT err MATCHES "${EXPECT_ERROR}")
+    message(FATAL_ERROR "the compiler's error does not match '${EXPECT_ERROR}':\n${err}")
+  endif()
+  message(STATUS "failed to compile as expected")
+  return()
+endif()
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "${SOURCE} does not compile:\n${err}")
+endif()
+if(FORBIDDEN)
+  string(REGEX MATCHALL "\\.+ [^\n]*(${FORBIDDEN})[^\n]*" hits "${err}")
+  if(hits)
+    list(JOIN hits "\n" text)
+    message(FATAL_ERROR "${SOURCE} includes what a driver header must not:\n${text}")
+  endif()
+endif()
+message(STATUS "compiled; no forbidden header")
