@@ -43,6 +43,31 @@ std::vector<int64_t> Worker::mesh_entry(const std::string& mesh) {
 
 bool is_worker_process() { return std::getenv("BATON_WORKER_FD") != nullptr; }
 
+namespace detail {
+
+void check_can_spawn_workers(const std::string& what) {
+  if (is_worker_process()) {
+    auto env = [](const char* name) {
+      const char* v = std::getenv(name);
+      return std::string(v != nullptr ? v : "?");
+    };
+    throw Error("cannot spawn " + what + " in a worker process (worker " + env("BATON_CLASS") +
+                " rank " + env("RANK") + " of group " + env("BATON_GROUP") +
+                ", started by driver pid " + env("BATON_DRIVER_PID") +
+                "): workers do not start workers. If this is your program's main(), call "
+                "baton::init(argc, argv) first thing in main(): in a worker process it runs the "
+                "worker and never returns");
+  }
+  if (!is_initialized()) {
+    throw Error("cannot spawn " + what + ": baton::init(argc, argv) was not called. Call it "
+                "first thing in main(), before spawning any group: workers are this "
+                "executable started again, and init() is where they run their worker "
+                "instead of your main()");
+  }
+}
+
+}  // namespace detail
+
 bool is_initialized() { return initialized.load(); }
 
 void init(int argc, char** argv) {
