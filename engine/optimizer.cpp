@@ -66,8 +66,9 @@ void Optimizer::all_reduce_buckets(std::vector<at::Tensor> grads, const Group& g
     int64_t bytes = 0;
     auto dtype = grads[i].scalar_type();
     while (i < grads.size() && grads[i].scalar_type() == dtype &&
-           (bucket.empty() || bytes + grads[i].nbytes() <= options_.bucket_bytes)) {
-      bytes += grads[i].nbytes();
+           (bucket.empty() ||
+            bytes + static_cast<int64_t>(grads[i].nbytes()) <= options_.bucket_bytes)) {
+      bytes += static_cast<int64_t>(grads[i].nbytes());
       bucket.push_back(grads[i++]);
     }
     std::vector<at::Tensor> flat_views;
