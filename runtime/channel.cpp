@@ -37,41 +37,104 @@ Channel::~Channel() {
   for (int fd : fds_) close(fd);
 }
 
+Channel::WriteStatus Channel::write_some(const char* data, size_t size, const std::vector<int>& fds,
+                                         size_t& offset) {
+  iovec iov{const_cast<char*>(data + offset), size - offset};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control;
+  if (offset == 0 && !fds.empty()) {  // the fds travel with the message's first byte
+    control.resize(CMSG_SPACE(sizeof(int) * fds.size()));
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  for (;;) {
+    ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      offset += static_cast<size_t>(n);
+      return WriteStatus::kWrote;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return WriteStatus::kWouldBlock;
+    return WriteStatus::kClosed;  // EPIPE, ECONNRESET: the peer is gone
+  }
+}
+
 bool Channel::send(kj::ArrayPtr<const capnp::word> message, const std::vector<int>& fds) {
-  const char* p = reinterpret_cast<const char*>(message.begin());
-  size_t left = message.size() * sizeof(capnp::word);
-  bool fds_sent = fds.empty();
+  const char* data = reinterpret_cast<const char*>(message.begin());
+  const size_t size = message.size() * sizeof(capnp::word);
   std::lock_guard<std::mutex> lock(send_mu_);
-  while (left > 0) {
-    iovec iov{const_cast<char*>(p), left};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    std::vector<char> control;
-    if (!fds_sent) {
-      control.resize(CMSG_SPACE(sizeof(int) * fds.size()));
-      msg.msg_control = control.data();
-      msg.msg_controllen = control.size();
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  for (size_t offset = 0; offset < size;) {
+    switch (write_some(data, size, fds, offset)) {
+      case WriteStatus::kWrote: break;
+      case WriteStatus::kWouldBlock: wait_fd(fd_, POLLOUT); break;
+      case WriteStatus::kClosed: return false;
     }
-    ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        wait_fd(fd_, POLLOUT);
-        continue;
-      }
-      return false;  // EPIPE, ECONNRESET: the peer is gone
-    }
-    fds_sent = true;
-    p += n;
-    left -= static_cast<size_t>(n);
   }
   return true;
+}
+
+Channel::Queued Channel::send_or_queue(Outgoing message) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (dropped_) return Queued::kSent;
+  if (out_.empty()) {
+    // Nothing ahead of it: write now, as far as the socket takes it.
+    const char* data = reinterpret_cast<const char*>(message.words->begin());
+    const size_t size = message.words->size() * sizeof(capnp::word);
+    size_t offset = 0;
+    for (;;) {
+      WriteStatus s = write_some(data, size, message.fds, offset);
+      if (s == WriteStatus::kClosed) {
+        dropped_ = true;  // the reader notices the close and reports the death
+        return Queued::kSent;
+      }
+      if (offset == size) return Queued::kSent;
+      if (s == WriteStatus::kWouldBlock) break;
+    }
+    out_offset_ = offset;
+  }
+  out_.push_back(std::move(message));
+  if (flushing_) return Queued::kQueued;
+  flushing_ = true;
+  return Queued::kNeedsFlusher;
+}
+
+Channel::FlushStatus Channel::flush() {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  while (!out_.empty()) {
+    const Outgoing& m = out_.front();
+    const char* data = reinterpret_cast<const char*>(m.words->begin());
+    const size_t size = m.words->size() * sizeof(capnp::word);
+    WriteStatus s = write_some(data, size, m.fds, out_offset_);
+    if (s == WriteStatus::kClosed) {
+      out_.clear();
+      out_offset_ = 0;
+      dropped_ = true;
+      flushing_ = false;
+      return FlushStatus::kClosed;
+    }
+    if (out_offset_ == size) {
+      out_.pop_front();
+      out_offset_ = 0;
+    } else if (s == WriteStatus::kWouldBlock) {
+      return FlushStatus::kWouldBlock;
+    }
+  }
+  flushing_ = false;
+  return FlushStatus::kDone;
+}
+
+void Channel::drop_queue() {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  out_.clear();
+  out_offset_ = 0;
+  dropped_ = true;
 }
 
 Channel::ReadStatus Channel::read_available() {

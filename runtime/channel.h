@@ -3,8 +3,17 @@
 // stream framing, with file descriptors (shared-memory segments) passed as
 // SCM_RIGHTS alongside the message that needs them.
 //
-// Thread safety: send() may be called from any thread (serialised inside);
-// reading (read_available / read_blocking / drain) belongs to one thread.
+// Two ways to send. A worker replies with send(), which blocks while the
+// socket is full (the driver's I/O thread always reads, so it drains). The
+// driver must never block on a worker that does not read (one inside a long
+// method, or stopped), so it uses send_or_queue(): the message goes out at
+// once if nothing is queued and the socket takes it, otherwise it waits in
+// the channel's outgoing queue, in order, for flush() (run by the driver's
+// I/O thread when the socket is writable).
+//
+// Thread safety: send(), send_or_queue(), flush() and drop_queue() may be
+// called from any thread (serialised inside); reading (read_available /
+// read_blocking / drain) belongs to one thread.
 #pragma once
 
 #include <capnp/common.h>
@@ -14,6 +23,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -46,7 +56,35 @@ class Channel {
   // Sends one flattened message (see capnp::messageToFlatArray) with `fds`
   // (not taken over: the caller still owns them). Blocks while the socket is
   // full. Returns false if the peer has gone.
+  // REQUIRES: send_or_queue() is not used on this channel.
   bool send(kj::ArrayPtr<const capnp::word> message, const std::vector<int>& fds = {});
+
+  // A message for send_or_queue. The words are shared: one encoding of a
+  // call goes to every worker that runs it.
+  struct Outgoing {
+    std::shared_ptr<const kj::Array<capnp::word>> words;
+    // Not owned. REQUIRES: they stay open until the message is written or
+    // dropped (the driver holds the segment behind them for the peer).
+    std::vector<int> fds;
+  };
+  enum class Queued {
+    kSent,          // written (or dropped: the peer is gone)
+    kQueued,        // queued behind others; a flush is already expected
+    kNeedsFlusher,  // queued, and the queue was idle: arrange for flush() to
+                    // run once the socket is writable
+  };
+  // Never blocks. Preserves the order of messages on this channel.
+  Queued send_or_queue(Outgoing message);
+
+  enum class FlushStatus { kDone, kWouldBlock, kClosed };
+  // Writes queued messages until the queue is empty (kDone) or the socket is
+  // full (kWouldBlock: call again once it is writable). kClosed: the peer is
+  // gone and the queue was dropped. Never blocks.
+  FlushStatus flush();
+
+  // Drops what is queued, and everything sent from now on (the peer is gone
+  // or being killed).
+  void drop_queue();
 
   enum class ReadStatus { kData, kWouldBlock, kClosed };
   // Reads whatever is available without blocking.
@@ -61,8 +99,18 @@ class Channel {
   void drain(const Handler& handle);
 
  private:
+  enum class WriteStatus { kWrote, kWouldBlock, kClosed };
+  // One non-blocking sendmsg of data[offset, size); the fds go with byte 0.
+  // Advances `offset` by what the socket took. REQUIRES: send_mu_ held.
+  WriteStatus write_some(const char* data, size_t size, const std::vector<int>& fds,
+                         size_t& offset);
+
   int fd_;
   std::mutex send_mu_;
+  std::deque<Outgoing> out_;  // guarded by send_mu_
+  size_t out_offset_ = 0;     // bytes of out_.front() already written
+  bool flushing_ = false;     // a flush() is expected (the owner waits for POLLOUT)
+  bool dropped_ = false;      // the peer is gone: sending is a no-op
   std::vector<capnp::word> buf_;  // words: messages stay 8-byte aligned
   size_t begin_ = 0;              // first unconsumed byte
   size_t end_ = 0;                // one past the last received byte

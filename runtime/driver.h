@@ -43,9 +43,11 @@ class Driver {
 
   // Runs `task` on the dispatch thread (started on first use), after the
   // tasks posted before it. Calls whose arguments were futures are planned and
-  // sent there: off the user's thread, and off the I/O thread, because a send
-  // blocks while a worker's socket is full and only the I/O thread reads the
-  // results that would drain it. A task that throws is logged and dropped.
+  // sent there: off the user's thread, and off the I/O thread, which must stay
+  // free to read results and write the workers' outgoing queues (planning
+  // splits and copies data). Sending never blocks on a worker, so one busy or
+  // hung worker cannot stall the calls of other groups queued here. A task
+  // that throws is logged and dropped.
   void post_dispatch(std::function<void()> task);
 
   PeerId next_peer_id() { return next_peer_.fetch_add(1); }

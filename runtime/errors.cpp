@@ -15,6 +15,14 @@ RemoteError::RemoteError(std::string worker_class, int rank, std::string method,
       method_(std::move(method)),
       message_(std::move(message)) {}
 
+RemoteError::RemoteError(std::string worker_class, int rank, std::string method,
+                         std::string message, const std::string& summary)
+    : Error(summary),
+      worker_class_(std::move(worker_class)),
+      rank_(rank),
+      method_(std::move(method)),
+      message_(std::move(message)) {}
+
 std::string describe_exit_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {

@@ -32,6 +32,11 @@ class CallError : public Error {
 class RemoteError : public Error {
  public:
   RemoteError(std::string worker_class, int rank, std::string method, std::string message);
+  // The method raised on several ranks of one call: what() is `summary`
+  // (every rank that raised, each distinct message); rank() and
+  // remote_message() are those of the lowest rank that raised.
+  RemoteError(std::string worker_class, int rank, std::string method, std::string message,
+              const std::string& summary);
   const std::string& worker_class() const { return worker_class_; }
   int rank() const { return rank_; }
   const std::string& method() const { return method_; }

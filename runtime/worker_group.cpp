@@ -1,5 +1,6 @@
 #include "runtime/worker_group.h"
 
+#include <boost/asio/steady_timer.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <spdlog/spdlog.h>
@@ -15,6 +16,7 @@
 #include "runtime/dispatch_registry.h"
 #include "runtime/driver.h"
 #include "runtime/errors.h"
+#include "runtime/runtime.h"
 #include "runtime/worker_process.h"
 
 namespace baton {
@@ -52,6 +54,7 @@ struct WorkerGroup::State : std::enable_shared_from_this<WorkerGroup::State> {
 
   std::string name;
   ParallelLayout layout;
+  std::chrono::milliseconds shutdown_grace{0};  // the destructor's
   std::unique_ptr<RoleSet> roles;
   ResourcePool pool;
   bool claimed = false;
@@ -60,9 +63,9 @@ struct WorkerGroup::State : std::enable_shared_from_this<WorkerGroup::State> {
   std::vector<std::shared_ptr<WorkerProcess>> workers;
   std::shared_ptr<std::function<void()>> exit_hook;
 
-  // Held while a call's messages are written, so that calls reach every
-  // worker in submission order. Only ever taken by threads that may block on
-  // a send (users' threads and the dispatch thread), never by the I/O thread.
+  // Held while a call's messages are handed to its workers, so that calls
+  // reach every worker in submission order. Never held long: handing over
+  // never blocks (WorkerProcess::send queues what a socket does not take).
   std::mutex send_mu;
 
   std::mutex mu;  // guards what follows; never held while sending
@@ -229,40 +232,13 @@ struct WorkerGroup::State : std::enable_shared_from_this<WorkerGroup::State> {
 
 namespace {
 
+namespace asio = boost::asio;
+
 std::atomic<int> group_counter{0};
 
 int cores() {
   unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);
-}
-
-Future<List> gather(std::vector<Future<Value>> futures) {
-  struct Acc {
-    std::mutex mu;
-    List results;
-    size_t left;
-    Promise<List> promise;
-  };
-  auto acc = std::make_shared<Acc>();
-  acc->results.resize(futures.size());
-  acc->left = futures.size();
-  if (futures.empty()) acc->promise.set_value({});
-  for (size_t i = 0; i < futures.size(); ++i) {
-    futures[i].on_complete([acc, i](const Future<Value>& f) {
-      if (auto e = f.error()) {
-        acc->promise.set_error(e);
-        return;
-      }
-      bool last;
-      {
-        std::lock_guard<std::mutex> lock(acc->mu);
-        acc->results[i] = f.get();
-        last = --acc->left == 0;
-      }
-      if (last) acc->promise.set_value(std::move(acc->results));
-    });
-  }
-  return acc->promise.future();
 }
 
 Value list_to_value(const List& l) { return Value(l); }
@@ -291,6 +267,140 @@ Sent send_chunks(const std::vector<std::shared_ptr<WorkerProcess>>& workers,
     if (msg && msg->segment) Driver::get().pool().release(*msg->segment, kSelfPeer);
   }
   return sent;
+}
+
+// How long a call whose method raised on one rank waits for its other ranks,
+// so that its error can say which ranks failed and why. All ranks raising
+// together answer within milliseconds; a rank that does not answer in time
+// (say, one blocked in a collective with the failed rank) is named as such.
+constexpr std::chrono::milliseconds kFailureGrace{1000};
+
+// Every rank's result, in order; the future fails if any rank fails. A
+// RemoteError waits (up to kFailureGrace) for the other ranks and becomes one
+// RemoteError naming every rank that raised, with each distinct message; any
+// other failure (a death, a timeout) fails the call at once.
+Future<List> gather(Sent sent) {
+  struct Acc {
+    std::mutex mu;
+    List results;
+    std::vector<int> ranks;
+    std::vector<bool> answered;
+    std::vector<std::exception_ptr> raised;  // RemoteErrors, by position
+    struct Raised {
+      std::string worker_class, method, message;
+    };
+    std::vector<Raised> what;  // theirs, by position
+    size_t left = 0;
+    bool done = false;
+    std::shared_ptr<asio::steady_timer> timer;
+    Promise<List> promise;
+
+    // REQUIRES: mu held, !done.
+    std::exception_ptr remote_failure() {
+      done = true;
+      if (ranks.size() == 1) return raised[0];
+      std::vector<std::pair<int, const Raised*>> failed;
+      std::vector<int> silent;
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        if (!answered[i]) silent.push_back(ranks[i]);
+        if (raised[i]) failed.emplace_back(ranks[i], &what[i]);
+      }
+      auto rank_list = [](const std::vector<int>& rs) {
+        std::string out;
+        for (int r : rs) out += (out.empty() ? "" : ", ") + std::to_string(r);
+        return out;
+      };
+      // The distinct messages, each with the ranks that raised it, in rank order.
+      std::vector<std::pair<std::string, std::vector<int>>> distinct;
+      std::vector<int> all;
+      for (const auto& [rank, e] : failed) {
+        all.push_back(rank);
+        auto it = std::find_if(distinct.begin(), distinct.end(),
+                               [&](const auto& d) { return d.first == e->message; });
+        if (it == distinct.end()) {
+          distinct.push_back({e->message, {rank}});
+        } else {
+          it->second.push_back(rank);
+        }
+      }
+      const Raised& first = *failed.front().second;
+      std::string text = first.worker_class + "." + first.method + " failed on rank " +
+                         rank_list(all) + " (" + std::to_string(failed.size()) + " of " +
+                         std::to_string(ranks.size()) + " ranks";
+      if (!silent.empty()) {
+        text += "; no answer from rank " + rank_list(silent) + " within " +
+                std::to_string(kFailureGrace.count()) + " ms of the first failure";
+      }
+      text += ")";
+      if (distinct.size() == 1) {
+        text += ": " + distinct[0].first;
+      } else {
+        for (size_t d = 0; d < distinct.size(); ++d) {
+          text += (d == 0 ? ": rank " : "; rank ") + rank_list(distinct[d].second) + ": " +
+                  distinct[d].first;
+        }
+      }
+      return std::make_exception_ptr(
+          RemoteError(first.worker_class, failed.front().first, first.method, first.message, text));
+    }
+  };
+  auto acc = std::make_shared<Acc>();
+  const size_t n = sent.futures.size();
+  acc->results.resize(n);
+  acc->ranks = std::move(sent.ranks);
+  acc->answered.assign(n, false);
+  acc->raised.resize(n);
+  acc->what.resize(n);
+  acc->left = n;
+  if (n == 0) acc->promise.set_value({});
+  for (size_t i = 0; i < n; ++i) {
+    sent.futures[i].on_complete([acc, i](const Future<Value>& f) {
+      std::exception_ptr fail_now;  // completed outside the lock: callbacks run inline
+      bool succeed = false;
+      {
+        std::lock_guard<std::mutex> lock(acc->mu);
+        if (acc->done) return;
+        acc->answered[i] = true;
+        --acc->left;
+        bool any_raised = false;
+        if (auto e = f.error()) {
+          try {
+            std::rethrow_exception(e);
+          } catch (const RemoteError& r) {
+            acc->raised[i] = e;
+            acc->what[i] = {r.worker_class(), r.method(), r.remote_message()};
+          } catch (...) {
+            acc->done = true;
+            fail_now = e;
+          }
+        } else {
+          acc->results[i] = f.get();
+        }
+        for (const auto& r : acc->raised) any_raised = any_raised || r != nullptr;
+        if (!acc->done && acc->left == 0) {
+          if (any_raised) {
+            fail_now = acc->remote_failure();
+          } else {
+            acc->done = succeed = true;
+          }
+        } else if (!acc->done && acc->raised[i] && !acc->timer) {
+          acc->timer = std::make_shared<asio::steady_timer>(Driver::get().io(), kFailureGrace);
+          acc->timer->async_wait([acc](const boost::system::error_code&) {
+            std::exception_ptr e;
+            {
+              std::lock_guard<std::mutex> lock(acc->mu);
+              if (acc->done) return;
+              e = acc->remote_failure();
+            }
+            acc->promise.set_error(e);
+          });
+        }
+      }
+      if (fail_now) acc->promise.set_error(fail_now);
+      if (succeed) acc->promise.set_value(std::move(acc->results));
+    });
+  }
+  return acc->promise.future();
 }
 
 // Lays `args` out with the method's dispatch mode (on `view`: the group, or
@@ -327,9 +437,10 @@ Future<Value> send_plan(const std::vector<std::shared_ptr<WorkerProcess>>& worke
                         const std::string& wire_name, const std::string& where,
                         const CollectFn& collect, DispatchPlan plan, const CallOptions& options) {
   Sent sent = send_chunks(workers, wire_name, plan.chunks, plan.chunk_of_rank, options);
+  std::vector<int> ranks = sent.ranks;
   // Hand the collected ranks' results, in rank order, to the collect function.
-  return gather(std::move(sent.futures))
-      .then([where, collect, ranks = std::move(sent.ranks), mask = std::move(plan.collect),
+  return gather(std::move(sent))
+      .then([where, collect, ranks = std::move(ranks), mask = std::move(plan.collect),
              pad = plan.pad, info = std::move(plan.info)](const List& results) {
         CollectInput in;
         in.pad = pad;
@@ -354,7 +465,7 @@ WorkerGroup::WorkerGroup(std::shared_ptr<State> s, int role, bool owner)
 WorkerGroup::WorkerGroup(WorkerGroup&&) noexcept = default;
 WorkerGroup& WorkerGroup::operator=(WorkerGroup&& other) noexcept {
   if (this != &other) {
-    if (s_ && owner_) s_->shutdown(std::chrono::seconds(10));
+    if (s_ && owner_) s_->shutdown(s_->shutdown_grace);
     s_ = std::move(other.s_);
     role_ = other.role_;
     owner_ = other.owner_;
@@ -362,7 +473,7 @@ WorkerGroup& WorkerGroup::operator=(WorkerGroup&& other) noexcept {
   return *this;
 }
 WorkerGroup::~WorkerGroup() {
-  if (s_ && owner_) s_->shutdown(std::chrono::seconds(10));
+  if (s_ && owner_) s_->shutdown(s_->shutdown_grace);
 }
 
 WorkerGroup WorkerGroup::spawn(const std::string& class_name, ResourcePool& pool, List init_args,
@@ -386,8 +497,10 @@ WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& 
   auto s = std::make_shared<State>(pool);
   s->roles = std::make_unique<RoleSet>(roles);
   const std::string& class_name = s->roles->name();
+  detail::check_can_spawn_workers("WorkerGroup of " + class_name);
   s->name = options.name.empty() ? class_name + "_" + std::to_string(group_counter++) : options.name;
   s->layout = options.layout.value_or(ParallelLayout::data_parallel(pool.world_size()));
+  s->shutdown_grace = options.shutdown_grace;
   if (s->layout.world_size() != pool.world_size() || s->layout.tp < 1 || s->layout.cp < 1 ||
       s->layout.dp < 1 || s->layout.pp < 1) {
     throw CallError("WorkerGroup " + s->name + ": layout " + s->layout.to_string() + " has " +
@@ -565,7 +678,7 @@ Future<List> WorkerGroup::call_all(const std::string& method, CallArgs args, Cal
   std::shared_ptr<State> s = s_;
   auto deliver = [s, t, options](const List& values) {
     std::vector<int> everyone(s->workers.size(), 0);
-    return gather(send_chunks(s->workers, t.wire_name, {values}, everyone, options).futures)
+    return gather(send_chunks(s->workers, t.wire_name, {values}, everyone, options))
         .then(list_to_value);
   };
   if (!args.has_futures()) {
@@ -634,7 +747,7 @@ Future<List> WorkerGroup::call_per_rank(const std::string& method, std::vector<L
           [s, t, options, per_rank_args = std::move(per_rank_args)](const List&) {
             std::vector<int> own(per_rank_args.size());
             for (size_t r = 0; r < own.size(); ++r) own[r] = static_cast<int>(r);
-            return gather(send_chunks(s->workers, t.wire_name, per_rank_args, own, options).futures)
+            return gather(send_chunks(s->workers, t.wire_name, per_rank_args, own, options))
                 .then(list_to_value);
           })
       .then(value_to_list);

@@ -3,13 +3,20 @@
 // calls made on them.
 //
 // Every call returns a Future immediately; nothing blocks unless the caller
-// waits. Calls on one group are sent, and run on each worker, in submission
-// order, including calls that wait for future arguments (see call()).
+// waits, not even a worker that is busy in a long method or hung (a worker
+// reads its calls between methods): what its socket does not take waits in
+// that worker's outgoing queue, which the driver's I/O thread writes as the
+// worker reads. Calls on one group are sent, and run on each worker, in
+// submission order, including calls that wait for future arguments (see
+// call()).
 //
 // Failure policy (fail-stop): if any worker of a group dies, the runtime kills
-// the rest of the group. Pending and later calls on the group fail with
-// WorkerDiedError naming the worker that died and its exit status. Recovery
-// means spawning a new group (and loading a checkpoint).
+// the rest of the group. Pending calls on every worker of the group fail at
+// once with WorkerDiedError, and so do later calls. The call the dead worker
+// was running gets "worker C rank 1 (pid 7) was killed by signal 9 (SIGKILL)
+// during C.step"; calls behind it, and later ones, "C.other refused: <that>";
+// the other workers' calls name their group's failure. Recovery means
+// spawning a new group (and loading a checkpoint).
 //
 // Thread safety: calls may be made from any thread.
 //
@@ -44,8 +51,11 @@
 namespace baton {
 
 struct CallOptions {
-  // The future fails with TimeoutError if no result arrives in time. The
-  // worker is not interrupted: it finishes the method and runs later calls.
+  // The future fails with TimeoutError if no result arrives in time, counted
+  // from the call (for a call that waits for future arguments, from when it
+  // is handed to its workers: see WorkerGroup::call), time spent queued
+  // behind a busy worker included. The worker is not interrupted: the call
+  // is still sent, and the worker finishes it and runs later calls.
   std::optional<std::chrono::milliseconds> timeout;
 
   CallOptions& timeout_ms(int64_t ms) {
@@ -68,6 +78,12 @@ struct WorkerGroupOptions {
   // The tp x cp x dp x pp grid of the ranks; its size must be the pool's.
   // Default: every rank data parallel.
   std::optional<ParallelLayout> layout;
+  // How long the destructor (and move-assignment over a group) lets workers
+  // finish the calls already made before it kills them. A group destroyed
+  // with a call still running (say, returning from main without waiting for
+  // it) therefore takes up to this long. Groups still alive when the process
+  // exits (static or leaked ones) get 1 s. See shutdown().
+  std::chrono::milliseconds shutdown_grace = std::chrono::seconds(10);
 
   WorkerGroupOptions& set_layout(ParallelLayout l) {
     layout = l;
@@ -75,6 +91,10 @@ struct WorkerGroupOptions {
   }
   WorkerGroupOptions& set_name(std::string n) {
     name = std::move(n);
+    return *this;
+  }
+  WorkerGroupOptions& set_shutdown_grace(std::chrono::milliseconds grace) {
+    shutdown_grace = grace;
     return *this;
   }
 };
@@ -101,7 +121,9 @@ class WorkerGroup {
 
   WorkerGroup(WorkerGroup&&) noexcept;
   WorkerGroup& operator=(WorkerGroup&&) noexcept;
-  // Shuts the group down (see shutdown()), unless this is a role view.
+  // Shuts the group down, unless this is a role view: shutdown(grace) with
+  // WorkerGroupOptions::shutdown_grace (10 s unless set), so it blocks while
+  // a call already made is still running, up to that grace.
   ~WorkerGroup();
 
   // A view of one role of a colocated group: the same processes, the role's
@@ -135,6 +157,12 @@ class WorkerGroup {
   // an unknown method, and, when no argument is a future, for arguments that
   // do not fit its signature or mode.
   //
+  // If the method raises on some ranks, the future fails with one RemoteError
+  // once every rank has answered (or 1 s after the first raised): "C.m failed
+  // on rank 0, 1, 3 (3 of 4 ranks): rank 0, 1: <message>; rank 3: <other>",
+  // its rank() and remote_message() those of the lowest rank. A worker's
+  // death or a timeout fails the call at once.
+  //
   // Future arguments (CallArgs): the call returns at once and is sent when
   // every future argument has completed; the group's later calls are sent
   // after it, so submission order holds. The runtime, not the user's thread,
@@ -147,7 +175,9 @@ class WorkerGroup {
   // future fails this call with UpstreamError (naming this call, carrying the
   // failed call's message, the original nested); errors of the dispatch
   // (wrong types, sizes) fail the returned future instead of being thrown.
-  // Either way nothing is sent. A per-call timeout counts from the send.
+  // Either way nothing is sent. A per-call timeout counts from when the call
+  // is handed to the workers: at once, or once its future arguments (and the
+  // group's earlier such calls) have completed.
   Future<Value> call(const std::string& method, CallArgs args = {}, CallOptions options = {});
 
   // Lower-level calls that ignore the registered modes (futures as in call()).
@@ -159,9 +189,10 @@ class WorkerGroup {
                              CallOptions options = {});
 
   // Asks every worker to exit after the calls already sent, waits for them
-  // (killing any still alive after `grace`), and fails nothing that has
-  // already completed. Calls still waiting for future arguments fail with
-  // CallError. On a role view, shuts down the whole group. Idempotent.
+  // (killing any still alive after `grace`, a stopped or hung one included;
+  // their unfinished calls then fail with WorkerDiedError), and fails nothing
+  // that has already completed. Calls still waiting for future arguments fail
+  // with CallError. On a role view, shuts down the whole group. Idempotent.
   void shutdown(std::chrono::milliseconds grace = std::chrono::seconds(10));
 
   struct State;  // internal

@@ -12,7 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string_view>
@@ -81,6 +83,12 @@ std::vector<std::string> worker_environment(const WorkerInfo& info) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
+
+// The error of a call that a dead worker never ran.
+std::string refusal(const std::string& class_name, const std::string& method,
+                    const std::string& death) {
+  return class_name + "." + method + " refused: " + death;
+}
 
 }  // namespace
 
@@ -158,7 +166,7 @@ std::string WorkerProcess::label() const {
 
 bool WorkerProcess::alive() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return dead_ == nullptr;
+  return death_.empty();
 }
 
 std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook on_death) {
@@ -232,6 +240,7 @@ void WorkerProcess::on_readable() {
     });
   } catch (const std::exception& e) {
     kill(std::string("it sent a malformed message: ") + e.what());
+    on_closed();  // reap it
     return;
   }
   if (status == Channel::ReadStatus::kClosed) {
@@ -340,40 +349,62 @@ void WorkerProcess::reap(int attempts_left) {
 }
 
 void WorkerProcess::finish_death(int wait_status, bool have_status) {
-  std::string what = label();
   bool expected;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Asked to exit, or stopped by the runtime (and already reported).
     expected = exit_requested_ || !kill_reason_.empty();
-    if (!kill_reason_.empty()) {
-      what += " was stopped because " + kill_reason_;
-    } else if (have_status) {
-      what += " " + describe_exit_status(wait_status);
-    } else {
-      what += " closed its connection (exit status unknown)";
-    }
+  }
+  std::string what = declare_dead(have_status ? describe_exit_status(wait_status)
+                                              : "closed its connection (exit status unknown)",
+                                  "");
+  if (what.empty()) {  // kill() declared it dead and failed its calls then
+    std::lock_guard<std::mutex> lock(mu_);
+    what = death_;
   }
   if (expected) {
     spdlog::debug("baton: {} exited", label());
   } else {
     spdlog::error("baton: {}", what);
   }
-  std::unordered_map<uint64_t, Pending> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    dead_ = std::make_exception_ptr(WorkerDiedError(what));
-    pending.swap(pending_);
     exited_ = true;
   }
   exited_cv_.notify_all();
   for (auto& [id, t] : io_->timers) t->cancel();
   io_->timers.clear();
+  // No write may still use a segment's fd once the peer's holds are gone.
+  channel_->drop_queue();
   Driver::get().pool().release_peer(peer_);
-  for (auto& [id, p] : pending) {
-    p.promise.fail(WorkerDiedError(what + " during " + info_.class_name + "." + p.method));
+  if (on_death_ && !what.empty()) on_death_(*this, what);
+}
+
+std::string WorkerProcess::declare_dead(const std::string& how, const std::string& cause) {
+  std::unordered_map<uint64_t, Pending> pending;
+  std::string what;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!death_.empty()) return "";
+    const Pending* running = nullptr;
+    for (const auto& [id, p] : pending_) {
+      if (running == nullptr || p.seq < running->seq) running = &p;
+    }
+    what = label() + " " + how;
+    if (running != nullptr) what += " during " + info_.class_name + "." + running->method;
+    what += cause;
+    death_ = what;
+    pending.swap(pending_);
   }
-  if (on_death_) on_death_(*this, what);
+  // The oldest pending call was running (a worker runs its calls in order);
+  // the ones behind it never ran.
+  uint64_t oldest = UINT64_MAX;
+  for (const auto& [id, p] : pending) oldest = std::min(oldest, p.seq);
+  for (auto& [id, p] : pending) {
+    p.promise.fail(
+        WorkerDiedError(p.seq == oldest ? what : refusal(info_.class_name, p.method, what)));
+  }
+  return what;
 }
 
 Future<Value> WorkerProcess::init(const std::vector<RoleSpec>& roles) {
@@ -394,7 +425,7 @@ Future<Value> WorkerProcess::init(const std::vector<RoleSpec>& roles) {
   call.method = "<constructor>";
   call.fds = enc.finish(env);
   call.segment = enc.segment();
-  call.words = capnp::messageToFlatArray(builder);
+  call.words = std::make_shared<kj::Array<capnp::word>>(capnp::messageToFlatArray(builder));
   Future<Value> f = send(call, std::nullopt);
   if (call.segment) Driver::get().pool().release(*call.segment, kSelfPeer);
   return f;
@@ -414,39 +445,66 @@ OutgoingCall WorkerProcess::encode_call(const std::string& method, const List& a
   enc.encode(args, c.initArgs(static_cast<unsigned>(args.size())));
   call.fds = enc.finish(env);
   call.segment = enc.segment();
-  call.words = capnp::messageToFlatArray(builder);
+  call.words = std::make_shared<kj::Array<capnp::word>>(capnp::messageToFlatArray(builder));
   return call;
 }
 
 Future<Value> WorkerProcess::send(const OutgoingCall& call,
                                   std::optional<std::chrono::milliseconds> timeout) {
+  const auto submitted = std::chrono::steady_clock::now();
   Promise<Value> promise;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (dead_) {
-      promise.set_error(dead_);
+    if (!death_.empty()) {
+      promise.fail(WorkerDiedError(refusal(info_.class_name, call.method, death_)));
       return promise.future();
     }
-    pending_[call.call_id] = Pending{promise, call.method};
+    pending_[call.call_id] = Pending{promise, call.method, next_seq_++};
+    // Under mu_: a death declared after this point releases the hold.
+    if (call.segment) Driver::get().pool().hold(*call.segment, peer_);
   }
-  if (call.segment) Driver::get().pool().hold(*call.segment, peer_);
+  if (timeout) arm_timeout(call.call_id, submitted + *timeout, *timeout);
   flush_releases();
-  // A failed send means the worker is gone; the death handler fails the call.
-  channel_->send(call.words.asPtr(), call.fds);
-  if (timeout) arm_timeout(call.call_id, *timeout);
+  // A message to a worker that has gone is dropped; its death fails the call.
+  enqueue(call.words, call.fds);
   return promise.future();
 }
 
-void WorkerProcess::arm_timeout(uint64_t call_id, std::chrono::milliseconds timeout) {
+void WorkerProcess::enqueue(std::shared_ptr<const kj::Array<capnp::word>> words,
+                            std::vector<int> fds) {
+  if (channel_->send_or_queue({std::move(words), std::move(fds)}) !=
+      Channel::Queued::kNeedsFlusher) {
+    return;
+  }
   std::weak_ptr<WorkerProcess> weak = weak_from_this();
-  asio::post(Driver::get().io(), [weak, call_id, timeout] {
+  asio::post(Driver::get().io(), [weak] {
+    if (auto self = weak.lock()) self->wait_writable();
+  });
+}
+
+void WorkerProcess::wait_writable() {
+  std::weak_ptr<WorkerProcess> weak = weak_from_this();
+  io_->socket.async_wait(asio::posix::stream_descriptor::wait_write,
+                         [weak](const boost::system::error_code& ec) {
+                           auto self = weak.lock();
+                           if (!self || ec) return;
+                           if (self->channel_->flush() == Channel::FlushStatus::kWouldBlock) {
+                             self->wait_writable();
+                           }
+                         });
+}
+
+void WorkerProcess::arm_timeout(uint64_t call_id, std::chrono::steady_clock::time_point deadline,
+                                std::chrono::milliseconds timeout) {
+  std::weak_ptr<WorkerProcess> weak = weak_from_this();
+  asio::post(Driver::get().io(), [weak, call_id, deadline, timeout] {
     auto self = weak.lock();
     if (!self) return;
     {
       std::lock_guard<std::mutex> lock(self->mu_);
       if (!self->pending_.count(call_id)) return;  // already done
     }
-    auto timer = std::make_unique<asio::steady_timer>(Driver::get().io(), timeout);
+    auto timer = std::make_unique<asio::steady_timer>(Driver::get().io(), deadline);
     timer->async_wait([weak, call_id, timeout](const boost::system::error_code& ec) {
       auto self = weak.lock();
       if (!self || ec) return;
@@ -486,8 +544,7 @@ void WorkerProcess::flush_releases() {
   auto list = env.initReleased(static_cast<unsigned>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) list.set(static_cast<unsigned>(i), ids[i]);
   env.setRelease();
-  auto words = capnp::messageToFlatArray(builder);
-  channel_->send(words.asPtr());
+  enqueue(std::make_shared<kj::Array<capnp::word>>(capnp::messageToFlatArray(builder)));
 }
 
 void WorkerProcess::request_exit() {
@@ -497,8 +554,7 @@ void WorkerProcess::request_exit() {
   }
   SmallMessageBuilder builder;
   builder.initRoot<wire::Envelope>().setShutdown();
-  auto words = capnp::messageToFlatArray(builder);
-  channel_->send(words.asPtr());
+  enqueue(std::make_shared<kj::Array<capnp::word>>(capnp::messageToFlatArray(builder)));
 }
 
 void WorkerProcess::kill(const std::string& reason) {
@@ -508,6 +564,8 @@ void WorkerProcess::kill(const std::string& reason) {
     if (kill_reason_.empty()) kill_reason_ = reason;
   }
   ::kill(pid_, SIGKILL);
+  channel_->drop_queue();
+  declare_dead("was stopped", " because " + reason);
 }
 
 bool WorkerProcess::wait_exit(std::chrono::milliseconds timeout) {

@@ -2,6 +2,10 @@
 // Spawns it, sends it calls, completes their futures from the I/O thread,
 // forwards its stdout/stderr with a "[Class:rank]" prefix, and notices its
 // death (the socket closes) to fail its pending calls with the exit status.
+//
+// Nothing here blocks on the worker: a message the worker's socket cannot
+// take now waits in the channel's outgoing queue, which the I/O thread
+// writes as the worker reads (a worker reads between methods only).
 #pragma once
 
 #include <sys/types.h>
@@ -36,15 +40,16 @@ class Channel;
 struct OutgoingCall {
   uint64_t call_id = 0;
   std::string method;
-  kj::Array<capnp::word> words;
-  std::vector<int> fds;
+  std::shared_ptr<const kj::Array<capnp::word>> words;  // shared by the queues it waits in
+  std::vector<int> fds;              // the segment's: open while a peer holds it
   std::optional<SegmentId> segment;  // held by kSelfPeer until the sender releases it
 };
 
 class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
  public:
   // Called on the I/O thread once the worker has died, with its description
-  // ("worker Adder rank 2 (pid 123) was killed by signal 9 (SIGKILL)").
+  // ("worker Adder rank 2 (pid 123) was killed by signal 9 (SIGKILL) during
+  // Adder.add", naming the call it was running, if any).
   using DeathHook = std::function<void(WorkerProcess&, const std::string& what)>;
 
   // Spawns the process (on the I/O thread). Throws baton::Error on failure.
@@ -62,12 +67,15 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   Future<Value> init(const std::vector<RoleSpec>& roles);
 
   // Sends `call` (built by encode_call) and returns the future of its result.
-  // Fails at once if the worker is dead.
+  // Never blocks: what the socket does not take now is queued, in order. The
+  // timeout counts from here. Fails at once (WorkerDiedError, "Class.method
+  // refused: <how the worker died>") if the worker is dead or was killed.
   Future<Value> send(const OutgoingCall& call, std::optional<std::chrono::milliseconds> timeout);
 
-  // Asks the worker to exit after its queued calls.
+  // Asks the worker to exit after its queued calls. Never blocks.
   void request_exit();
-  // Kills the process; pending calls fail with `reason` as the cause.
+  // Kills the process. Its pending calls fail at once (WorkerDiedError with
+  // `reason` as the cause), and so do later ones; what is queued is dropped.
   void kill(const std::string& reason);
   // Waits until the process has been reaped; false on timeout.
   bool wait_exit(std::chrono::milliseconds timeout);
@@ -79,6 +87,7 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   struct Pending {
     Promise<Value> promise;
     std::string method;
+    uint64_t seq = 0;  // order of sending: the oldest pending call is the one running
   };
   WorkerProcess(WorkerInfo info, DeathHook on_death);
 
@@ -89,9 +98,17 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   void on_closed();
   void reap(int attempts_left);
   void finish_death(int wait_status, bool have_status);
+  // Marks the worker dead, "<label> <how> during <the running call><cause>",
+  // fails every pending call (the running one with that description, the
+  // others as refused) and returns the description; "" if it already was.
+  std::string declare_dead(const std::string& how, const std::string& cause);
   void queue_release(SegmentId segment);
   void flush_releases();
-  void arm_timeout(uint64_t call_id, std::chrono::milliseconds timeout);
+  void arm_timeout(uint64_t call_id, std::chrono::steady_clock::time_point deadline,
+                   std::chrono::milliseconds timeout);
+  // Sends or queues one message; starts the I/O thread's flushing if needed.
+  void enqueue(std::shared_ptr<const kj::Array<capnp::word>> words, std::vector<int> fds = {});
+  void wait_writable();  // on the I/O thread
 
   WorkerInfo info_;
   DeathHook on_death_;
@@ -104,7 +121,8 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
 
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Pending> pending_;
-  std::exception_ptr dead_;            // set once the worker is gone
+  uint64_t next_seq_ = 0;
+  std::string death_;                  // set once the worker is gone or killed
   std::string kill_reason_;            // why the runtime killed it, if it did
   bool exit_requested_ = false;
   bool exited_ = false;

@@ -53,6 +53,21 @@ class TestWorker : public baton::Worker {
   void block() {
     for (;;) pause();
   }
+  // Sleeps, then throws `message` unless it is empty.
+  void fail_or_sleep(const std::string& message, int64_t ms) {
+    usleep(static_cast<useconds_t>(ms * 1000));
+    if (!message.empty()) throw std::runtime_error(message);
+  }
+  // Forks a child that holds this worker's socket open until it is killed,
+  // so that the worker's death is not seen by the driver (as with a process
+  // that SIGKILL cannot end at once, stuck in the kernel). Returns its pid.
+  int64_t fork_holder() {
+    pid_t child = fork();
+    if (child == 0) {
+      for (;;) pause();
+    }
+    return child;
+  }
   void crash(const std::string& how) {
     std::fflush(stdout);
     if (how == "abort") std::abort();
@@ -93,6 +108,8 @@ class TestWorker : public baton::Worker {
     t.def("count", &TestWorker::count);
     t.def("sleep_ms", &TestWorker::sleep_ms);
     t.def("block", &TestWorker::block);
+    t.def("fail_or_sleep", &TestWorker::fail_or_sleep);
+    t.def("fork_holder", &TestWorker::fork_holder);
     t.def("crash", &TestWorker::crash);
     t.def("print", &TestWorker::print);
     t.def("scale", &TestWorker::scale);
