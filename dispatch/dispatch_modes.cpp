@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include "dispatch/data_proto.h"
 #include "dispatch/worker_function.h"
@@ -90,7 +91,7 @@ DispatchPlan pp_as_dp_plan(const WorkerGroup& g, std::vector<List> chunks) {
   const ParallelLayout& l = g.layout();
   DispatchPlan p;
   p.chunks = std::move(chunks);
-  List order;  // per rank: its chunk index, the order results are collected in
+  std::vector<int64_t> order;  // per rank: its chunk index, the order results are collected in
   for (int r = 0; r < g.world_size(); ++r) {
     ParallelCoords c = l.coords(r);
     int idx = pp_as_dp_index(l, c);
@@ -98,7 +99,9 @@ DispatchPlan pp_as_dp_plan(const WorkerGroup& g, std::vector<List> chunks) {
     p.collect.push_back(c.tp == 0);
     order.push_back(idx);
   }
-  p.info = Value(std::move(order));
+  // The Values are made in place: pushing them one by one into a List makes
+  // GCC 12 warn (wrongly) about every alternative of each moved variant.
+  p.info = Value(List(order.begin(), order.end()));
   return p;
 }
 

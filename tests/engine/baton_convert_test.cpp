@@ -82,7 +82,8 @@ TEST_P(BatonConvert, HfToTp2Pp2AndBackIsBitExact) {
   for (const auto& [key, value] : src_config.items()) {
     ASSERT_TRUE(out_config.contains(key)) << key;
     if (value.is_number_float()) {
-      EXPECT_DOUBLE_EQ(out_config[key].get<double>(), value.get<double>()) << key;
+      // JSON doubles are written with enough digits to round trip: bit-exact.
+      EXPECT_EQ(out_config[key].get<double>(), value.get<double>()) << key;
     } else {
       EXPECT_EQ(out_config[key], value) << key;
     }
@@ -168,7 +169,7 @@ TEST(BatonConvertErrors, BadLayoutAndUsage) {
   r = convert("--to-sharded --hf " + src + " --out " + q(scratch / "o") + " --tp 3 --pp 1",
               scratch);
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("vocab_size 128"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("num_key_value_heads 2"), std::string::npos) << r.err;
   r = convert("--to-sharded --hf " + src + " --tp x --pp 1", scratch);
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--tp"), std::string::npos) << r.err;

@@ -10,12 +10,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -31,6 +33,8 @@ constexpr const char* kPortEnv = "BATON_TEST_STORE_PORT";
 constexpr const char* kCallEnv = "BATON_TEST_CALL";
 constexpr const char* kTimeoutEnv = "BATON_TEST_TIMEOUT_S";
 constexpr const char* kParentEnv = "BATON_TEST_PARENT";
+// Set by the user (scripts/test_kernels.sh), passed on to the ranks.
+constexpr const char* kThreadsEnv = "BATON_TEST_THREADS";
 
 // After one rank fails, the others get this long to finish (and report their
 // own failures) before they are killed: a peer of a dead rank may be blocked
@@ -72,6 +76,8 @@ bool inherited(const char* entry) {
                                       "GTEST_SHARD_STATUS_FILE=",
                                       "GTEST_REPEAT=",
                                       "BATON_TEST_"};
+  // Except the thread count: the user sets it for every rank.
+  if (std::string_view(entry).starts_with(std::string(kThreadsEnv) + "=")) return true;
   for (const char* prefix : kDrop)
     if (std::strncmp(entry, prefix, std::strlen(prefix)) == 0) return false;
   return true;
@@ -93,7 +99,7 @@ std::string describe_status(int status) {
   // Die with the parent (e.g. when ctest kills it on a timeout).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (auto parent = env_int(kParentEnv); parent && getppid() != *parent) std::_Exit(3);
-  at::set_num_threads(1);
+  at::set_num_threads(rank_threads());
   bool threw = true;
   try {
     c10d::TCPStoreOptions options;
@@ -129,6 +135,10 @@ struct Child {
 }  // namespace
 
 bool in_rank_process() { return env_int(kRankEnv).has_value(); }
+
+int rank_threads() {
+  return static_cast<int>(std::clamp<int64_t>(env_int(kThreadsEnv).value_or(1), 1, 256));
+}
 
 void run_world(int64_t world_size, const RankBody& body, std::chrono::seconds timeout) {
   const int64_t call = next_call_index();
@@ -233,35 +243,6 @@ void run_world(int64_t world_size, const RankBody& body, std::chrono::seconds ti
     ADD_FAILURE() << "run_world(" << world_size << ") in " << test << ":" << failures.str();
 }
 
-::testing::AssertionResult tensors_close(const at::Tensor& actual, const at::Tensor& expected,
-                                         double atol, double rtol) {
-  if (!actual.defined() || !expected.defined())
-    return ::testing::AssertionFailure()
-           << (actual.defined() ? "expected" : "actual") << " tensor is undefined";
-  if (actual.sizes() != expected.sizes())
-    return ::testing::AssertionFailure()
-           << "shape " << actual.sizes() << " differs from the expected " << expected.sizes();
-  const at::Tensor a = actual.detach().to(at::kCPU, at::kDouble).reshape(-1);
-  const at::Tensor e = expected.detach().to(at::kCPU, at::kDouble).reshape(-1);
-  if (a.numel() == 0) return ::testing::AssertionSuccess();
-  const at::Tensor diff = (a - e).abs().nan_to_num(INFINITY, INFINITY, INFINITY);
-  const at::Tensor bad =
-      (diff > e.abs() * rtol + atol).logical_or_(a.isnan()).logical_or_(e.isnan());
-  const int64_t count = bad.sum().item<int64_t>();
-  if (count == 0) return ::testing::AssertionSuccess();
-  const int64_t at = diff.argmax().item<int64_t>();
-  return ::testing::AssertionFailure()
-         << count << " of " << a.numel() << " elements differ beyond atol=" << atol
-         << " rtol=" << rtol << "; max |actual - expected| = " << diff[at].item<double>()
-         << " at flat index " << at << " (actual " << a[at].item<double>() << ", expected "
-         << e[at].item<double>() << ")";
-}
-
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, double atol, double rtol,
-                  const std::string& what) {
-  EXPECT_TRUE(tensors_close(actual, expected, atol, rtol)) << what;
-}
-
 at::Tensor seeded_randn(at::IntArrayRef shape, uint64_t seed) {
   return at::randn(shape, at::make_generator<at::CPUGeneratorImpl>(seed), at::kFloat);
 }
@@ -292,7 +273,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 int multiprocess_main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (auto rank = env_int(kRankEnv)) {
-    at::set_num_threads(1);
+    at::set_num_threads(rank_threads());
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(*rank));

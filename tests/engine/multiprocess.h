@@ -21,7 +21,7 @@
 //       cfg.tp = 2;
 //       auto ps = ParallelState::create(store, rank, cfg);
 //       at::Tensor y = reduce_from_tp_region(at::full({2}, double(rank + 1)), ps->tp());
-//       expect_close(y, at::full({2}, 3.0), 0, 0, "sum over ranks");
+//       expect_close(y, at::full({2}, 3.0), Tolerance::exact(), "sum over ranks");
 //     });
 //   }
 //
@@ -39,13 +39,17 @@
 #include <functional>
 #include <string>
 
+#include "tests/tolerance.h"
+
 namespace baton::engine::test {
+
+using namespace ::baton::test;  // Tolerance, tensors_close, expect_close, ...
 
 using RankBody = std::function<void(int64_t rank, c10::intrusive_ptr<c10d::Store> store)>;
 
 // Runs `body` on `world_size` processes, one per rank, sharing a TCPStore the
 // parent hosts on loopback. Blocks until every rank exits or `timeout` passes.
-// Children use one intra-op thread each (at::set_num_threads(1)).
+// Children use rank_threads() intra-op threads each.
 // Call it from inside a TEST (gtest's current test names the child's filter).
 void run_world(int64_t world_size, const RankBody& body,
                std::chrono::seconds timeout = std::chrono::seconds(120));
@@ -53,23 +57,18 @@ void run_world(int64_t world_size, const RankBody& body,
 // True in a process spawned by run_world.
 bool in_rank_process();
 
-// Success iff `actual` and `expected` have the same shape and
-// |actual - expected| <= atol + rtol·|expected| everywhere (compared in
-// double; NaN never matches). The failure message gives both shapes or the
-// max abs difference and where it is.
-::testing::AssertionResult tensors_close(const at::Tensor& actual, const at::Tensor& expected,
-                                         double atol, double rtol);
-
-// EXPECT_TRUE(tensors_close(..)) << what.
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, double atol, double rtol,
-                  const std::string& what);
+// Intra-op threads of a rank process: $BATON_TEST_THREADS, 1 when unset (so
+// that ranks do not oversubscribe the cores). scripts/test_kernels.sh sets it
+// to run the numerics tests with 1 and 2 threads.
+int rank_threads();
 
 // A normal(0, 1) fp32 tensor that depends only on `shape` and `seed` (its own
 // generator), so every rank can build the same inputs.
 at::Tensor seeded_randn(at::IntArrayRef shape, uint64_t seed);
 
-// The main of engine_multiprocess: gtest, plus in a rank process one intra-op
-// thread and a result printer that prints only failures, prefixed by the rank.
+// The main of engine_multiprocess: gtest, plus in a rank process
+// rank_threads() intra-op threads and a result printer that prints only
+// failures, prefixed by the rank.
 int multiprocess_main(int argc, char** argv);
 
 }  // namespace baton::engine::test

@@ -1,11 +1,21 @@
 // Log-probs and entropy of vocab-sharded logits, at tp=2 over real Gloo
 // processes and at tp=1, against log_softmax of the full logits (computed in
-// double from the same fp32 logits). fp32: atol 1e-5, rtol 1e-5; for logits
-// of magnitude 1e4 the log-probs themselves reach 1e4, so rtol 1e-5 applies.
+// double from the same fp32 logits).
+//
+// Tolerances (tests/tolerance.h): the fp32 side sums V exponentials after
+// subtracting the max (V + 3 terms: max, subtraction, sum, log), each term
+// at most 1 and their log at most log V; products p·log p and p·(x − max)
+// stay below 1 + log V. So values get Tolerance::fp32(V + 3, 1 + log V), and
+// gradients, whose backward sums V more terms times the upstream gradient,
+// Tolerance::fp32(2V + 3, (1 + log V)·max|upstream|). For logits of
+// magnitude 1e5 the log-probs reach 1e4 and the relative part applies.
 #include "engine/vocab_parallel.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "engine/errors.h"
 #include "tests/engine/multiprocess.h"
@@ -14,11 +24,14 @@ namespace baton::engine {
 namespace {
 
 using test::expect_close;
+using test::max_abs;
 using test::run_world;
 using test::seeded_randn;
+using test::Tolerance;
 
-constexpr double kTol = 1e-5;
 constexpr int64_t B = 2, S = 3, V = 8;
+
+const Tolerance kValueTol = Tolerance::fp32(V + 3, 1 + std::log(V));
 
 std::shared_ptr<ParallelState> tp_state(int64_t tp, int64_t rank,
                                         c10::intrusive_ptr<c10d::Store> store) {
@@ -66,34 +79,36 @@ void check_against_reference(const at::Tensor& logits, const Group& tp) {
   const at::Tensor tgt = targets();
   const at::Tensor up_lp = seeded_randn({B, S}, 4), up_ent = seeded_randn({B, S}, 5);
   const Reference ref(logits, tgt, up_lp, up_ent);
+  const Tolerance grad_tol =
+      Tolerance::fp32(2 * V + 3, (1 + std::log(V)) * std::max(max_abs(up_lp), max_abs(up_ent)));
   const int64_t v = V / tp.size;
   auto shard_of = [&](const at::Tensor& t) { return t.narrow(-1, tp.rank * v, v); };
 
   at::Tensor x = shard_of(logits).clone().requires_grad_(true);
   at::Tensor lp = vocab_parallel_log_probs(x, tgt, tp);
   EXPECT_EQ(lp.scalar_type(), at::kFloat);
-  expect_close(lp, ref.log_probs, kTol, kTol, "log_probs");
+  expect_close(lp, ref.log_probs, kValueTol, "log_probs");
   (lp * up_lp).sum().backward();
-  expect_close(x.grad(), shard_of(ref.grad_log_probs), kTol, kTol, "log_probs grad");
+  expect_close(x.grad(), shard_of(ref.grad_log_probs), grad_tol, "log_probs grad");
 
   x = shard_of(logits).clone().requires_grad_(true);
   at::Tensor ent = vocab_parallel_entropy(x, tp);
-  expect_close(ent, ref.entropy, kTol, kTol, "entropy");
+  expect_close(ent, ref.entropy, kValueTol, "entropy");
   (ent * up_ent).sum().backward();
-  expect_close(x.grad(), shard_of(ref.grad_entropy), kTol, kTol, "entropy grad");
+  expect_close(x.grad(), shard_of(ref.grad_entropy), grad_tol, "entropy grad");
 
   x = shard_of(logits).clone().requires_grad_(true);
   LogProbsEntropy both = vocab_parallel_log_probs_entropy(x, tgt, tp);
-  expect_close(both.log_probs, ref.log_probs, kTol, kTol, "log_probs (both)");
-  expect_close(both.entropy, ref.entropy, kTol, kTol, "entropy (both)");
+  expect_close(both.log_probs, ref.log_probs, kValueTol, "log_probs (both)");
+  expect_close(both.entropy, ref.entropy, kValueTol, "entropy (both)");
   ((both.log_probs * up_lp).sum() + (both.entropy * up_ent).sum()).backward();
-  expect_close(x.grad(), shard_of(ref.grad_both), kTol, kTol, "grad (both)");
+  expect_close(x.grad(), shard_of(ref.grad_both), grad_tol, "grad (both)");
 
   // Only one output of the pair used: the other contributes no gradient.
   x = shard_of(logits).clone().requires_grad_(true);
   both = vocab_parallel_log_probs_entropy(x, tgt, tp);
   (both.entropy * up_ent).sum().backward();
-  expect_close(x.grad(), shard_of(ref.grad_entropy), kTol, kTol, "grad (entropy of both)");
+  expect_close(x.grad(), shard_of(ref.grad_entropy), grad_tol, "grad (entropy of both)");
 }
 
 at::Tensor ordinary_logits() { return seeded_randn({B, S, V}, 1) * 3.0; }
@@ -123,11 +138,12 @@ TEST(VocabParallel, LowPrecisionLogitsGiveFloatResultsAndGradsInTheirDtype) {
   EXPECT_EQ(lp.scalar_type(), at::kFloat);
   lp.sum().backward();
   EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
+  // Both sides compute in fp32 from the same (exactly widened) values.
   expect_close(lp,
                at::log_softmax(x.detach().to(at::kFloat), -1)
                    .gather(-1, targets().unsqueeze(-1))
                    .squeeze(-1),
-               1e-5, 1e-5, "bf16 logits");
+               kValueTol, "bf16 logits");
 }
 
 TEST(VocabParallel, BadTargetsAreErrors) {
