@@ -179,9 +179,14 @@ TEST(Init, AWorkerThatSkipsInitRefusesToSpawnAndTheDriverFailsToStartTheGroup) {
   ASSERT_TRUE(run.finished) << "killed after 60 s; output:\n" << run.output;
   EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) == 3) << run.output;
   EXPECT_NE(run.output.find("failed to start"), std::string::npos) << run.output;
-  // The driver and its two workers ran main(); neither worker started one.
-  ASSERT_EQ(run.started.size(), 3u) << run.output;
-  ASSERT_EQ(run.errors.size(), 3u) << run.output;
+  // The driver and its workers ran main(); no worker started one. The first
+  // worker to refuse exits, and fail-stop then kills the other, which may not
+  // have reached main() (or logged its refusal) yet: 1 or 2 workers ran it,
+  // never more, and at least the first refused.
+  ASSERT_GE(run.started.size(), 2u) << run.output;
+  ASSERT_LE(run.started.size(), 3u) << run.output;
+  ASSERT_GE(run.errors.size(), 2u) << run.output;  // the driver's and the first worker's
+  ASSERT_LE(run.errors.size(), run.started.size()) << run.output;
   int worker_errors = 0;
   for (const std::string& e : run.errors) {
     if (e.find("cannot spawn WorkerGroup of Echo in a worker process (worker Echo rank ") !=
@@ -192,7 +197,8 @@ TEST(Init, AWorkerThatSkipsInitRefusesToSpawnAndTheDriverFailsToStartTheGroup) {
           << e;
     }
   }
-  EXPECT_EQ(worker_errors, 2) << run.output;
+  EXPECT_GE(worker_errors, 1) << run.output;
+  EXPECT_EQ(worker_errors, static_cast<int>(run.errors.size()) - 1) << run.output;
   EXPECT_FALSE(run.processes_left);
 }
 
