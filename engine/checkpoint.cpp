@@ -46,6 +46,7 @@ ShardedLayout sharded_layout(const Transformer& model) {
   l.layer_split =
       pc.layer_split.empty() ? even_layer_split(model.config().num_layers, pc.pp) : pc.layer_split;
   l.value_model = model.options().value_model;
+  l.make_vocab_size_divisible_by = pc.make_vocab_size_divisible_by;
   return l;
 }
 
@@ -150,6 +151,14 @@ nlohmann::json load_checkpoint(const fs::path& root, Transformer& model, Optimiz
   if (saved.value_model != want.value_model)
     mismatch("value_model", saved.value_model ? "true" : "false",
              want.value_model ? "true" : "false");
+  // The shards' vocabulary rows (the padded sizes may agree for different divisors).
+  const ModelConfig& cfg = model.config();
+  if (saved.padded_vocab_size(cfg) != want.padded_vocab_size(cfg))
+    mismatch("padded_vocab_size",
+             detail::cat(saved.padded_vocab_size(cfg), " (make_vocab_size_divisible_by ",
+                         saved.make_vocab_size_divisible_by, ")"),
+             detail::cat(want.padded_vocab_size(cfg), " (make_vocab_size_divisible_by ",
+                         want.make_vocab_size_divisible_by, ")"));
   const Coords& c = ps.coords();
   model.load_state_dict(load_sharded_rank(dir, c.tp, c.pp));
   optimizer.load_state_dict(read_safetensors(dir / ("optim-" + shard_suffix(ps) + ".safetensors")));

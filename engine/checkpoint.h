@@ -5,7 +5,8 @@
 //   root/latest                        "12" (the newest complete checkpoint)
 //   root/step_00000012/               a baton-sharded-v1 model directory (so
 //                                      baton-convert --to-hf exports it) plus:
-//     config.json, layout.json         the model's HF config; tp, pp, layer split
+//     config.json, layout.json         the model's HF config; tp, pp, layer split,
+//                                      vocabulary padding
 //     model-tp{t}-pp{p}.safetensors    engine-named weights (DP rank 0 writes)
 //     checkpoint.json                  step, dp, cp
 //     optim-tp{t}-pp{p}.safetensors    optimizer state (DP rank 0 writes)
@@ -50,7 +51,8 @@ std::optional<int64_t> latest_checkpoint(const std::filesystem::path& root);
 // Restores this rank's model, optimizer and RNG from `root` at `step` (the
 // latest when empty) and returns the caller's JSON. Throws EngineError when
 // there is no checkpoint, a file is missing or corrupt, or the checkpoint's
-// layout (tp, pp, layer split, model kind) differs from the model's.
+// layout (tp, pp, layer split, model kind, padded vocabulary size) differs
+// from the model's.
 nlohmann::json load_checkpoint(const std::filesystem::path& root, Transformer& model,
                                Optimizer& optimizer, std::optional<int64_t> step = std::nullopt);
 

@@ -308,7 +308,9 @@ std::vector<GeneratedSequence> generate_without_cache(
     }
     auto pos = (mask.cumsum(1) - 1).clamp_min(0);
     auto shard = model.forward(ids.to(device), pos.to(device), mask.to(device)).select(1, s - 1);
-    auto logits = gather_from_tp_region(shard, model.parallel().tp()).to(at::kCPU, at::kFloat);
+    auto logits = gather_from_tp_region(shard, model.parallel().tp())
+                      .narrow(1, 0, model.config().vocab_size)  // without the padding columns
+                      .to(at::kCPU, at::kFloat);
     for (int64_t i = 0; i < b; ++i) {
       Row* r = active[i];
       r->finished =

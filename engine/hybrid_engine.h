@@ -59,7 +59,8 @@ class HybridEngine {
   // Collective over the training world (builds the rollout layout's groups
   // through `store`, see make_rollout_state). Allocates no rollout memory.
   // Throws EngineError when rollout_tp does not divide the world size or the
-  // model's kv heads, vocabulary and intermediate size.
+  // model's kv heads and intermediate size. The rollout layout pads the
+  // vocabulary as the training layout's make_vocab_size_divisible_by says.
   HybridEngine(std::shared_ptr<Transformer> train, c10::intrusive_ptr<c10d::Store> store,
                HybridEngineOptions options = {});
 

@@ -56,6 +56,9 @@ Fixed fixed_coords(GroupKind kind) {
 void ParallelConfig::validate(int64_t world_size) const {
   if (tp < 1 || cp < 1 || dp < 1 || pp < 1)
     throw EngineError("parallel config " + to_string() + ": every size must be at least 1");
+  if (make_vocab_size_divisible_by < 1)
+    throw EngineError("parallel config " + to_string() +
+                      ": make_vocab_size_divisible_by must be at least 1");
   if (!layer_split.empty() && static_cast<int64_t>(layer_split.size()) != pp)
     throw EngineError(detail::cat("parallel config ", to_string(), ": layer_split has ",
                                   layer_split.size(), " entries for ", pp, " pipeline stages"));
@@ -70,12 +73,15 @@ void ParallelConfig::validate(int64_t world_size) const {
 std::string ParallelConfig::to_string() const {
   std::string s = detail::cat("tp=", tp, " cp=", cp, " dp=", dp, " pp=", pp);
   if (!layer_split.empty()) s += " layer_split=[" + join(layer_split) + "]";
+  if (make_vocab_size_divisible_by != kDefaultVocabDivisibleBy)
+    s += detail::cat(" make_vocab_size_divisible_by=", make_vocab_size_divisible_by);
   return s;
 }
 
 bool operator==(const ParallelConfig& a, const ParallelConfig& b) {
   return a.tp == b.tp && a.cp == b.cp && a.dp == b.dp && a.pp == b.pp &&
-         a.layer_split == b.layer_split;
+         a.layer_split == b.layer_split &&
+         a.make_vocab_size_divisible_by == b.make_vocab_size_divisible_by;
 }
 
 bool operator==(const Coords& a, const Coords& b) {
@@ -296,8 +302,9 @@ std::shared_ptr<ParallelState> ParallelState::create(c10::intrusive_ptr<c10d::St
   return state;
 }
 
-std::shared_ptr<ParallelState> ParallelState::single() {
-  std::shared_ptr<ParallelState> state(new ParallelState(ParallelConfig{}, 0));
+std::shared_ptr<ParallelState> ParallelState::single(ParallelConfig config) {
+  config.validate(1);
+  std::shared_ptr<ParallelState> state(new ParallelState(std::move(config), 0));
   GroupFactory factory(c10::intrusive_ptr<c10d::Store>(), std::chrono::minutes(5),
                        CollectiveBackend::kGloo);
   auto pg = factory.get({0}, 0);

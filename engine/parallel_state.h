@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/vocab_padding.h"
+
 namespace baton::engine {
 
 // The sizes of the four parallel dimensions. CP groups are built but no layer
@@ -36,13 +38,23 @@ struct ParallelConfig {
   // count (a stage may hold 0 layers). Empty: an even split, the remainder going
   // to the first stages ([2, 1, 1] for 4 layers on 3 stages).
   std::vector<int64_t> layer_split;
+  // Megatron's make_vocab_size_divisible_by: the embedding and LM head hold
+  // padded_vocab_size() rows, a multiple of this × tp (vocab_padding.h), so
+  // any vocabulary splits over any tp. 1 pads only as far as tp needs.
+  int64_t make_vocab_size_divisible_by = kDefaultVocabDivisibleBy;
 
   int64_t world_size() const { return tp * cp * dp * pp; }
-  // Throws EngineError for a size below 1, a layer_split whose length is not
-  // pp, or (when world_size >= 0) a world_size() that differs from world_size;
-  // the message names both.
+  // Rows of this layout's embedding and LM head for a vocabulary of
+  // `vocab_size` (all TP ranks together).
+  int64_t padded_vocab_size(int64_t vocab_size) const {
+    return engine::padded_vocab_size(vocab_size, tp, make_vocab_size_divisible_by);
+  }
+  // Throws EngineError for a size (or make_vocab_size_divisible_by) below 1,
+  // a layer_split whose length is not pp, or (when world_size >= 0) a
+  // world_size() that differs from world_size; the message names both.
   void validate(int64_t world_size = -1) const;
-  // "tp=2 cp=1 dp=2 pp=2" (plus " layer_split=[..]" when given).
+  // "tp=2 cp=1 dp=2 pp=2" (plus " layer_split=[..]" when given and
+  // " make_vocab_size_divisible_by=N" when not the default).
   std::string to_string() const;
 };
 
@@ -133,8 +145,9 @@ class ParallelState {
       std::chrono::milliseconds timeout = std::chrono::minutes(5),
       CollectiveBackend backend = CollectiveBackend::kGloo);
   // A world of one, no store: tools and single-process tests. Every group is
-  // the same size-1 Gloo group.
-  static std::shared_ptr<ParallelState> single();
+  // the same size-1 Gloo group. `config` describes one rank (EngineError
+  // otherwise), e.g. its vocabulary padding.
+  static std::shared_ptr<ParallelState> single(ParallelConfig config = {});
 
   ParallelState(const ParallelState&) = delete;
   ParallelState& operator=(const ParallelState&) = delete;

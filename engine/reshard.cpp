@@ -88,7 +88,7 @@ void validate(const Transformer& train, const Transformer& rollout) {
 // The whole model's tensors (weight_stream.h), each bound to its rollout
 // parameter, so every rank knows the whole plan without exchanging metadata.
 std::vector<Item> plan_items(const Transformer& rollout, const ParallelConfig& training) {
-  const int64_t r_tp = rollout.parallel().tp().size;
+  const ParallelConfig& r_layout = rollout.parallel().config();
   std::map<std::string, at::Tensor> params;
   for (const auto& [name, param] : rollout.named_params()) params.emplace(name, param);
   std::vector<Item> items;
@@ -104,10 +104,10 @@ std::vector<Item> plan_items(const Transformer& rollout, const ParallelConfig& t
     it.dst = p->second;
     params.erase(p);
     ENGINE_CHECK(it.dst.is_contiguous(), "rollout parameter ", it.name, " is not contiguous");
-    if (it.dst.sizes() != at::IntArrayRef(it.shard_shape(r_tp)))
+    if (it.dst.sizes() != at::IntArrayRef(it.shard_shape_in(r_layout)))
       throw EngineError(detail::cat("reshard_weights: rollout parameter ", it.name, " is ",
                                     shape_str(it.dst.sizes()), ", expected ",
-                                    shape_str(it.shard_shape(r_tp))));
+                                    shape_str(it.shard_shape_in(r_layout))));
     items.push_back(std::move(it));
   }
   if (!params.empty())
@@ -156,7 +156,10 @@ class Resharder {
         t_rank_(train_ps_.coords().tp),
         r_rank_(rollout.parallel().coords().tp),
         stage_(train_ps_.coords().pp),
-        gather_(t_tp_ > 1 && t_tp_ != r_tp_),
+        // Equal TP sizes that pad the vocabulary differently split it
+        // differently too: the owning stage gathers then as well.
+        gather_(t_tp_ > 1 && (t_tp_ != r_tp_ || train.padded_vocab_size() !=
+                                                     rollout.padded_vocab_size())),
         items_(plan_items(rollout, train_ps_.config())),
         buckets_(make_buckets(items_, train_ps_.config().pp, options.bucket_bytes)) {
     for (const auto& [name, p] : train.named_params()) train_params_.emplace(name, p);
@@ -177,7 +180,7 @@ class Resharder {
 
   ReshardStats run() {
     ReshardStats stats;
-    for (const Item& it : items_) stats.model_bytes += it.bytes;
+    for (const Item& it : items_) stats.model_bytes += it.model_bytes();
     stats.buckets = static_cast<int64_t>(buckets_.size());
     // Two buckets in flight: the next one travels while this one is copied out.
     std::vector<InFlight> flights(buckets_.size());
@@ -289,8 +292,7 @@ class Resharder {
     }
     const int64_t k_begin = gather_ ? 0 : t_rank_;
     const int64_t k_end = gather_ ? t_tp_ : t_rank_ + 1;
-    copy_tp_slice(it.dst, it.full, it.split.dim, it.split.blocks, t_tp_, r_tp_, r_rank_, k_begin,
-                  k_end, shard);
+    copy_tp_slice(it.dst, it, t_tp_, r_tp_, r_rank_, k_begin, k_end, shard);
   }
 
   const ParallelState& train_ps_;
@@ -317,6 +319,7 @@ std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store
   ParallelConfig rollout;
   rollout.tp = rollout_tp;
   rollout.dp = world / rollout_tp;
+  rollout.make_vocab_size_divisible_by = training.make_vocab_size_divisible_by;
   // Every rank makes its rollout states in the same order, so the n-th call's
   // prefix names the same groups everywhere; a fresh prefix per call keeps a
   // new state's rendezvous away from an earlier one's keys.

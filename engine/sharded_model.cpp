@@ -27,6 +27,7 @@ ShardedLayout checked(const ModelConfig& cfg, ShardedLayout layout, const std::s
                                     " entries but pp is ", layout.pp));
     validate_layer_split(layout.layer_split, cfg.num_layers);
     validate_tensor_parallel(cfg, layout.tp);
+    layout.padded_vocab_size(cfg);  // throws for a divisor below 1
   } catch (const EngineError& e) {
     throw EngineError(where + ": " + e.what());
   }
@@ -50,10 +51,11 @@ std::vector<std::vector<TensorMap>> shard_all(const TensorMap& hf, const ModelCo
   auto layout = checked(cfg, layout_in, "shard_all");
   std::vector<std::vector<TensorMap>> shards(layout.pp);
   for (int64_t p = 0; p < layout.pp; ++p)
-    for (int64_t k = 0; k < layout.tp; ++k)
-      shards[p].push_back(hf_to_shard(
-          hf, cfg,
-          ShardSpec::for_rank(cfg, k, layout.tp, p, layout.layer_split, layout.value_model)));
+    for (int64_t k = 0; k < layout.tp; ++k) {
+      auto spec = ShardSpec::for_rank(cfg, k, layout.tp, p, layout.layer_split, layout.value_model);
+      spec.make_vocab_size_divisible_by = layout.make_vocab_size_divisible_by;
+      shards[p].push_back(hf_to_shard(hf, cfg, spec));
+    }
   return shards;
 }
 
@@ -66,7 +68,9 @@ void write_sharded_layout(const fs::path& dir, const ModelConfig& cfg,
                       {"tp", layout.tp},
                       {"pp", layout.pp},
                       {"layer_split", layout.layer_split},
-                      {"value_model", layout.value_model}};
+                      {"value_model", layout.value_model},
+                      {"make_vocab_size_divisible_by", layout.make_vocab_size_divisible_by},
+                      {"padded_vocab_size", layout.padded_vocab_size(cfg)}};
   write_file_atomically(dir / "layout.json", j.dump(2) + "\n");
 }
 
@@ -123,7 +127,20 @@ ShardedLayout load_sharded_layout(const fs::path& dir) {
   if (!j.contains("value_model") || !j["value_model"].is_boolean())
     throw EngineError(detail::cat(file.string(), ": \"value_model\" is missing or not a bool"));
   layout.value_model = j["value_model"].get<bool>();
-  return checked(ModelConfig::load(dir), layout, file.string());
+  // Written before vocabulary padding existed: the vocabulary divided tp.
+  layout.make_vocab_size_divisible_by =
+      j.contains("make_vocab_size_divisible_by") ? json_int(j, "make_vocab_size_divisible_by", file)
+                                                 : 1;
+  const auto cfg = ModelConfig::load(dir);
+  layout = checked(cfg, layout, file.string());
+  if (j.contains("padded_vocab_size") &&
+      json_int(j, "padded_vocab_size", file) != layout.padded_vocab_size(cfg))
+    throw EngineError(detail::cat(file.string(), ": \"padded_vocab_size\" ",
+                                  json_int(j, "padded_vocab_size", file), " is not vocab_size ",
+                                  cfg.vocab_size, " padded by make_vocab_size_divisible_by ",
+                                  layout.make_vocab_size_divisible_by, " x tp ", layout.tp, " (",
+                                  layout.padded_vocab_size(cfg), ")"));
+  return layout;
 }
 
 namespace {

@@ -4,7 +4,9 @@
 //
 //   DIR/config.json                  the HF config (value model: …ForTokenClassification)
 //   DIR/layout.json                  {"format": "baton-sharded-v1", "tp": T, "pp": P,
-//                                     "layer_split": [...], "value_model": bool}
+//                                     "layer_split": [...], "value_model": bool,
+//                                     "make_vocab_size_divisible_by": D,
+//                                     "padded_vocab_size": Vp}
 //   DIR/model-tp{t}-pp{p}.safetensors   hf_to_shard's tensors of rank (t, p)
 //
 // Example (HF → TP=2 × PP=2, then one rank loads its part):
@@ -27,6 +29,7 @@
 
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
+#include "engine/vocab_padding.h"
 
 namespace baton::engine {
 
@@ -35,8 +38,15 @@ constexpr const char* kShardedFormat = "baton-sharded-v1";
 struct ShardedLayout {
   int64_t tp = 1;
   int64_t pp = 1;
-  std::vector<int64_t> layer_split;  // layers per stage; empty means even_layer_split
+  std::vector<int64_t> layer_split{};  // layers per stage; empty means even_layer_split
   bool value_model = false;
+  // The vocabulary padding of the shards (vocab_padding.h). A layout.json
+  // without it predates padding: its vocabulary divided tp, read as 1.
+  int64_t make_vocab_size_divisible_by = kDefaultVocabDivisibleBy;
+
+  int64_t padded_vocab_size(const ModelConfig& cfg) const {
+    return engine::padded_vocab_size(cfg.vocab_size, tp, make_vocab_size_divisible_by);
+  }
 };
 
 // "model-tp{t}-pp{p}.safetensors".
@@ -62,7 +72,8 @@ void save_sharded(const std::filesystem::path& dir, const ModelConfig& cfg,
                   const nlohmann::json* base_config = nullptr);
 
 // Reads and validates layout.json against DIR/config.json (format, sizes, the
-// split summing to the layers, TP divisibility); the split is always filled.
+// split summing to the layers, TP divisibility, a recorded padded_vocab_size
+// equal to the one the layout implies); the split is always filled.
 ShardedLayout load_sharded_layout(const std::filesystem::path& dir);
 // One rank's tensors (engine names). Throws EngineError for a rank outside the
 // layout or a missing or corrupt file.

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <limits>
 #include <set>
 
 #include "engine/errors.h"
@@ -70,15 +71,21 @@ Transformer::Transformer(ModelConfig config, std::shared_ptr<ParallelState> stat
                       ": attention_bias / mlp_bias are not supported for Llama models");
   const Group& tp = state_->tp();
   int64_t h = config_.hidden_size;
-  if (config_.vocab_size % tp.size != 0)
-    throw EngineError(detail::cat(config_.architecture, ": vocab_size ", config_.vocab_size,
-                                  " is not divisible by the tensor-parallel size ", tp.size));
+  padded_vocab_ = state_->config().padded_vocab_size(config_.vocab_size);
+  vocab_shard_ = engine::vocab_shard(config_.vocab_size, padded_vocab_, tp.size, tp.rank);
+  // Padding rows start as zeros (checkpoints and exports are deterministic);
+  // they stay so, since their gradients are zero (vocab_padding.h).
+  auto zero_padding = [&](const at::Tensor& w) {
+    at::NoGradGuard no_grad;
+    if (vocab_shard_.padding() > 0) w.narrow(0, vocab_shard_.real, vocab_shard_.padding()).zero_();
+  };
   if (first_stage()) {
     VocabParallelEmbeddingOptions emb;
-    emb.vocab_size = config_.vocab_size;
+    emb.vocab_size = padded_vocab_;
     emb.hidden_size = h;
     emb.sequence_parallel = options_.sequence_parallel;
     embedding_ = register_module("embedding", VocabParallelEmbedding(emb, tp));
+    zero_padding(embedding_->weight);
   }
   auto [begin, end] = stage_layer_range(state_->coords().pp, config_.num_layers, state_->config());
   for (int64_t id = begin; id < end; ++id) {
@@ -92,14 +99,33 @@ Transformer::Transformer(ModelConfig config, std::shared_ptr<ParallelState> stat
       value_head_ = register_parameter("value_head", at::normal(0.0, 0.02, {1, h}, gen));
       value_bias_ = register_parameter("value_bias", at::zeros({1}));
     } else if (!(config_.tie_word_embeddings && first_stage())) {
-      output_weight_ = register_parameter("output_layer",
-                                          at::normal(0.0, 0.02, {config_.vocab_size / tp.size, h}));
+      output_weight_ =
+          register_parameter("output_layer", at::normal(0.0, 0.02, {vocab_shard_.rows, h}));
+      zero_padding(output_weight_);
     }
   }
 }
 
 bool Transformer::first_stage() const { return state_->is_first_stage(); }
 bool Transformer::last_stage() const { return state_->is_last_stage(); }
+
+ShardSpec Transformer::shard_spec() const {
+  const ParallelConfig& pc = state_->config();
+  auto split = pc.layer_split.empty() ? even_layer_split(config_.num_layers, pc.pp) : pc.layer_split;
+  auto spec = ShardSpec::for_rank(config_, state_->coords().tp, pc.tp, state_->coords().pp, split,
+                                  options_.value_model);
+  spec.make_vocab_size_divisible_by = pc.make_vocab_size_divisible_by;
+  return spec;
+}
+
+void Transformer::check_token_ids(const at::Tensor& ids, const char* who) const {
+  // The embedding checks against its padded rows; padding rows are no tokens.
+  if (padded_vocab_ == config_.vocab_size || ids.numel() == 0) return;
+  const int64_t hi = ids.max().item<int64_t>();
+  if (hi >= config_.vocab_size)
+    throw EngineError(detail::cat(who, ": token id ", hi, " is outside the vocabulary [0, ",
+                                  config_.vocab_size, ")"));
+}
 
 at::Tensor Transformer::forward(const at::Tensor& input, const at::Tensor& position_ids,
                                 const at::Tensor& attention_mask) {
@@ -117,6 +143,7 @@ at::Tensor Transformer::forward(const at::Tensor& input, const at::Tensor& posit
         input.scalar_type() != at::kLong)
       throw EngineError("Transformer::forward: input_ids must be int64 [" + std::to_string(b) +
                         ", " + std::to_string(s) + "], got " + shape_of(input));
+    check_token_ids(input, "Transformer::forward");
     h = embedding_->forward(input);
   } else {
     int64_t local_s = options_.sequence_parallel ? s / tp : s;
@@ -182,6 +209,7 @@ at::Tensor Transformer::forward_cached(const at::Tensor& ids, const at::Tensor& 
       out_of_range(last, q))
     throw EngineError(detail::cat("Transformer::forward_cached: a cache slot outside [0, ", slots,
                                   ") or a last index outside [0, ", q, ")"));
+  check_token_ids(ids, "Transformer::forward_cached");
   at::NoGradGuard no_grad;
   auto h = embedding_->forward(ids);
   auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
@@ -191,7 +219,8 @@ at::Tensor Transformer::forward_cached(const at::Tensor& ids, const at::Tensor& 
   auto flat = at::arange(b, last.options()) * q + last;
   h = h.reshape({b * q, h.size(2)}).index_select(0, flat);  // [B, H]: the sampled-from tokens
   h = rms_norm(h, final_norm_, config_.rms_norm_eps);
-  return gather_from_tp_region(lm_head(h), state_->tp());
+  auto logits = gather_from_tp_region(lm_head(h), state_->tp());
+  return padded_vocab_ == config_.vocab_size ? logits : logits.narrow(1, 0, config_.vocab_size);
 }
 
 at::Tensor Transformer::lm_head(const at::Tensor& h) {
@@ -199,7 +228,13 @@ at::Tensor Transformer::lm_head(const at::Tensor& h) {
   auto x =
       options_.sequence_parallel ? gather_from_sequence_region(h, tp) : copy_to_tp_region(h, tp);
   const at::Tensor& w = output_weight_.defined() ? output_weight_ : embedding_->weight;
-  return at::linear(x, w);
+  at::Tensor logits = at::linear(x, w);
+  // Padded columns can never win: probability exactly 0 in any softmax, never
+  // a max or argmax, and (the fill's backward) zero gradient.
+  if (vocab_shard_.padding() > 0)
+    logits.narrow(-1, vocab_shard_.real, vocab_shard_.padding())
+        .fill_(-std::numeric_limits<double>::infinity());
+  return logits;
 }
 
 at::Tensor Transformer::value_head(const at::Tensor& h) {
@@ -263,8 +298,14 @@ void Transformer::load_state_dict(const std::map<std::string, at::Tensor>& weigh
       continue;
     }
     if (it->second.sizes() != param.sizes()) {
+      std::string hint;
+      if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight")
+        hint = detail::cat("; this layout pads vocab_size ", config_.vocab_size, " to ",
+                           padded_vocab_, " rows (make_vocab_size_divisible_by ",
+                           state_->config().make_vocab_size_divisible_by, " x tp ",
+                           state_->tp().size, ")");
       mismatched.push_back(name + " (checkpoint " + shape_of(it->second) + ", model " +
-                           shape_of(param) + ")");
+                           shape_of(param) + hint + ")");
       continue;
     }
     at::NoGradGuard no_grad;

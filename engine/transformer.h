@@ -4,11 +4,16 @@
 // and either the LM head (logits sharded over the vocabulary on TP ranks) or
 // the value head (hidden → 1, the critic's model, seed 000).
 //
+// The vocabulary is padded for tensor parallelism (vocab_padding.h): the
+// embedding and LM head hold ParallelConfig::padded_vocab_size() rows, and
+// the padded logit columns hold -inf, so every consumer of the logits sees
+// exactly the distribution over the real vocabulary.
+//
 // Example (one process, whole model):
 //   auto cfg = ModelConfig::load(dir);
 //   auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
-//   model->load_state_dict(hf_to_shard(read_hf_weights(dir), cfg, spec));
-//   auto logits = model->forward(ids, position_ids, attention_mask);  // [B, S, V]
+//   model->load_state_dict(hf_to_shard(read_hf_weights(dir), cfg, model->shard_spec()));
+//   auto logits = model->forward(ids, position_ids, attention_mask);  // [B, S, Vp]
 //
 // Thread safety: none; a model belongs to one worker thread. forward() is
 // collective over the TP group (every TP rank calls it with the same batch).
@@ -28,6 +33,8 @@
 #include "engine/parallel_linear.h"
 #include "engine/parallel_state.h"
 #include "engine/transformer_layer.h"
+#include "engine/vocab_padding.h"
+#include "engine/weight_conversion.h"
 
 namespace baton::engine {
 
@@ -62,15 +69,19 @@ class Transformer : public torch::nn::Module {
  public:
   // Builds this rank's stage: layers [state->layer_begin(), layer_end()).
   // Throws EngineError for unsupported options (Llama with attention or MLP
-  // biases) and sizes the TP size does not divide.
+  // biases) and sizes the TP size does not divide (kv heads, intermediate;
+  // the vocabulary is padded).
   Transformer(ModelConfig config, std::shared_ptr<ParallelState> state,
               TransformerOptions options = {});
 
   // One stage's forward. `input`: token ids [B, S] (int64) on the first
   // stage, else the previous stage's output. `position_ids` and
   // `attention_mask` ([B, S], 1 = real token) are the whole batch's, on every
-  // stage. Returns the next stage's input, or on the last stage the logits
-  // shard [B, S, V/tp] (LM) or values [B, S, 1] (value model).
+  // stage. Token ids must be below config().vocab_size (EngineError). Returns
+  // the next stage's input, or on the last stage the logits shard
+  // [B, S, Vp/tp] (LM; Vp = padded_vocab_size(), this rank's columns
+  // vocab_shard(); padded columns hold -inf, see vocab_padding.h) or values
+  // [B, S, 1] (value model).
   at::Tensor forward(const at::Tensor& input, const at::Tensor& position_ids,
                      const at::Tensor& attention_mask);
 
@@ -78,7 +89,8 @@ class Transformer : public torch::nn::Module {
   // parallelism: EngineError otherwise). `ids` and `position_ids` [B, Q] are
   // each row's new tokens (padded rows included, see CacheStep); keys and
   // values go into `cache`. Returns the FULL-vocabulary logits [B, V] (gathered
-  // over TP, identical on every TP rank) of token `last[b]` of each row.
+  // over TP, identical on every TP rank, padding columns removed) of token
+  // `last[b]` of each row.
   // Collective over the TP group.
   at::Tensor forward_cached(const at::Tensor& ids, const at::Tensor& position_ids,
                             const CacheStep& step, KvCache& cache, const at::Tensor& last);
@@ -105,6 +117,12 @@ class Transformer : public torch::nn::Module {
   void load_state_dict(const std::map<std::string, at::Tensor>& weights);
 
   const ModelConfig& config() const { return config_; }
+  // Rows of the embedding and LM head over all TP ranks (>= vocab_size).
+  int64_t padded_vocab_size() const { return padded_vocab_; }
+  // This rank's rows of them (its logit columns).
+  const VocabShard& vocab_shard() const { return vocab_shard_; }
+  // This rank's ShardSpec (hf_to_shard) for its layout and model kind.
+  ShardSpec shard_spec() const;
   const ParallelState& parallel() const { return *state_; }
   const TransformerOptions& options() const { return options_; }
   bool first_stage() const;
@@ -112,6 +130,8 @@ class Transformer : public torch::nn::Module {
 
  private:
   at::Tensor lm_head(const at::Tensor& h);
+  // EngineError when an id is a padding row rather than a token.
+  void check_token_ids(const at::Tensor& ids, const char* who) const;
   at::Tensor value_head(const at::Tensor& h);
 
   ModelConfig config_;
@@ -120,14 +140,17 @@ class Transformer : public torch::nn::Module {
   VocabParallelEmbedding embedding_{nullptr};
   std::vector<std::shared_ptr<TransformerLayer>> layers_;
   at::Tensor final_norm_;
-  at::Tensor output_weight_;  // [V/tp, H]; undefined when tied to the embedding
+  int64_t padded_vocab_ = 0;
+  VocabShard vocab_shard_;
+  at::Tensor output_weight_;  // [Vp/tp, H]; undefined when tied to the embedding
   at::Tensor value_head_;     // [1, H]
   at::Tensor value_bias_;     // [1]
 };
 
 // Log-probabilities of each next token: position t scores input_ids[:, t+1]
-// under logits[:, t]. logits_shard [B, S, V/tp] → [B, S-1]. Collective over
-// `tp`; differentiable; the full vocabulary is never gathered.
+// under logits[:, t]. logits_shard [B, S, Vp/tp] (Transformer::forward's,
+// padded columns included) → [B, S-1]. Collective over `tp`; differentiable;
+// the full vocabulary is never gathered.
 at::Tensor next_token_log_probs(const at::Tensor& logits_shard, const at::Tensor& input_ids,
                                 const Group& tp);
 

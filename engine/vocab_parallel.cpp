@@ -2,6 +2,8 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <limits>
+
 #include "engine/errors.h"
 #include "engine/tensor_parallel.h"
 
@@ -18,6 +20,15 @@ bool wants_entropy(Want w) { return w != Want::kLogProbs; }
 
 at::ScalarType compute_type(const at::Tensor& logits) {
   return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// For the entropy: a -inf logit (vocabulary padding) counts as the lowest
+// finite value. Its probability stays exactly 0, and its p·log p term (and
+// that term's gradient) is 0·finite = 0 instead of 0·inf = NaN. Finite values
+// are untouched; one in-place pass.
+void clamp_minus_infinity(at::Tensor& shifted) {
+  shifted.clamp_min_(shifted.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
+                                                          : std::numeric_limits<float>::lowest());
 }
 
 // Targets that this rank's shard holds, as local column indices (0 where not
@@ -39,7 +50,8 @@ struct VocabParallelSoftmax : torch::autograd::Function<VocabParallelSoftmax> {
     const int64_t start = tp.rank * shard;
 
     at::Tensor max = collective::all_reduce(x.amax(-1), tp, c10d::ReduceOp::MAX);
-    const at::Tensor shifted = x - max.unsqueeze(-1);
+    at::Tensor shifted = x - max.unsqueeze(-1);
+    if (wants_entropy(want)) clamp_minus_infinity(shifted);
     const at::Tensor exp = shifted.exp();
 
     // One all-reduce carries every per-position sum: [k, ..].
@@ -85,15 +97,19 @@ struct VocabParallelSoftmax : torch::autograd::Function<VocabParallelSoftmax> {
     if (!grad_lp.defined() && !grad_ent.defined())
       return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
 
-    const at::Tensor shifted = logits.to(compute_type(logits)) - max.unsqueeze(-1);
-    const at::Tensor p = (shifted - log_z.unsqueeze(-1)).exp();
-    // d/dl of g_lp·log p(t) + g_H·H = p·(g_H·(E[s] - s) - g_lp) + g_lp·onehot(t)
-    at::Tensor coef;
+    at::Tensor shifted = logits.to(compute_type(logits)) - max.unsqueeze(-1);
+    if (grad_ent.defined()) clamp_minus_infinity(shifted);
+    at::Tensor p = (shifted - log_z.unsqueeze(-1)).exp();
+    // d/dl of g_lp·log p(t) + g_H·H = g_H·p·(E[s] - s) - g_lp·p + g_lp·onehot(t).
+    // p multiplies E[s] - s before g_H does: for a clamped -inf column,
+    // E[s] - s is huge but finite and p is 0.
+    at::Tensor grad;
     if (grad_ent.defined())
-      coef = (mean_shifted.unsqueeze(-1) - shifted).mul_(grad_ent.unsqueeze(-1));
-    if (grad_lp.defined())
-      coef = coef.defined() ? coef.sub_(grad_lp.unsqueeze(-1)) : -grad_lp.unsqueeze(-1);
-    at::Tensor grad = p.mul_(coef);
+      grad = (mean_shifted.unsqueeze(-1) - shifted).mul_(p).mul_(grad_ent.unsqueeze(-1));
+    if (grad_lp.defined()) {
+      at::Tensor lp_part = p.mul_(-grad_lp.unsqueeze(-1));  // p is not needed after this
+      grad = grad.defined() ? grad.add_(lp_part) : lp_part;
+    }
     if (grad_lp.defined())
       grad.scatter_add_(-1, index.unsqueeze(-1),
                         grad_lp.masked_fill(held.logical_not(), 0).unsqueeze(-1).to(grad.dtype()));

@@ -3,14 +3,20 @@
 // entropy" of Megatron backends).
 //
 // logits_shard: [.., V/tp] on each rank of `tp`; rank k holds vocabulary ids
-// [k·V/tp, (k+1)·V/tp) (a ColumnParallelLinear LM head without gather_output).
+// [k·V/tp, (k+1)·V/tp) (a ColumnParallelLinear LM head without gather_output;
+// V may be a padded vocabulary, see below).
 // targets: global token ids, int64, shape logits_shard.shape[:-1].
 //
 // Every result is replicated on all tp ranks, has shape logits.shape[:-1], and
 // is fp32 for fp16/bf16 logits (logits' dtype otherwise). The softmax is taken
 // after subtracting the global max (one all-reduce MAX), then one all-reduce
 // SUM carries the partition function and the other per-position sums, so large
-// logits do not overflow. Logits must be finite.
+// logits do not overflow. Logits must be finite, or -inf for a column that
+// is not part of the distribution (vocabulary padding, as Transformer's LM
+// head leaves it; a shard may hold nothing else, but some rank must hold a
+// finite logit): such a column gets probability exactly 0, adds nothing to
+// the entropy (0, where 0·log 0 would be NaN) and gets a zero gradient, so
+// the results are those of the vocabulary without it.
 //
 // Differentiable with respect to the logits through a hand-written backward
 // that needs no communication: d log p(t)/dl = onehot(t) - softmax, and

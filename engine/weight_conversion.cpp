@@ -215,10 +215,16 @@ std::vector<Planned> plan_rank(const ModelConfig& cfg, const ShardSpec& spec) {
   return out;
 }
 
-// The shape TP rank k of t holds of a tensor whose HF sources have `full` shapes.
-Shape rank_shape(Transform transform, const std::vector<Shape>& full, int64_t t) {
+// The shape TP rank k of t holds of a tensor whose HF sources have `full`
+// shapes; vocabulary tensors hold `padded_vocab / t` rows.
+Shape rank_shape(const ConversionRule& rule, const std::vector<Shape>& full, int64_t t,
+                 int64_t padded_vocab) {
   Shape s = full.front();
-  switch (transform) {
+  if (is_vocab_rule(rule)) {
+    s[0] = padded_vocab / t;
+    return s;
+  }
+  switch (rule.transform) {
     case Transform::kReplicated:
       break;
     case Transform::kSplitRows:
@@ -242,6 +248,16 @@ Shape with_lead(at::IntArrayRef lead, const at::Tensor& t) {
   Shape s(lead.begin(), lead.end());
   for (int64_t i = 1; i < t.dim(); ++i) s.push_back(t.size(i));
   return s;
+}
+
+// TP rank k's rows of a vocabulary tensor `full` ([V, ..]) padded to
+// `padded` rows: a view when it holds no padding, else a copy ending in zeros.
+at::Tensor vocab_rows(const at::Tensor& full, int64_t k, int64_t t, int64_t padded) {
+  const VocabShard v = vocab_shard(full.size(0), padded, t, k);
+  if (v.padding() == 0) return full.narrow(0, v.begin, v.rows).contiguous();
+  at::Tensor out = at::zeros(with_lead({v.rows}, full), full.options());
+  if (v.real > 0) out.narrow(0, 0, v.real).copy_(full.narrow(0, v.begin, v.real));
+  return out;
 }
 
 at::Tensor shard_of(Transform transform, const std::vector<at::Tensor>& src, int64_t k, int64_t t,
@@ -346,6 +362,11 @@ void validate_layer_split(const std::vector<int64_t>& split, int64_t num_layers)
                                   num_layers, " layers"));
 }
 
+bool is_vocab_rule(const ConversionRule& rule) {
+  return rule.transform == Transform::kSplitRows && !rule.hf.empty() &&
+         !rule.hf.front().shape.empty() && rule.hf.front().shape.front() == Dim::kVocab;
+}
+
 void validate_tensor_parallel(const ModelConfig& cfg, int64_t tp_size) {
   if (tp_size < 1)
     throw EngineError(detail::cat("tensor parallel size must be positive, got ", tp_size));
@@ -354,7 +375,6 @@ void validate_tensor_parallel(const ModelConfig& cfg, int64_t tp_size) {
       throw EngineError(detail::cat(where(cfg), "tensor parallel size ", tp_size,
                                     " does not divide ", what, " ", n));
   };
-  require(cfg.vocab_size, "vocab_size");
   require(cfg.num_kv_heads, "num_key_value_heads");
   require(cfg.intermediate_size, "intermediate_size");
 }
@@ -468,6 +488,7 @@ TensorMap hf_to_shard(const TensorMap& hf, const ModelConfig& cfg, const ShardSp
     throw EngineError(msg);
   }
 
+  const int64_t padded_vocab = spec.padded_vocab_size(cfg);
   TensorMap out;
   for (const auto& p : plan_rank(cfg, spec)) {
     std::vector<at::Tensor> src;
@@ -476,13 +497,17 @@ TensorMap hf_to_shard(const TensorMap& hf, const ModelConfig& cfg, const ShardSp
       if (it != hf.end()) src.push_back(it->second);
     }
     if (src.size() != p.hf_names.size()) continue;  // an optional tensor that is absent
-    out.emplace(p.engine_name, shard_of(p.rule->transform, src, spec.tp_rank, spec.tp_size, cfg));
+    out.emplace(p.engine_name,
+                is_vocab_rule(*p.rule)
+                    ? vocab_rows(src[0], spec.tp_rank, spec.tp_size, padded_vocab)
+                    : shard_of(p.rule->transform, src, spec.tp_rank, spec.tp_size, cfg));
   }
   return out;
 }
 
 TensorMap shards_to_hf(const std::vector<std::vector<TensorMap>>& shards, const ModelConfig& cfg,
-                       const std::vector<int64_t>& layer_split, bool value_model) {
+                       const std::vector<int64_t>& layer_split, bool value_model,
+                       int64_t make_vocab_size_divisible_by) {
   validate_layer_split(layer_split, cfg.num_layers);
   if (shards.size() != layer_split.size())
     throw EngineError(detail::cat("shards_to_hf: ", shards.size(), " pipeline stages of shards",
@@ -494,6 +519,7 @@ TensorMap shards_to_hf(const std::vector<std::vector<TensorMap>>& shards, const 
       throw EngineError(detail::cat("shards_to_hf: pp stage ", p, " has ", shards[p].size(),
                                     " tp shards, stage 0 has ", t));
   validate_tensor_parallel(cfg, t);
+  const int64_t padded_vocab = padded_vocab_size(cfg.vocab_size, t, make_vocab_size_divisible_by);
 
   TensorMap hf;
   for (size_t p = 0; p < shards.size(); ++p) {
@@ -513,10 +539,15 @@ TensorMap shards_to_hf(const std::vector<std::vector<TensorMap>>& shards, const 
           if (!e.rule->optional) missing.push_back(e.engine_name);
           continue;
         }
-        Shape want = rank_shape(e.rule->transform, e.hf_shapes, t);
+        Shape want = rank_shape(*e.rule, e.hf_shapes, t, padded_vocab);
         if (it->second.sizes() != at::IntArrayRef(want))
-          wrong_shape.push_back(detail::cat(e.engine_name, " expected ", shape_str(want), " got ",
-                                            shape_str(it->second.sizes())));
+          wrong_shape.push_back(detail::cat(
+              e.engine_name, " expected ", shape_str(want), " got ", shape_str(it->second.sizes()),
+              is_vocab_rule(*e.rule)
+                  ? detail::cat(" (vocab_size ", cfg.vocab_size, " padded to ", padded_vocab,
+                                " rows by make_vocab_size_divisible_by ",
+                                make_vocab_size_divisible_by, " x tp ", t, ")")
+                  : std::string()));
       }
       for (const auto& entry : shard)
         if (!expected.count(entry.first)) unexpected.push_back(entry.first);
@@ -553,6 +584,9 @@ TensorMap shards_to_hf(const std::vector<std::vector<TensorMap>>& shards, const 
         throw EngineError(detail::cat(where(cfg), "pp stage ", p, ": ", e.engine_name,
                                       " is held by ", parts.size(), " of ", t, " tp ranks"));
       auto merged = merge(e.rule->transform, parts, cfg);
+      // Vocabulary tensors: the padding rows are not part of the HF model.
+      if (is_vocab_rule(*e.rule) && padded_vocab != cfg.vocab_size)
+        merged[0] = merged[0].narrow(0, 0, cfg.vocab_size);
       for (size_t j = 0; j < merged.size(); ++j) {
         bool inserted = hf.emplace(e.hf_names[j], merged[j]).second;
         ENGINE_CHECK(inserted, "HF tensor ", e.hf_names[j], " produced twice");

@@ -9,7 +9,9 @@
 //   TensorMap mine = hf_to_shard(read_hf_weights(dir), cfg, spec);
 //
 // The conversions only copy and rearrange elements, so HF → any layout → HF
-// is bit-exact. Errors (bad checkpoints, layouts that do not fit the model)
+// is bit-exact. The vocabulary tensors (embedding, LM head) are padded with
+// zero rows to the layout's padded size (vocab_padding.h) on the way in and
+// stripped on the way out. Errors (bad checkpoints, layouts that do not fit the model)
 // are EngineError with the tensor names and sizes involved. Thread safety: the
 // functions are pure; the tables are immutable.
 #pragma once
@@ -20,13 +22,15 @@
 
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
+#include "engine/vocab_padding.h"
 
 namespace baton::engine {
 
 // How one engine tensor is made from its HF tensor(s) on TP rank k of t.
 enum class Transform {
   kReplicated,  // the same tensor on every rank
-  kSplitRows,   // rows [k·n/t, (k+1)·n/t) of dim 0 (vocab-parallel, column-parallel)
+  kSplitRows,   // rows [k·n/t, (k+1)·n/t) of dim 0 (vocab-parallel, column-parallel;
+                // vocabulary rows are padded first, see is_vocab_rule)
   kSplitCols,   // columns of dim 1 (row-parallel)
   kQkv,         // q, k, v fused group by group, then split by kv groups (docs/engine.md)
   kGateUp,      // cat(gate rows of rank k, up rows of rank k)
@@ -64,14 +68,17 @@ struct HfTensor {
   std::vector<Dim> shape;  // the full (unsharded) HF shape
 };
 
+// Every member has an initializer: the tables are designated initializers
+// that leave members out, which GCC 12's -Wmissing-field-initializers reports
+// for members without one.
 struct ConversionRule {
-  std::string engine_name;  // "{i}" stands for the global layer id
+  std::string engine_name{};  // "{i}" stands for the global layer id
   Scope scope = Scope::kLayer;
   Condition condition = Condition::kAlways;
   Transform transform = Transform::kReplicated;
-  std::vector<HfTensor> hf;  // 1 tensor; 3 (q, k, v) for kQkv; 2 (gate, up) for kGateUp
+  std::vector<HfTensor> hf{};  // 1 tensor; 3 (q, k, v) for kQkv; 2 (gate, up) for kGateUp
   // kLmHead: the HF tensor read instead of hf[0] when embeddings are tied.
-  std::string tied_hf_name;
+  std::string tied_hf_name{};
   // The HF tensor may be absent (then so is the engine tensor).
   bool optional = false;
   // Export of an optional tensor absent from the shards while the rest of its
@@ -82,6 +89,10 @@ struct ConversionRule {
 // The rule table of a family. Both families share the trunk rules; Qwen2 has
 // q/k/v biases, Llama optional attention (q/k/v/o) and MLP biases.
 const std::vector<ConversionRule>& conversion_rules(ModelFamily family);
+
+// Whether the rule splits the vocabulary (its rows are token ids: the
+// embedding and the LM head), whose rows a layout pads (vocab_padding.h).
+bool is_vocab_rule(const ConversionRule& rule);
 
 // The rule whose engine-name pattern matches `engine_name` (its layer id, or
 // -1 for a tensor outside the layers, goes to `layer`), or nullptr. Resharding
@@ -94,7 +105,7 @@ struct ModelTensor {
   std::string engine_name;
   const ConversionRule* rule = nullptr;
   int64_t layer = -1;          // global layer id, -1 outside the layers
-  std::vector<int64_t> shape;  // full shape (fused QKV and gate/up included)
+  std::vector<int64_t> shape;  // full shape (fused QKV and gate/up included), unpadded
 };
 
 // Every tensor of the whole model at pp = 1, derived from the config and the
@@ -113,6 +124,13 @@ struct ShardSpec {
   bool first_stage = true;
   bool last_stage = true;
   bool value_model = false;
+  // The layout's vocabulary padding (ParallelConfig's field of the same name).
+  int64_t make_vocab_size_divisible_by = kDefaultVocabDivisibleBy;
+
+  // Rows of the padded vocabulary tensors over all TP ranks.
+  int64_t padded_vocab_size(const ModelConfig& cfg) const {
+    return engine::padded_vocab_size(cfg.vocab_size, tp_size, make_vocab_size_divisible_by);
+  }
 
   // The spec of (tp_rank, pp_rank) in a layout with `layer_split.size()`
   // stages. Throws EngineError for ranks out of range or an invalid split.
@@ -130,8 +148,9 @@ std::vector<int64_t> even_layer_split(int64_t num_layers, int64_t pp);
 // the entries sum to `num_layers`; the message shows the split.
 void validate_layer_split(const std::vector<int64_t>& split, int64_t num_layers);
 
-// Throws EngineError naming the sizes when `tp_size` does not divide the
-// vocabulary, the kv heads or the intermediate size (or is not positive).
+// Throws EngineError naming the sizes when `tp_size` does not divide the kv
+// heads or the intermediate size (or is not positive). Any vocabulary fits:
+// it is padded.
 void validate_tensor_parallel(const ModelConfig& cfg, int64_t tp_size);
 
 // The engine tensors of one rank, from a whole HF checkpoint (docs/engine.md).
@@ -146,19 +165,23 @@ void validate_tensor_parallel(const ModelConfig& cfg, int64_t tp_size);
 //   and last (the LM head then uses the embedding).
 // - Value model: `value_head.weight` (and `value_head.bias`) from `score.weight`
 //   (`score.bias`) when present, else absent: the caller initialises the head.
+// - Vocabulary tensors: `spec.padded_vocab_size(cfg) / tp_size` rows per
+//   rank, the rows past the vocabulary zeros.
 // The results may share storage with `hf` (they are views where the layout
 // allows); clone them before modifying `hf` or them in place.
 TensorMap hf_to_shard(const TensorMap& hf, const ModelConfig& cfg, const ShardSpec& spec);
 
 // The inverse: a whole HF checkpoint from every rank's shard, `shards[p][k]`
-// being pipeline stage p, TP rank k. Replicated tensors are taken from TP rank
-// 0; a tied model's embedding from the first stage. A value model with a
+// being pipeline stage p, TP rank k, padded with `make_vocab_size_divisible_by`
+// (the padding rows are dropped, whatever they hold). Replicated tensors are
+// taken from TP rank 0; a tied model's embedding from the first stage. A value model with a
 // `value_head.weight` but no `value_head.bias` gets a zero `score.bias`, which
 // HF's token-classification head has. Throws EngineError when the grid does
 // not match `layer_split`, or a shard lacks a tensor, holds an unknown one or
 // one with the wrong shape (naming rank, tensor and shapes).
 TensorMap shards_to_hf(const std::vector<std::vector<TensorMap>>& shards, const ModelConfig& cfg,
-                       const std::vector<int64_t>& layer_split, bool value_model);
+                       const std::vector<int64_t>& layer_split, bool value_model,
+                       int64_t make_vocab_size_divisible_by = kDefaultVocabDivisibleBy);
 
 // The HF class of a model of `family`: "<Family>ForCausalLM", or
 // "<Family>ForTokenClassification" for a value model.

@@ -1,5 +1,7 @@
 #include "engine/weight_stream.h"
 
+#include <algorithm>
+
 #include "engine/errors.h"
 
 namespace baton::engine {
@@ -19,23 +21,36 @@ TpSplit tp_split_of(Transform transform) {
   ENGINE_CHECK(false, "unknown Transform");
 }
 
-void copy_tp_slice(at::Tensor dst, at::IntArrayRef full, int64_t dim, int64_t blocks, int64_t t_tp,
-                   int64_t r_tp, int64_t r_rank, int64_t k_begin, int64_t k_end,
+void copy_tp_slice(at::Tensor dst, const StreamTensor& t, int64_t t_tp, int64_t r_tp,
+                   int64_t r_rank, int64_t k_begin, int64_t k_end,
                    const std::function<at::Tensor(int64_t k)>& shard) {
+  const auto& full = t.full;
+  const int64_t dim = t.split.dim, blocks = t.split.blocks;
+  ENGINE_CHECK(dim >= 0 && dim < dst.dim(), t.name, ": not split over TP");
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < dim; ++d) outer *= full[d];
   for (int64_t d = dim + 1; d < static_cast<int64_t>(full.size()); ++d) inner *= full[d];
-  const int64_t block = full[dim] / blocks;  // one sub-block, full size
-  const int64_t t_len = block / t_tp, r_len = block / r_tp;
+  const int64_t block = full[dim] / blocks;  // one sub-block, full size (source padding included)
+  // Rows that are real: the vocabulary, or all of them. The two layouts may
+  // pad differently, so dst's rows come from dst, not from `full`.
+  const int64_t real = t.vocab > 0 ? t.vocab : block;
+  const int64_t t_len = block / t_tp, r_len = dst.size(dim) / blocks;
+  ENGINE_CHECK(t.vocab > 0 ? r_len * r_tp >= real : r_len * r_tp == block, t.name, ": dst ",
+               dst.sizes(), " is not a ", r_tp, "-way slice of ", at::IntArrayRef(full));
   auto out = dst.view({outer, blocks * r_len, inner});
   const int64_t want_lo = r_rank * r_len, want_hi = want_lo + r_len;
   for (int64_t s = 0; s < blocks; ++s) {
     for (int64_t k = k_begin; k < k_end; ++k) {
-      const int64_t lo = std::max(want_lo, k * t_len), hi = std::min(want_hi, (k + 1) * t_len);
+      const int64_t lo = std::max(want_lo, k * t_len);
+      const int64_t hi = std::min({want_hi, (k + 1) * t_len, real});
       if (lo >= hi) continue;
       auto src = shard(k).view({outer, blocks * t_len, inner});
       out.narrow(1, s * r_len + lo - want_lo, hi - lo)
           .copy_(src.narrow(1, s * t_len + lo - k * t_len, hi - lo));
+    }
+    if (real < want_hi) {  // this layout's padding rows
+      const int64_t first = std::max(real, want_lo);
+      out.narrow(1, s * r_len + first - want_lo, want_hi - first).zero_();
     }
   }
 }
@@ -43,6 +58,13 @@ void copy_tp_slice(at::Tensor dst, at::IntArrayRef full, int64_t dim, int64_t bl
 std::vector<int64_t> StreamTensor::shard_shape(int64_t tp) const {
   auto s = full;
   if (!replicated()) s[split.dim] /= tp;
+  return s;
+}
+
+std::vector<int64_t> StreamTensor::shard_shape_in(const ParallelConfig& layout) const {
+  if (vocab == 0) return shard_shape(layout.tp);
+  auto s = full;
+  s[split.dim] = layout.padded_vocab_size(vocab) / layout.tp;
   return s;
 }
 
@@ -70,6 +92,10 @@ std::vector<StreamTensor> stream_tensors(const ModelConfig& cfg, bool value_mode
         break;
     }
     st.split = tp_split_of(t.rule->transform);
+    if (is_vocab_rule(*t.rule)) {
+      st.vocab = t.shape[0];
+      t.shape[0] = training.padded_vocab_size(st.vocab);
+    }
     if (!st.replicated() && t.shape[st.split.dim] % (st.split.blocks * training.tp) != 0)
       throw EngineError(detail::cat(t.engine_name, " of full size ", t.shape[st.split.dim],
                                     " along dim ", st.split.dim, " does not split into ",

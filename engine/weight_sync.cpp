@@ -43,7 +43,7 @@ Plan make_plan(const ModelConfig& cfg, bool value_model, const ParallelConfig& t
   plan.items = stream_tensors(cfg, value_model, training, element_size);
   int64_t filled = 0;
   for (const StreamTensor& it : plan.items) {
-    plan.model_bytes += it.bytes;
+    plan.model_bytes += it.model_bytes();
     if (plan.buckets.empty() || plan.buckets.back().stage != it.stage ||
         filled + it.bytes > bucket_bytes) {
       plan.buckets.push_back(Bucket{it.stage, {}, {}});
@@ -136,6 +136,7 @@ enum Header : int64_t {
   kDtype,
   kTrainingTp,
   kTrainingPp,
+  kTrainingVocabRows,  // the training layout's padded vocabulary (vocab_padding.h)
   kBucketBytes,
   kValueModel,
   kBuckets,
@@ -256,6 +257,7 @@ class WeightSender::Impl {
       h[kDtype] = static_cast<int64_t>(dtype_);
       h[kTrainingTp] = ps.config().tp;
       h[kTrainingPp] = ps.config().pp;
+      h[kTrainingVocabRows] = train_->padded_vocab_size();
       h[kBucketBytes] = options_.bucket_bytes;
       h[kValueModel] = train_->options().value_model ? 1 : 0;
       h[kBuckets] = static_cast<int64_t>(plan_.buckets.size());
@@ -432,8 +434,7 @@ class WeightReceiver::Impl {
         if (it.replicated())
           dst.copy_(shard(0));
         else
-          copy_tp_slice(dst, it.full, it.split.dim, it.split.blocks, t_tp, r_tp, r_rank, 0, t_tp,
-                        shard);
+          copy_tp_slice(dst, it, t_tp, r_tp, r_rank, 0, t_tp, shard);
       }
       pool_.give(buf);
     }
@@ -452,6 +453,9 @@ class WeightReceiver::Impl {
     };
     cmp("training tp", h[kTrainingTp], training_.tp);
     cmp("training pp", h[kTrainingPp], training_.pp);
+    // The stream carries the trainer's padding rows: both sides must agree on them.
+    cmp("training padded vocab_size (make_vocab_size_divisible_by x tp)", h[kTrainingVocabRows],
+        training_.padded_vocab_size(rollout_->config().vocab_size));
     cmp("bucket_bytes", h[kBucketBytes], options_.bucket_bytes);
     cmp("value model", h[kValueModel], rollout_->options().value_model ? 1 : 0);
     if (h[kDtype] < 0 || h[kDtype] >= static_cast<int64_t>(at::ScalarType::NumOptions))
@@ -467,7 +471,6 @@ class WeightReceiver::Impl {
       diffs.push_back(
           "tensor shapes, stages or layer split (the plan digests differ: check "
           "training.layer_split and the model config)");
-    const int64_t r_tp = rollout_->parallel().tp().size;
     size_t found = 0;
     for (const StreamTensor& it : plan_.items) {
       auto p = params_.find(it.name);
@@ -476,7 +479,7 @@ class WeightReceiver::Impl {
         continue;
       }
       ++found;
-      auto want = it.shard_shape(r_tp);
+      auto want = it.shard_shape_in(rollout_->parallel().config());
       if (p->second.sizes() != at::IntArrayRef(want))
         diffs.push_back(
             detail::cat(it.name, " is ", p->second.sizes(), ", expected ", at::IntArrayRef(want)));

@@ -4,11 +4,12 @@
 // rank 0 (sync rank 0) and every rollout rank (sync rank 1 + r). One send:
 //   1. Handshake. The training ranks all-reduce whether their own shards fit
 //      the model; rank 0 broadcasts a header (version, tensor count, model
-//      bytes, dtype, training TP/PP, bucket count, a digest of every tensor's
-//      shape and stage and every bucket's size, and the trainers' verdict);
-//      each receiver checks it against its own model, and an all-reduce of
-//      their verdicts, then a broadcast over the training world, makes every
-//      party fail together with an EngineError instead of hanging.
+//      bytes, dtype, training TP/PP and padded vocabulary, bucket count, a
+//      digest of every tensor's shape and stage and every bucket's size, and
+//      the trainers' verdict); each receiver checks it against its own model,
+//      and an all-reduce of their verdicts, then a broadcast over the training
+//      world, makes every party fail together with an EngineError instead of
+//      hanging.
 //   2. Buckets of about `bucket_bytes` of full tensors, in the order of
 //      whole_model_tensors() (weight_conversion.h), so nobody exchanges
 //      metadata. The training world's first replica (cp = dp = 0) assembles
@@ -17,8 +18,10 @@
 //      broadcasts it over the sync group, double-buffered: the next bucket is
 //      assembled while this one travels.
 //   3. Each receiver copies its rollout-TP slice of every tensor out of the
-//      bucket into its rollout model (fused QKV and gate/up re-split), casting
-//      to the rollout dtype.
+//      bucket into its rollout model (fused QKV and gate/up re-split; the
+//      embedding and LM head stripped of the trainer's vocabulary padding and
+//      padded again as the rollout layout pads them), casting to the rollout
+//      dtype.
 //
 // Example:
 //   // training rank t of W_t (rank 0 holds the sync group):
@@ -96,7 +99,7 @@ class WeightReceiver {
  public:
   // `rollout`: this rollout rank's model (one stage, its TP slice);
   // `training`: the trainer's ParallelConfig (its stage split decides the
-  // buckets). Throws EngineError when the rollout model is not one stage.
+  // buckets, its make_vocab_size_divisible_by the trainer's padding rows). Throws EngineError when the rollout model is not one stage.
   WeightReceiver(std::shared_ptr<Transformer> rollout, const ParallelConfig& training,
                  c10::intrusive_ptr<c10d::ProcessGroup> sync, WeightSyncOptions options = {});
   ~WeightReceiver();

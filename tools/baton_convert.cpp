@@ -1,8 +1,13 @@
 // baton-convert: HF checkpoints ⇄ baton's sharded layout (sharded_model.h).
 //
 //   baton-convert --to-sharded --hf DIR --out DIR --tp N --pp M [--layer-split 2,2]
-//                 [--value-model]
+//                 [--value-model] [--make-vocab-size-divisible-by D]
 //   baton-convert --to-hf --sharded DIR --out DIR [--max-shard-bytes N]
+//
+// The sharded embedding and LM head are padded with zero rows to a multiple
+// of D × N (D = 128 by default, Megatron's make_vocab_size_divisible_by;
+// layout.json records it), so any vocabulary converts to any N; --to-hf drops
+// the padding, so HF → sharded → HF is bit-exact.
 //
 // A ...ForTokenClassification checkpoint converts as a value model; --value-model
 // converts a causal LM as one (its lm_head is dropped, the value head is left for
@@ -34,7 +39,7 @@ namespace {
 constexpr const char* kUsage =
     "usage:\n"
     "  baton-convert --to-sharded --hf DIR --out DIR --tp N --pp M [--layer-split A,B,...]\n"
-    "                [--value-model]\n"
+    "                [--value-model] [--make-vocab-size-divisible-by D]\n"
     "  baton-convert --to-hf --sharded DIR --out DIR [--max-shard-bytes N]\n";
 
 struct UsageError : std::runtime_error {
@@ -80,7 +85,8 @@ struct Args {
 
 Args parse_args(int argc, char** argv) {
   static const std::map<std::string, std::vector<std::string>> kFlags = {
-      {"--to-sharded", {"--hf", "--out", "--tp", "--pp", "--layer-split"}},
+      {"--to-sharded",
+       {"--hf", "--out", "--tp", "--pp", "--layer-split", "--make-vocab-size-divisible-by"}},
       {"--to-hf", {"--sharded", "--out", "--max-shard-bytes"}},
   };
   Args a;
@@ -122,6 +128,10 @@ int to_sharded(const Args& a) {
   layout.tp = parse_int(a.require("--tp"), "--tp");
   layout.pp = parse_int(a.require("--pp"), "--pp");
   if (auto split = a.get("--layer-split")) layout.layer_split = parse_list(*split, "--layer-split");
+  if (auto d = a.get("--make-vocab-size-divisible-by"))
+    layout.make_vocab_size_divisible_by = parse_int(*d, "--make-vocab-size-divisible-by");
+  if (layout.make_vocab_size_divisible_by < 1)
+    throw UsageError("--make-vocab-size-divisible-by must be positive");
   if (!fs::is_directory(hf_dir)) throw EngineError(hf_dir.string() + ": no such directory");
   refuse_same_dir(hf_dir, out);
 
@@ -140,6 +150,8 @@ int to_sharded(const Args& a) {
   const auto saved = load_sharded_layout(out);
   std::cout << "baton-convert: wrote " << out.string() << " (tp " << saved.tp << " x pp "
             << saved.pp << ", layer split " << nlohmann::json(saved.layer_split).dump()
+            << ", vocabulary " << cfg.vocab_size << " padded to "
+            << saved.padded_vocab_size(cfg) << " rows"
             << (saved.value_model ? ", value model" : "") << ")\n";
   if (saved.value_model && !hf.count("score.weight"))
     std::cout << "baton-convert: note: " << hf_dir.string()
@@ -160,7 +172,8 @@ int to_hf(const Args& a) {
   const auto layout = load_sharded_layout(in);
   TensorMap hf;
   try {
-    hf = shards_to_hf(load_sharded_all(in), cfg, layout.layer_split, layout.value_model);
+    hf = shards_to_hf(load_sharded_all(in), cfg, layout.layer_split, layout.value_model,
+                      layout.make_vocab_size_divisible_by);
   } catch (const EngineError& e) {
     throw EngineError(in.string() + ": " + e.what());
   }

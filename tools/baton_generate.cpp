@@ -5,8 +5,11 @@
 //   baton-generate --model DIR --prompt-tokens "1,2,3;4,5" --max-new-tokens N
 //       [--temperature T] [--top-k K] [--top-p P] [--n S] [--seed X] [--tp N]
 //       [--stop-tokens 7,9] [--ignore-eos] [--cache-mb MB] [--max-batch B]
+//       [--make-vocab-size-divisible-by D]
 //
 // DIR is an HF directory (config.json + safetensors). Temperature 0 is greedy.
+// Any vocabulary size works with any N: the embedding and LM head are padded
+// to a multiple of D × N rows (D = 128 by default), never sampled.
 // Output (one line), sequences ordered by (request, sample):
 //   {"model": DIR, "tp": N, "params": {...}, "sequences": [{"request": 0,
 //    "sample": 0, "prompt": [...], "response": [...], "log_probs": [...],
@@ -39,6 +42,7 @@ struct Args {
   int64_t tp = 1;
   int64_t cache_mb = 256;
   int64_t max_batch = 64;
+  int64_t vocab_divisible_by = kDefaultVocabDivisibleBy;
   bool max_new_given = false;
 };
 
@@ -47,7 +51,8 @@ struct Args {
       stderr,
       "baton-generate: %s\nusage: baton-generate --model DIR --prompt-tokens \"1,2,3;4,5\" "
       "--max-new-tokens N [--temperature T] [--top-k K] [--top-p P] [--n S] [--seed X] "
-      "[--tp N] [--stop-tokens 7,9] [--ignore-eos] [--cache-mb MB] [--max-batch B]\n",
+      "[--tp N] [--stop-tokens 7,9] [--ignore-eos] [--cache-mb MB] [--max-batch B] "
+      "[--make-vocab-size-divisible-by D]\n",
       why.c_str());
   std::exit(2);
 }
@@ -84,6 +89,8 @@ Args parse(int argc, char** argv) try {
                            a.cache_mb = cli::parse_int(v, k);
                          } else if (k == "--max-batch") {
                            a.max_batch = cli::parse_int(v, k);
+                         } else if (k == "--make-vocab-size-divisible-by") {
+                           a.vocab_divisible_by = cli::parse_int(v, k);
                          } else {
                            cli::unknown_option(k);
                          }
@@ -94,6 +101,7 @@ Args parse(int argc, char** argv) try {
   if (a.tp < 1) usage("--tp must be positive");
   if (a.cache_mb < 1) usage("--cache-mb must be positive");
   if (a.max_batch < 1) usage("--max-batch must be positive");
+  if (a.vocab_divisible_by < 1) usage("--make-vocab-size-divisible-by must be positive");
   return a;
 } catch (const cli::UsageError& e) {
   usage(e.what());
@@ -115,10 +123,10 @@ int run(const Args& a, const std::optional<LocalRank>& me) {
   validate_tensor_parallel(cfg, a.tp);
   ParallelConfig pc;
   pc.tp = a.tp;
-  auto ps = me ? ParallelState::create(me->store, me->rank, pc) : ParallelState::single();
+  pc.make_vocab_size_divisible_by = a.vocab_divisible_by;
+  auto ps = me ? ParallelState::create(me->store, me->rank, pc) : ParallelState::single(pc);
   auto model = std::make_shared<Transformer>(cfg, ps);
-  auto spec = ShardSpec::for_rank(cfg, ps->coords().tp, a.tp, 0, {cfg.num_layers});
-  model->load_state_dict(hf_to_shard(read_hf_weights(a.model), cfg, spec));
+  model->load_state_dict(hf_to_shard(read_hf_weights(a.model), cfg, model->shard_spec()));
 
   GenerationOptions options;
   options.cache.budget_bytes = a.cache_mb << 20;

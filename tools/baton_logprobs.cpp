@@ -3,8 +3,12 @@
 // local processes (the same numbers, computed the distributed way).
 //
 //   baton-logprobs --model DIR --tokens 1,2,3,4 [--tp N] [--pp M]
+//                  [--make-vocab-size-divisible-by D]
 //
-// DIR is an HF directory (config.json + safetensors). Output (one line):
+// DIR is an HF directory (config.json + safetensors). Any vocabulary size
+// works with any N: the embedding and LM head are padded to a multiple of
+// D × N rows (D = 128 by default, Megatron's make_vocab_size_divisible_by),
+// and the padding never changes the log-probs. Output (one line):
 //   {"model": DIR, "tokens": [...], "log_probs": [...], "tp": N, "pp": M}
 // where log_probs[i] = log p(tokens[i+1] | tokens[..i]).
 #include <nlohmann/json.hpp>
@@ -32,12 +36,13 @@ struct Args {
   std::string model;
   std::vector<int64_t> tokens;
   int64_t tp = 1, pp = 1;
+  int64_t vocab_divisible_by = kDefaultVocabDivisibleBy;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "baton-logprobs: %s\nusage: baton-logprobs --model DIR --tokens 1,2,3 [--tp N] "
-               "[--pp M]\n",
+               "[--pp M] [--make-vocab-size-divisible-by D]\n",
                why.c_str());
   std::exit(2);
 }
@@ -53,6 +58,8 @@ Args parse(int argc, char** argv) try {
       a.tp = cli::parse_int(v, "--tp");
     } else if (k == "--pp") {
       a.pp = cli::parse_int(v, "--pp");
+    } else if (k == "--make-vocab-size-divisible-by") {
+      a.vocab_divisible_by = cli::parse_int(v, k);
     } else {
       cli::unknown_option(k);
     }
@@ -60,6 +67,7 @@ Args parse(int argc, char** argv) try {
   if (a.model.empty()) usage("--model is required");
   if (a.tokens.size() < 2) usage("--tokens needs at least two tokens");
   if (a.tp < 1 || a.pp < 1) usage("--tp and --pp must be positive");
+  if (a.vocab_divisible_by < 1) usage("--make-vocab-size-divisible-by must be positive");
   return a;
 } catch (const cli::UsageError& e) {
   usage(e.what());
@@ -75,11 +83,10 @@ int run(const Args& a, const std::optional<LocalRank>& me) {
   ParallelConfig pc;
   pc.tp = a.tp;
   pc.pp = a.pp;
-  auto split = even_layer_split(cfg.num_layers, a.pp);
-  auto ps = me ? ParallelState::create(me->store, me->rank, pc) : ParallelState::single();
+  pc.make_vocab_size_divisible_by = a.vocab_divisible_by;
+  auto ps = me ? ParallelState::create(me->store, me->rank, pc) : ParallelState::single(pc);
   auto model = std::make_shared<Transformer>(cfg, ps);
-  auto spec = ShardSpec::for_rank(cfg, ps->coords().tp, a.tp, ps->coords().pp, split);
-  model->load_state_dict(hf_to_shard(read_hf_weights(a.model), cfg, spec));
+  model->load_state_dict(hf_to_shard(read_hf_weights(a.model), cfg, model->shard_spec()));
 
   int64_t n = static_cast<int64_t>(a.tokens.size());
   MicroBatch mb;

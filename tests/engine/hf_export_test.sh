@@ -25,3 +25,5 @@ check() {
 check tiny-llama "$fixtures/tiny-llama/reference.safetensors"
 check tiny-qwen2 "$fixtures/tiny-qwen2/reference.safetensors"
 check tiny-qwen2-value "$fixtures/tiny-qwen2-value/reference.safetensors" --value
+# A vocabulary (97) no TP size divides: the shards are padded, the export is not.
+check tiny-llama-v97 "$fixtures/tiny-llama-v97/reference.safetensors"

@@ -50,7 +50,9 @@ TEST(ShardedModel, WritesLayoutConfigAndOneFilePerRank) {
                                     {"tp", 2},
                                     {"pp", 2},
                                     {"layer_split", {2, 1}},
-                                    {"value_model", true}}));
+                                    {"value_model", true},
+                                    {"make_vocab_size_divisible_by", 128},
+                                    {"padded_vocab_size", 256}}));
   auto config = nlohmann::json::parse(std::ifstream(dir / "config.json"));
   EXPECT_EQ(config["architectures"][0], "Qwen2ForTokenClassification");
   EXPECT_EQ(config["id2label"], (nlohmann::json{{"0", "LABEL_0"}}));
@@ -89,7 +91,7 @@ TEST(ShardedModel, RejectsLayoutsThatDoNotFit) {
       [&] {
         save_sharded(dir.path(), cfg, {3, 1, {}, false}, fake_shards(3, 1));
       },
-      {"tensor parallel size 3", "vocab_size 8"});
+      {"tensor parallel size 3", "num_key_value_heads 2"});
   expect_error(
       [&] {
         save_sharded(dir.path(), cfg, {1, 2, {}, false}, fake_shards(1, 1));

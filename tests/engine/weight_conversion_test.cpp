@@ -40,12 +40,14 @@ void expect_same(const TensorMap& got, const TensorMap& want) {
 
 using testing::expect_error;
 
-// Tiny configs: V=32, H=16, F=24, nq=4, nkv=2, d=4 (q 16, kv 8), 4 layers.
+// Tiny configs: V=256, H=16, F=24, nq=4, nkv=2, d=4 (q 16, kv 8), 4 layers. V
+// is a multiple of make_vocab_size_divisible_by (128) × tp for tp 1 and 2, so
+// these layouts hold no vocabulary padding (vocab_padding_test.cpp pads).
 ModelConfig tiny_config(ModelFamily family, bool tied) {
   nlohmann::json j = {
       {"architectures", {family == ModelFamily::kLlama ? "LlamaForCausalLM" : "Qwen2ForCausalLM"}},
       {"model_type", family == ModelFamily::kLlama ? "llama" : "qwen2"},
-      {"vocab_size", 32},
+      {"vocab_size", 256},
       {"hidden_size", 16},
       {"intermediate_size", 24},
       {"num_hidden_layers", 4},
@@ -132,7 +134,7 @@ TEST(WeightConversion, ShardNamesAndShapesFollowTheLayoutContract) {
   auto g = to_grid(hf, cfg, 2, {3, 1});
   // Stage 0: the embedding and layers 0..2; stage 1: layer 3 and the head.
   const auto& first = g[0][1];
-  EXPECT_EQ(first.at("embedding.word_embeddings.weight").sizes(), (at::IntArrayRef{16, 16}));
+  EXPECT_EQ(first.at("embedding.word_embeddings.weight").sizes(), (at::IntArrayRef{128, 16}));
   EXPECT_EQ(first.at("decoder.layers.2.self_attention.linear_qkv.weight").sizes(),
             (at::IntArrayRef{16, 16}));  // (nq + 2 nkv) d / t = 32 / 2
   EXPECT_EQ(first.at("decoder.layers.2.self_attention.linear_qkv.bias").sizes(),
@@ -151,13 +153,13 @@ TEST(WeightConversion, ShardNamesAndShapesFollowTheLayoutContract) {
   EXPECT_EQ(last.size(), 7 + 2u);
   EXPECT_FALSE(last.count("embedding.word_embeddings.weight"));
   EXPECT_TRUE(last.count("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight"));
-  EXPECT_TRUE(at::equal(last.at("output_layer.weight"), hf.at("lm_head.weight").narrow(0, 0, 16)));
+  EXPECT_TRUE(at::equal(last.at("output_layer.weight"), hf.at("lm_head.weight").narrow(0, 0, 128)));
   EXPECT_TRUE(
-      at::equal(g[1][1].at("output_layer.weight"), hf.at("lm_head.weight").narrow(0, 16, 16)));
+      at::equal(g[1][1].at("output_layer.weight"), hf.at("lm_head.weight").narrow(0, 128, 128)));
   EXPECT_TRUE(at::equal(last.at("decoder.final_layernorm.weight"), hf.at("model.norm.weight")));
   // Vocab split of the embedding.
   EXPECT_TRUE(at::equal(first.at("embedding.word_embeddings.weight"),
-                        hf.at("model.embed_tokens.weight").narrow(0, 16, 16)));
+                        hf.at("model.embed_tokens.weight").narrow(0, 128, 128)));
   // Row-parallel split of o_proj and down_proj (dim 1).
   EXPECT_TRUE(at::equal(first.at("decoder.layers.1.self_attention.linear_proj.weight"),
                         hf.at("model.layers.1.self_attn.o_proj.weight").narrow(1, 8, 8)));
@@ -173,9 +175,9 @@ TEST(WeightConversion, TiedEmbeddingsHaveNoHeadOnOneStageAndACopyOnTheLastStage)
   auto g = to_grid(hf, cfg, 2, {2, 2});
   EXPECT_FALSE(g[0][0].count("output_layer.weight"));
   EXPECT_TRUE(at::equal(g[1][1].at("output_layer.weight"),
-                        hf.at("model.embed_tokens.weight").narrow(0, 16, 16)));
+                        hf.at("model.embed_tokens.weight").narrow(0, 128, 128)));
   // Export takes the first stage's embedding, whatever the last stage's copy holds.
-  g[1][1]["output_layer.weight"] = at::zeros({16, 16});
+  g[1][1]["output_layer.weight"] = at::zeros({128, 16});
   expect_same(shards_to_hf(g, cfg, {2, 2}, false), hf);
   // A tied checkpoint that still carries lm_head.weight loads (HF ignores it too).
   auto with_head = hf;
@@ -255,15 +257,19 @@ TEST(WeightConversion, MissingUnexpectedAndMisshapedTensorsAreNamed) {
   EXPECT_NO_THROW(hf_to_shard(hf, cfg, spec));
 }
 
-TEST(WeightConversion, TensorParallelSizeMustDivideVocabKvHeadsAndIntermediate) {
+TEST(WeightConversion, TensorParallelSizeMustDivideKvHeadsAndIntermediate) {
   auto cfg = tiny_config(ModelFamily::kLlama, false);
   auto hf = random_hf(cfg, true);
   expect_error([&] { hf_to_shard(hf, cfg, ShardSpec::for_rank(cfg, 0, 3, 0, {4})); },
-               {"tensor parallel size 3", "vocab_size 32"});
+               {"tensor parallel size 3", "num_key_value_heads 2"});
   expect_error([&] { hf_to_shard(hf, cfg, ShardSpec::for_rank(cfg, 0, 4, 0, {4})); },
                {"tensor parallel size 4", "num_key_value_heads 2"});
   cfg.intermediate_size = 25;
   expect_error([&] { validate_tensor_parallel(cfg, 2); }, {"intermediate_size 25"});
+  // Any vocabulary: it is padded (vocab_padding.h).
+  cfg.intermediate_size = 24;
+  cfg.vocab_size = 97;
+  EXPECT_NO_THROW(validate_tensor_parallel(cfg, 2));
 }
 
 TEST(WeightConversion, LayerSplits) {
@@ -333,12 +339,12 @@ TEST(WeightConversion, ShardsToHfNamesBadShards) {
       },
       {"tp rank 0, pp stage 0", "unexpected", "decoder.layers.3.mlp.linear_fc2.weight"});
   bad = g;
-  bad[0][1]["embedding.word_embeddings.weight"] = at::zeros({32, 16});
+  bad[0][1]["embedding.word_embeddings.weight"] = at::zeros({256, 16});
   expect_error(
       [&] {
         shards_to_hf(bad, cfg, {2, 2}, false);
       },
-      {"embedding.word_embeddings.weight", "expected [16, 16]", "got [32, 16]"});
+      {"embedding.word_embeddings.weight", "expected [128, 16]", "got [256, 16]"});
   expect_error([&] { shards_to_hf(g, cfg, {3, 1}, false); }, {"tp rank"});
   expect_error([&] { shards_to_hf(g, cfg, {4}, false); }, {"2 pipeline stages"});
 }
