@@ -83,30 +83,23 @@ bool Channel::send(kj::ArrayPtr<const capnp::word> message, const std::vector<in
 Channel::Queued Channel::send_or_queue(Outgoing message) {
   std::lock_guard<std::mutex> lock(send_mu_);
   if (dropped_) return Queued::kSent;
-  if (out_.empty()) {
-    // Nothing ahead of it: write now, as far as the socket takes it.
-    const char* data = reinterpret_cast<const char*>(message.words->begin());
-    const size_t size = message.words->size() * sizeof(capnp::word);
-    size_t offset = 0;
-    for (;;) {
-      WriteStatus s = write_some(data, size, message.fds, offset);
-      if (s == WriteStatus::kClosed) {
-        dropped_ = true;  // the reader notices the close and reports the death
-        return Queued::kSent;
-      }
-      if (offset == size) return Queued::kSent;
-      if (s == WriteStatus::kWouldBlock) break;
-    }
-    out_offset_ = offset;
-  }
   out_.push_back(std::move(message));
   if (flushing_) return Queued::kQueued;
+  // Nothing was ahead of it: write now, as far as the socket takes it. A
+  // closed socket drops it; the reader notices the close and reports the death.
+  if (flush_locked() != FlushStatus::kWouldBlock) return Queued::kSent;
   flushing_ = true;
   return Queued::kNeedsFlusher;
 }
 
 Channel::FlushStatus Channel::flush() {
   std::lock_guard<std::mutex> lock(send_mu_);
+  FlushStatus s = flush_locked();
+  if (s != FlushStatus::kWouldBlock) flushing_ = false;
+  return s;
+}
+
+Channel::FlushStatus Channel::flush_locked() {
   while (!out_.empty()) {
     const Outgoing& m = out_.front();
     const char* data = reinterpret_cast<const char*>(m.words->begin());
@@ -116,7 +109,6 @@ Channel::FlushStatus Channel::flush() {
       out_.clear();
       out_offset_ = 0;
       dropped_ = true;
-      flushing_ = false;
       return FlushStatus::kClosed;
     }
     if (out_offset_ == size) {
@@ -126,7 +118,6 @@ Channel::FlushStatus Channel::flush() {
       return FlushStatus::kWouldBlock;
     }
   }
-  flushing_ = false;
   return FlushStatus::kDone;
 }
 

@@ -104,6 +104,9 @@ class Channel {
   // Advances `offset` by what the socket took. REQUIRES: send_mu_ held.
   WriteStatus write_some(const char* data, size_t size, const std::vector<int>& fds,
                          size_t& offset);
+  // flush() without the lock and without touching flushing_ (the callers
+  // decide). REQUIRES: send_mu_ held.
+  FlushStatus flush_locked();
 
   int fd_;
   std::mutex send_mu_;
