@@ -1,0 +1,164 @@
+// Advantage estimators against hand-derived values, with the edge cases of
+// their contract: singleton groups, ties, rows whose mask is empty, holes in
+// masks, rewards at masked positions, interleaved groups.
+#include "workers/advantage.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "tests/tolerance.h"
+
+namespace baton::algos {
+namespace {
+
+using test::expect_close;
+using test::Tolerance;
+
+at::Tensor rows(std::initializer_list<std::initializer_list<double>> values,
+                at::ScalarType dtype = at::kFloat) {
+  std::vector<double> flat;
+  int64_t cols = 0;
+  for (const auto& r : values) {
+    cols = static_cast<int64_t>(r.size());
+    flat.insert(flat.end(), r.begin(), r.end());
+  }
+  return at::tensor(flat, at::kDouble)
+      .reshape({static_cast<int64_t>(values.size()), cols})
+      .to(dtype);
+}
+
+// a_i broadcast over a row, times the mask.
+at::Tensor per_row(const std::vector<double>& a, const at::Tensor& mask) {
+  return at::tensor(a, at::kDouble).unsqueeze(-1) * mask.to(at::kDouble);
+}
+
+// --- GAE ---------------------------------------------------------------------
+
+TEST(Gae, ScansBackwardSkippingMaskedTokensThenWhitens) {
+  // γ = λ = 0.5 (γλ = 0.25). Row 0 has trailing padding (its reward 5 and
+  // value 8 are ignored); row 1 has a hole at t = 1 (reward 3, value 6
+  // ignored, the scan carries across it).
+  const at::Tensor r = rows({{0, 0, 1, 5}, {0, 3, 2, 2}});
+  const at::Tensor v = rows({{1, 2, 4, 8}, {2, 6, 4, 1}});
+  const at::Tensor m = rows({{1, 1, 1, 0}, {1, 0, 1, 1}}, at::kLong);
+  // Row 0: t=3 masked, raw 0. t=2: δ = 1 + 0 − 4 = −3, raw −3, next_v 4.
+  //   t=1: δ = 0 + 0.5·4 − 2 = 0, raw 0.25·(−3) = −0.75, next_v 2.
+  //   t=0: δ = 0 + 0.5·2 − 1 = 0, raw 0.25·(−0.75) = −0.1875.
+  // Row 1: t=3: δ = 2 + 0 − 1 = 1, raw 1, next_v 1.
+  //   t=2: δ = 2 + 0.5·1 − 4 = −1.5, raw −1.5 + 0.25·1 = −1.25, next_v 4.
+  //   t=1 hole: raw −1.25 carried, next_v stays 4.
+  //   t=0: δ = 0 + 0.5·4 − 2 = 0, raw 0.25·(−1.25) = −0.3125.
+  const at::Tensor raw = rows({{-0.1875, -0.75, -3, 0}, {-0.3125, -1.25, -1.25, 1}}, at::kDouble);
+  // Whitening over the 6 valid raws: mean −4.5/6 = −0.75; deviations
+  // 0.5625, 0, −2.25, 0.4375, −0.5, 1.75; Σ squares 8.8828125; unbiased var
+  // 8.8828125/5. Masked positions are whitened too (not zeroed).
+  const double var = 8.8828125 / 5;
+  const at::Tensor expected_adv = (raw + 0.75) / std::sqrt(var + 1e-8);
+  const at::Tensor expected_ret = raw + v.to(at::kDouble);
+  const AdvantageResult out = compute_gae(r, v, m, 0.5, 0.5);
+  // A scan of 4 steps, then 6-term mean and variance.
+  const Tolerance tol = Tolerance::fp32(20, 8);
+  expect_close(out.returns, expected_ret, tol, "returns (raw + values, before whitening)");
+  expect_close(out.advantages, expected_adv, tol, "advantages");
+  EXPECT_EQ(out.advantages.scalar_type(), at::kFloat);
+}
+
+TEST(Gae, WithGammaLambdaOneIsTheUndiscountedReturnMinusValue) {
+  // γ = λ = 1, one row + one single-token row: raw_t = Σ_{t' ≥ t} r − V_t.
+  const at::Tensor r = rows({{0, 0, 1}, {2, 0, 0}});
+  const at::Tensor v = rows({{0.5, 0.25, 0.75}, {1, 0, 0}});
+  const at::Tensor m = rows({{1, 1, 1}, {1, 0, 0}});
+  // Row 0: 1 − 0.5, 1 − 0.25, 1 − 0.75; row 1: 2 − 1, then padding 0, 0.
+  const at::Tensor raw = rows({{0.5, 0.75, 0.25}, {1, 0, 0}}, at::kDouble);
+  expect_close(compute_gae(r, v, m, 1, 1).returns, raw + v.to(at::kDouble),
+               Tolerance::fp32(6, 2), "returns");
+}
+
+TEST(Gae, RefusesFewerThanTwoValidTokensAndMismatchedShapes) {
+  const at::Tensor r = rows({{1, 0}});
+  EXPECT_THROW(compute_gae(r, r, rows({{1, 0}}), 1, 1), std::invalid_argument);
+  EXPECT_THROW(compute_gae(r, rows({{1, 0, 0}}), rows({{1, 1}}), 1, 1), std::invalid_argument);
+}
+
+// --- GRPO --------------------------------------------------------------------
+
+// Six rows in interleaved groups a (rows 0, 2, 5), b (1, 4; tied) and c (3,
+// singleton). Scores are summed over ALL positions: row 5's reward at its
+// masked last token counts. Row 2's mask is empty; it still counts in a.
+struct GroupBatch {
+  at::Tensor rewards = rows({{0, 0, 1},    // a: s = 1
+                             {0, 2, 0},    // b: s = 2
+                             {0, 0, 0},    // a: s = 0 (empty mask)
+                             {0, 0, 3},    // c: s = 3
+                             {2, 0, 0},    // b: s = 2
+                             {1, 0, 1}});  // a: s = 2 (1 at a masked token)
+  at::Tensor mask = rows({{1, 1, 1}, {1, 1, 0}, {0, 0, 0}, {1, 0, 1}, {1, 0, 0}, {1, 1, 0}},
+                         at::kLong);
+  Uids uids = {"a", "b", "a", "c", "b", "a"};
+};
+
+TEST(Grpo, NormalisesWithinInterleavedGroupsByBesselStd) {
+  const GroupBatch g;
+  // a: {1, 0, 2}, mean 1, Bessel var (0 + 1 + 1)/2 = 1, std 1.
+  // b: tied, exactly 0. c: singleton, mean 0 and std 1: 3/(1 + ε).
+  const double e = 1 + 1e-6;
+  const at::Tensor expected = per_row({0, 0, -1 / e, 3 / e, 0, 1 / e}, g.mask);
+  const AdvantageResult out = compute_grpo(g.rewards, g.mask, g.uids);
+  expect_close(out.advantages, expected, Tolerance::fp32(6, 3), "advantages");
+  EXPECT_TRUE(at::equal(out.returns, out.advantages));
+  expect_close(out.advantages.index({at::indexing::Slice(1, 5, 3)}), at::zeros({2, 3}),
+               Tolerance::exact(), "a fully tied group gets exactly 0");
+}
+
+TEST(Grpo, WithoutStdNormalisationSubtractsTheGroupMean) {
+  const GroupBatch g;
+  GrpoOptions dr;
+  dr.norm_adv_by_std = false;
+  // Dr.GRPO: s − mean; the singleton keeps its raw score 3.
+  expect_close(compute_grpo(g.rewards, g.mask, g.uids, dr).advantages,
+               per_row({0, 0, -1, 3, 0, 1}, g.mask), Tolerance::fp32(6, 3), "advantages");
+}
+
+TEST(Grpo, EpsilonIsAddedToTheStd) {
+  // One group {0, 2}: mean 1, std √2; with ε = 0.5: ±1/(√2 + 0.5).
+  const at::Tensor r = rows({{0}, {2}});
+  const at::Tensor m = rows({{1}, {1}});
+  GrpoOptions o;
+  o.epsilon = 0.5;
+  const double d = std::sqrt(2.0) + 0.5;
+  expect_close(compute_grpo(r, m, {"x", "x"}, o).advantages, rows({{-1 / d}, {1 / d}}),
+               Tolerance::fp32(6, 2), "advantages");
+}
+
+TEST(GrpoVectorized, EqualsTheLoopVersion) {
+  const GroupBatch g;
+  for (bool norm : {true, false}) {
+    GrpoOptions o;
+    o.norm_adv_by_std = norm;
+    const at::Tensor loop = compute_grpo(g.rewards, g.mask, g.uids, o).advantages;
+    const AdvantageResult vec = compute_grpo_vectorized(g.rewards, g.mask, g.uids, o);
+    expect_close(vec.advantages, loop, Tolerance::fp32(6, 3), norm ? "normalised" : "Dr.GRPO");
+    EXPECT_TRUE(at::equal(vec.returns, vec.advantages));
+  }
+  // Random 0/1 rewards in groups of sizes 1..4 against the loop version:
+  // |s| + |mean| <= 8 and a non-tied group's std is >= 0.5, so |a| and the
+  // terms behind it stay below 16.
+  at::manual_seed(3);
+  const at::Tensor r = at::randint(0, 2, {10, 4}, at::kFloat);
+  const at::Tensor m = at::randint(0, 2, {10, 4}, at::kLong);
+  const Uids uids = {"p", "q", "p", "r", "s", "q", "p", "s", "p", "t"};
+  expect_close(compute_grpo_vectorized(r, m, uids).advantages,
+               compute_grpo(r, m, uids).advantages, Tolerance::fp32(16, 16), "random");
+}
+
+TEST(Grpo, RefusesAUidListOfTheWrongLength) {
+  const GroupBatch g;
+  EXPECT_THROW(compute_grpo(g.rewards, g.mask, {"a", "b"}), std::invalid_argument);
+  EXPECT_THROW(compute_grpo_vectorized(g.rewards, g.mask, {"a"}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace baton::algos
