@@ -1,0 +1,185 @@
+#include "trainer/config_validation.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+namespace baton::trainer {
+namespace {
+
+const std::filesystem::path kBase = std::filesystem::path(BATON_CONFIGS_DIR) / "ppo_trainer.yaml";
+
+// The validation error of the base config with `overrides` ("" if valid).
+std::string problems_with(const std::vector<std::string>& overrides) {
+  Config config = Config::load(kBase);
+  config.apply_overrides(overrides);
+  try {
+    validate_ppo_config(config);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
+
+// A small CPU layout that is valid: 4 workers, actor TP2, rollout TP2.
+const std::vector<std::string> kSmall = {
+    "trainer.n_gpus_per_node=4",
+    "trainer.device=cpu",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"};
+
+std::vector<std::string> small_with(std::vector<std::string> more) {
+  std::vector<std::string> all = kSmall;
+  all.insert(all.end(), more.begin(), more.end());
+  return all;
+}
+
+TEST(ConfigValidation, BaseAndSmallLayoutsAreValid) {
+  EXPECT_EQ(problems_with({}), "");
+  EXPECT_EQ(problems_with(kSmall), "");
+  // 8 sequences per mini-batch over actor DP 2 = 4 per rank, 2 per micro-batch.
+  EXPECT_EQ(problems_with(small_with({"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"})),
+            "");
+}
+
+TEST(ConfigValidation, WorldMustDivideEveryLayout) {
+  const std::string actor = problems_with(
+      small_with({"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3"}));
+  EXPECT_CONTAINS(actor,
+                  "the actor layout does not fit the workers: trainer.nnodes x "
+                  "trainer.n_gpus_per_node = 4 is not divisible by "
+                  "actor_rollout_ref.actor.megatron.tensor_model_parallel_size x "
+                  "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size = 2 x 3 = 6");
+  // The reference policy follows the actor's layout unless set.
+  EXPECT_CONTAINS(actor, "the reference policy layout does not fit");
+  EXPECT_CONTAINS(
+      problems_with(small_with({"actor_rollout_ref.rollout.tensor_model_parallel_size=3"})),
+      "the rollout layout does not fit the workers: trainer.nnodes x "
+      "trainer.n_gpus_per_node = 4 is not divisible by "
+      "actor_rollout_ref.rollout.tensor_model_parallel_size = 3");
+  EXPECT_CONTAINS(problems_with(small_with({"critic.megatron.pipeline_model_parallel_size=8"})),
+                  "the critic layout does not fit");
+  // Two nodes of 3 fit TP 2 x PP 3.
+  EXPECT_EQ(problems_with(
+                {"trainer.nnodes=2", "trainer.n_gpus_per_node=3",
+                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3",
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size=6",
+                 "critic.megatron.tensor_model_parallel_size=3", "data.train_batch_size=12",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=6", "critic.ppo_mini_batch_size=12"}),
+            "");
+}
+
+TEST(ConfigValidation, CriticLayoutIsIgnoredWithoutACritic) {
+  const std::vector<std::string> bad_critic = {"critic.megatron.tensor_model_parallel_size=3"};
+  EXPECT_NE(problems_with(small_with(bad_critic)), "");
+  std::vector<std::string> grpo = small_with(bad_critic);
+  grpo.push_back("algorithm.adv_estimator=grpo");
+  EXPECT_EQ(problems_with(grpo), "");
+  EXPECT_CONTAINS(problems_with(small_with({"critic.enable=false"})),
+                  "algorithm.adv_estimator = gae needs a critic, but critic.enable = false");
+}
+
+TEST(ConfigValidation, MiniBatchMustSplitTheBatch) {
+  EXPECT_CONTAINS(problems_with(small_with({"data.train_batch_size=10"})),
+                  "data.train_batch_size = 10 is not divisible by "
+                  "actor_rollout_ref.actor.ppo_mini_batch_size = 4");
+  // A mini-batch larger than the batch is capped at the batch, not an error.
+  EXPECT_EQ(problems_with(small_with({"actor_rollout_ref.actor.ppo_mini_batch_size=64",
+                                      "critic.ppo_mini_batch_size=8"})),
+            "");
+}
+
+TEST(ConfigValidation, MiniBatchSequencesMustSplitOverDataParallelRanks) {
+  // 4 workers, actor TP 1: DP 4; 1 prompt x n 2 = 2 sequences per mini-batch.
+  const std::string message =
+      problems_with(small_with({"actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+                                "actor_rollout_ref.actor.ppo_mini_batch_size=1"}));
+  EXPECT_CONTAINS(message,
+                  "actor_rollout_ref.actor.ppo_mini_batch_size x "
+                  "actor_rollout_ref.rollout.n = 1 x 2 = 2 sequences per mini-batch do "
+                  "not split evenly over the actor's 4 data-parallel ranks");
+}
+
+TEST(ConfigValidation, MicroBatchMustDivideTheLocalMiniBatch) {
+  // Mini-batch 4 prompts x n 2 = 8 sequences over actor DP 2 = 4 per rank.
+  EXPECT_CONTAINS(
+      problems_with(small_with({"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"})),
+      "the actor's 4 sequences per mini-batch and rank "
+      "(actor_rollout_ref.actor.ppo_mini_batch_size "
+      "x rollout.n / DP = 8 / 2) are not divisible by "
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 3");
+  // The critic (DP 4 with TP 1): 8 / 4 = 2 per rank.
+  EXPECT_CONTAINS(problems_with(small_with({"critic.ppo_micro_batch_size_per_gpu=4"})),
+                  "the critic's 2 sequences per mini-batch and rank");
+}
+
+TEST(ConfigValidation, RolloutSequencesMustSplitOverRolloutRanks) {
+  // 4 workers, rollout TP 1: 4 rollout ranks; 2 prompts x n 1 = 2 sequences.
+  EXPECT_CONTAINS(
+      problems_with({"trainer.n_gpus_per_node=4",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                     "critic.megatron.tensor_model_parallel_size=4", "data.train_batch_size=2",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=2"}),
+      "data.train_batch_size x actor_rollout_ref.rollout.n = 2 x 1 = 2 sequences do not split "
+      "evenly over the rollout's 4 data-parallel ranks");
+}
+
+TEST(ConfigValidation, CountsMustBePositive) {
+  const std::string message = problems_with(
+      small_with({"actor_rollout_ref.rollout.n=0", "data.train_batch_size=0", "trainer.nnodes=0",
+                  "actor_rollout_ref.actor.ppo_epochs=0", "trainer.total_training_steps=-3"}));
+  EXPECT_CONTAINS(message, "actor_rollout_ref.rollout.n = 0 must be >= 1");
+  EXPECT_CONTAINS(message, "data.train_batch_size = 0 must be >= 1");
+  EXPECT_CONTAINS(message, "trainer.nnodes = 0 must be >= 1");
+  EXPECT_CONTAINS(message, "actor_rollout_ref.actor.ppo_epochs = 0 must be >= 1");
+  EXPECT_CONTAINS(message, "trainer.total_training_steps = -3 must be >= 1 (or null)");
+}
+
+TEST(ConfigValidation, ChoicesAreChecked) {
+  const std::string message = problems_with(small_with(
+      {"data.truncation=middle", "actor_rollout_ref.actor.loss_agg_mode=token_mean",
+       "algorithm.kl_penalty=full", "trainer.logger=[console,wandb]", "trainer.resume_mode=always",
+       "actor_rollout_ref.actor.clip_ratio_c=1.0", "actor_rollout_ref.rollout.top_p=0"}));
+  EXPECT_CONTAINS(message, "data.truncation = 'middle' is not one of: error, left, right");
+  EXPECT_CONTAINS(message,
+                  "actor_rollout_ref.actor.loss_agg_mode = 'token_mean' is not one of: "
+                  "token-mean, token-sum");
+  EXPECT_CONTAINS(message, "algorithm.kl_penalty = 'full' is not one of");
+  EXPECT_CONTAINS(message, "trainer.logger has 'wandb'; the loggers are console and file");
+  EXPECT_CONTAINS(message,
+                  "trainer.resume_mode = 'always' is not one of: auto, disable, resume_path");
+  EXPECT_CONTAINS(message, "actor_rollout_ref.actor.clip_ratio_c = 1 must be > 1");
+  EXPECT_CONTAINS(message, "actor_rollout_ref.rollout.top_p = 0 must be in (0, 1]");
+  EXPECT_CONTAINS(problems_with(small_with({"trainer.resume_mode=resume_path"})),
+                  "trainer.resume_mode = resume_path needs trainer.resume_from_path");
+  EXPECT_EQ(problems_with(small_with({"trainer.resume_mode=resume_path",
+                                      "trainer.resume_from_path=ckpt/global_step_3"})),
+            "");
+  EXPECT_CONTAINS(
+      problems_with(small_with({"algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=0"})),
+      "algorithm.kl_ctrl.horizon must be > 0");
+}
+
+TEST(ConfigValidation, NullWhereAValueIsNeededIsNamed) {
+  EXPECT_CONTAINS(problems_with(small_with({"data.train_batch_size=null"})),
+                  "config key 'data.train_batch_size' is null");
+}
+
+TEST(ConfigValidation, EveryProblemIsListed) {
+  const std::string message =
+      problems_with(small_with({"data.truncation=middle", "actor_rollout_ref.rollout.n=0"}));
+  EXPECT_CONTAINS(message, "the config cannot be used:\n  - ");
+  EXPECT_CONTAINS(message, "data.truncation");
+  EXPECT_CONTAINS(message, "actor_rollout_ref.rollout.n");
+}
+
+}  // namespace
+}  // namespace baton::trainer
