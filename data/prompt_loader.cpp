@@ -1,0 +1,134 @@
+#include "data/prompt_loader.h"
+
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+namespace baton::data {
+namespace {
+
+// A uniform integer in [0, n) from the raw engine output by rejection: std::uniform_int_distribution
+// differs between standard libraries, mt19937_64 itself does not.
+uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
+  const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+  uint64_t x;
+  do {
+    x = rng();
+  } while (x >= limit);
+  return x % n;
+}
+
+}  // namespace
+
+std::string LoaderState::to_json() const {
+  return nlohmann::json{{"epoch", epoch},           {"batch", batch},
+                        {"seed", seed},             {"shuffle", shuffle},
+                        {"batch_size", batch_size}, {"dataset_size", dataset_size}}
+      .dump();
+}
+
+LoaderState LoaderState::from_json(const std::string& json, const std::string& source) {
+  LoaderState s;
+  try {
+    const auto j = nlohmann::json::parse(json);
+    s.epoch = j.at("epoch").get<int64_t>();
+    s.batch = j.at("batch").get<int64_t>();
+    s.seed = j.at("seed").get<uint64_t>();
+    s.shuffle = j.at("shuffle").get<bool>();
+    s.batch_size = j.at("batch_size").get<int64_t>();
+    s.dataset_size = j.at("dataset_size").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(source + ": not a dataloader state: " + e.what());
+  }
+  return s;
+}
+
+PromptLoader::PromptLoader(const PromptDataset& dataset, PromptLoaderOptions options)
+    : dataset_(&dataset), options_(options) {
+  if (options_.batch_size_ < 1) {
+    throw std::invalid_argument("data.train_batch_size must be >= 1 (got " +
+                                std::to_string(options_.batch_size_) + ")");
+  }
+  if (batches_per_epoch() == 0) {
+    throw std::invalid_argument("the dataset has " + std::to_string(dataset.size()) +
+                                " prompts, fewer than data.train_batch_size = " +
+                                std::to_string(options_.batch_size_) +
+                                ": not one batch per epoch");
+  }
+}
+
+int64_t PromptLoader::batches_per_epoch() const {
+  const auto n = static_cast<int64_t>(dataset_->size());
+  const int64_t b = options_.batch_size_;
+  return options_.drop_last_ ? n / b : (n + b - 1) / b;
+}
+
+std::vector<std::size_t> PromptLoader::order(int64_t epoch) const {
+  if (cached_epoch_ == epoch) return cached_order_;
+  std::vector<std::size_t> order(dataset_->size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  if (options_.shuffle_) {
+    // One seed per epoch: resuming needs no replay of earlier epochs.
+    std::seed_seq seq{static_cast<uint32_t>(options_.seed_), static_cast<uint32_t>(options_.seed_ >> 32),
+                      static_cast<uint32_t>(epoch), static_cast<uint32_t>(static_cast<uint64_t>(epoch) >> 32)};
+    std::mt19937_64 rng(seq);
+    for (std::size_t i = order.size(); i > 1; --i) {
+      std::swap(order[i - 1], order[uniform_below(rng, i)]);
+    }
+  }
+  cached_epoch_ = epoch;
+  cached_order_ = order;
+  return order;
+}
+
+std::vector<std::size_t> PromptLoader::batch_indices(int64_t epoch, int64_t batch) const {
+  const std::vector<std::size_t> all = order(epoch);
+  const auto begin = static_cast<std::size_t>(batch * options_.batch_size_);
+  const std::size_t end = std::min(all.size(), begin + static_cast<std::size_t>(options_.batch_size_));
+  return {all.begin() + static_cast<std::ptrdiff_t>(begin), all.begin() + static_cast<std::ptrdiff_t>(end)};
+}
+
+PromptBatch PromptLoader::next() {
+  if (batch_ >= batches_per_epoch()) {
+    ++epoch_;
+    batch_ = 0;
+  }
+  PromptBatch b = dataset_->batch(batch_indices(epoch_, batch_));
+  ++batch_;
+  return b;
+}
+
+LoaderState PromptLoader::state() const {
+  LoaderState s;
+  s.epoch = epoch_;
+  s.batch = batch_;
+  s.seed = options_.seed_;
+  s.shuffle = options_.shuffle_;
+  s.batch_size = options_.batch_size_;
+  s.dataset_size = static_cast<int64_t>(dataset_->size());
+  return s;
+}
+
+void PromptLoader::restore(const LoaderState& s) {
+  const auto mismatch = [](const std::string& field, const std::string& saved,
+                           const std::string& now) {
+    return std::invalid_argument("dataloader state: " + field + " was " + saved +
+                                 " when it was saved, " + now + " now");
+  };
+  if (s.seed != options_.seed_) throw mismatch("data.seed", std::to_string(s.seed), std::to_string(options_.seed_));
+  if (s.shuffle != options_.shuffle_) throw mismatch("data.shuffle", s.shuffle ? "true" : "false", options_.shuffle_ ? "true" : "false");
+  if (s.batch_size != options_.batch_size_) throw mismatch("data.train_batch_size", std::to_string(s.batch_size), std::to_string(options_.batch_size_));
+  if (s.dataset_size != static_cast<int64_t>(dataset_->size())) {
+    throw mismatch("the dataset size", std::to_string(s.dataset_size), std::to_string(dataset_->size()));
+  }
+  if (s.epoch < 0 || s.batch < 0 || s.batch > batches_per_epoch()) {
+    throw std::invalid_argument("dataloader state: epoch " + std::to_string(s.epoch) + ", batch " +
+                                std::to_string(s.batch) + " is out of range");
+  }
+  epoch_ = s.epoch;
+  batch_ = s.batch;
+}
+
+}  // namespace baton::data
