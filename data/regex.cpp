@@ -14,11 +14,13 @@ namespace baton::data {
 
 struct Regex::Impl {
   pcre2_code* code = nullptr;
+  std::string pattern;
   ~Impl() { pcre2_code_free(code); }
 };
 
 Regex::Regex(std::string_view pattern, Syntax syntax, const std::string& where)
     : impl_(std::make_unique<Impl>()) {
+  impl_->pattern = pattern;
   // Oniguruma's Ruby syntax (HF's regex engine): ^ and $ are line anchors.
   const uint32_t options = syntax == Syntax::kLiteral
                                ? PCRE2_UTF | PCRE2_LITERAL
@@ -61,7 +63,15 @@ std::vector<std::pair<std::size_t, std::size_t>> Regex::find_all(std::string_vie
   while (start <= text.size()) {
     const int rc = pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data,
                                nullptr);
-    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: no further matches
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {  // a resource limit: never drop the rest of the text silently
+      pcre2_match_data_free(data);
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof(message));
+      throw TokenizerError("the regular expression '" + impl_->pattern + "' failed at byte " +
+                           std::to_string(start) + " of a " + std::to_string(text.size()) +
+                           "-byte text: " + reinterpret_cast<const char*>(message));
+    }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
     const std::size_t begin = ovector[0], end = ovector[1];
     out.emplace_back(begin, end);

@@ -31,6 +31,7 @@ class Regex {
 
   // Every non-overlapping match as byte offsets [begin, end), left to right. An empty match
   // advances the search by one character. REQUIRES: `text` is valid UTF-8. Thread-safe.
+  // Throws TokenizerError if PCRE2 fails (a match or depth limit), naming the pattern.
   std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view text) const;
 
   bool matches_anywhere(std::string_view text) const;
