@@ -15,8 +15,8 @@ namespace {
 // Unicode White_Space, as Rust's \s in HF's lstrip/rstrip.
 bool is_white_space(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 // The start of the last character before `end`.
@@ -35,8 +35,8 @@ char32_t char_at(std::string_view text, std::size_t pos) {
 
 AddedVocabulary::AddedVocabulary(const nlohmann::json& tokens, const Normalizer* normalizer,
                                  const std::string& where)
-    : word_char_(std::make_unique<Regex>(
-          R"(\A[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", Regex::Syntax::kRegex, where)) {
+    : word_char_(std::make_unique<Regex>(R"(\A[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])",
+                                         Regex::Syntax::kRegex, where)) {
   if (tokens.is_null()) return;
   if (!tokens.is_array()) throw TokenizerError(where + ": expected an array of added tokens");
   for (std::size_t i = 0; i < tokens.size(); ++i) {
@@ -57,7 +57,8 @@ AddedVocabulary::AddedVocabulary(const nlohmann::json& tokens, const Normalizer*
     std::string form = token.content;
     if (token.normalized && normalizer != nullptr) form = normalizer->normalize(form);
     if (form.empty()) continue;
-    starts_[token.normalized ? 1 : 0][static_cast<unsigned char>(form[0])].push_back(tokens_.size());
+    starts_[token.normalized ? 1 : 0][static_cast<unsigned char>(form[0])].push_back(
+        tokens_.size());
     by_content_[token.content] = token.id;
     by_id_[token.id] = tokens_.size();
     tokens_.push_back(std::move(token));
@@ -115,14 +116,15 @@ std::vector<AddedVocabulary::Segment> AddedVocabulary::find_in(std::string_view 
     std::size_t stop = start + match_form_[best].size();
     search = stop;
     if (token.single_word) {
-      const bool word_before = start > 0 && word_char_->matches_anywhere(text.substr(
-                                                previous_char(text, start)));
+      const bool word_before =
+          start > 0 && word_char_->matches_anywhere(text.substr(previous_char(text, start)));
       const bool word_after = stop < text.size() && word_char_->matches_anywhere(text.substr(stop));
       if (word_before || word_after) continue;
     }
     if (token.lstrip) {
       std::size_t s = start;
-      while (s > 0 && is_white_space(char_at(text, previous_char(text, s)))) s = previous_char(text, s);
+      while (s > 0 && is_white_space(char_at(text, previous_char(text, s))))
+        s = previous_char(text, s);
       start = std::max(s, offset);
     }
     if (token.rstrip) {
@@ -131,7 +133,8 @@ std::vector<AddedVocabulary::Segment> AddedVocabulary::find_in(std::string_view 
       }
       search = stop;
     }
-    if (offset < start) out.push_back({std::string(text.substr(offset, start - offset)), std::nullopt});
+    if (offset < start)
+      out.push_back({std::string(text.substr(offset, start - offset)), std::nullopt});
     out.push_back({std::string(text.substr(start, stop - start)), token.id});
     offset = stop;
   }

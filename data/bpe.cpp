@@ -19,9 +19,7 @@ struct Candidate {
   uint32_t rank;
   std::size_t pos;
   int32_t new_id;
-  bool operator>(const Candidate& o) const {
-    return rank != o.rank ? rank > o.rank : pos > o.pos;
-  }
+  bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
 };
 
 struct Symbol {
@@ -36,21 +34,24 @@ Bpe::Bpe(const nlohmann::json& config, const std::string& where)
     : vocab_(Vocabulary::from_json(json_field(config, "vocab", where), where + ".vocab")) {
   if (const auto it = config.find("dropout"); it != config.end() && !it->is_null()) {
     if (!it->is_number() || it->get<double>() != 0.0) {
-      throw TokenizerError(where + ".dropout: BPE dropout is not supported (tokenization would "
-                                   "be random); set it to null");
+      throw TokenizerError(where +
+                           ".dropout: BPE dropout is not supported (tokenization would "
+                           "be random); set it to null");
     }
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (const auto it = config.find(key);
-        it != config.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
-      throw TokenizerError(where + "." + key + ": not supported by baton's BPE (byte-level BPE "
-                                               "models leave it null)");
+    if (const auto it = config.find(key); it != config.end() && !it->is_null() &&
+                                          !(it->is_string() && it->get<std::string>().empty())) {
+      throw TokenizerError(where + "." + key +
+                           ": not supported by baton's BPE (byte-level BPE "
+                           "models leave it null)");
     }
   }
   if (const auto it = config.find("unk_token"); it != config.end() && !it->is_null()) {
     const std::string unk = json_string(config, "unk_token", where);
     unk_id_ = vocab_.find(unk);
-    if (!unk_id_) throw TokenizerError(where + ".unk_token: '" + unk + "' is not in the vocabulary");
+    if (!unk_id_)
+      throw TokenizerError(where + ".unk_token: '" + unk + "' is not in the vocabulary");
   }
   fuse_unk_ = json_bool(config, "fuse_unk", false, where);
   byte_fallback_ = json_bool(config, "byte_fallback", false, where);
@@ -81,7 +82,10 @@ Bpe::Bpe(const nlohmann::json& config, const std::string& where)
     if (!a || !b || !ab) {
       throw TokenizerError(here + ": the merge of '" + left + "' and '" + right +
                            "' uses a token that is not in the vocabulary ('" +
-                           (!a ? left : !b ? right : left + right) + "')");
+                           (!a   ? left
+                            : !b ? right
+                                 : left + right) +
+                           "')");
     }
     // A pair listed twice takes its last rank, as HF's map of merges does.
     merges_.insert_or_assign(pair_key(*a, *b), Merge{static_cast<uint32_t>(rank), *ab});
@@ -112,8 +116,10 @@ std::vector<int32_t> Bpe::merge_word(std::string_view piece) const {
       for (char c : ch) {
         char name[8];
         std::snprintf(name, sizeof(name), "<0x%02X>", static_cast<unsigned char>(c));
-        if (const auto id = vocab_.find(name)) bytes.push_back(*id);
-        else break;
+        if (const auto id = vocab_.find(name))
+          bytes.push_back(*id);
+        else
+          break;
       }
       if (bytes.size() == ch.size()) {
         if (unk) add(*unk_id_, unk_len), unk = false;
@@ -157,7 +163,8 @@ std::vector<int32_t> Bpe::merge_word(std::string_view piece) const {
     s.len += right.len;
     s.next = right.next;
     symbols[next_pos].len = 0;
-    if (right.next >= 0) symbols[static_cast<std::size_t>(right.next)].prev = static_cast<std::ptrdiff_t>(top.pos);
+    if (right.next >= 0)
+      symbols[static_cast<std::size_t>(right.next)].prev = static_cast<std::ptrdiff_t>(top.pos);
     if (s.prev >= 0) push(static_cast<std::size_t>(s.prev));
     push(top.pos);
   }

@@ -34,7 +34,8 @@ ChatTemplate ChatTemplate::from_template(const std::string& jinja_template,
                         jinja_template.find("reasoning_content") != std::string::npos ||
                         jinja_template.find("image") != std::string::npos;
   if (!chatml || extended) {
-    throw TokenizerError(source + ": the chat_template is not one baton can render (it renders "
+    throw TokenizerError(source +
+                         ": the chat_template is not one baton can render (it renders "
                          "Qwen2's ChatML template, or concatenates the messages when the "
                          "tokenizer has no chat_template); give string prompts instead, or "
                          "remove chat_template from tokenizer_config.json");
@@ -43,8 +44,8 @@ ChatTemplate ChatTemplate::from_template(const std::string& jinja_template,
   // Qwen2's template inserts '<|im_start|>system\n...<|im_end|>\n' when messages[0] is not a
   // system message.
   const std::string open = "'<|im_start|>system\\n";
-  if (const std::size_t begin = jinja_template.find(open); begin != std::string::npos &&
-      jinja_template.find("!= 'system'") != std::string::npos) {
+  if (const std::size_t begin = jinja_template.find(open);
+      begin != std::string::npos && jinja_template.find("!= 'system'") != std::string::npos) {
     const std::size_t text = begin + open.size();
     const std::size_t end = jinja_template.find("<|im_end|>", text);
     const std::string inner = jinja_template.substr(text, end - text);

@@ -96,7 +96,8 @@ class Replace final : public Decoder {
 
 class SequenceDecoder final : public Decoder {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts)
+      : parts_(std::move(parts)) {}
   std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
     for (const auto& part : parts_) tokens = part->decode_chain(std::move(tokens));
     return tokens;

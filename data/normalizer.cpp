@@ -31,7 +31,8 @@ class SequenceNormalizer final : public Normalizer {
 
 }  // namespace
 
-std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& config, const std::string& where) {
+std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& config,
+                                            const std::string& where) {
   if (config.is_null()) return nullptr;
   const std::string type = json_type(config, where);
   if (type == "NFC") return std::make_unique<Nfc>();

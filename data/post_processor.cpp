@@ -24,8 +24,10 @@ class TemplateProcessing final : public PostProcessor {
   std::vector<int32_t> process(std::vector<int32_t> ids) const override {
     std::vector<int32_t> out;
     for (const auto& piece : pieces_) {
-      if (piece) out.insert(out.end(), piece->begin(), piece->end());
-      else out.insert(out.end(), ids.begin(), ids.end());
+      if (piece)
+        out.insert(out.end(), piece->begin(), piece->end());
+      else
+        out.insert(out.end(), ids.begin(), ids.end());
     }
     return out;
   }
@@ -47,7 +49,8 @@ class SequenceProcessor final : public PostProcessor {
   std::vector<std::unique_ptr<PostProcessor>> parts_;
 };
 
-std::unique_ptr<PostProcessor> make_template(const nlohmann::json& config, const std::string& where) {
+std::unique_ptr<PostProcessor> make_template(const nlohmann::json& config,
+                                             const std::string& where) {
   const auto& single = json_array(config, "single", where);
   const auto& specials = json_field(config, "special_tokens", where);
   std::vector<std::optional<std::vector<int32_t>>> pieces;

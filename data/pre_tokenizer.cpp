@@ -54,22 +54,28 @@ std::vector<std::pair<std::size_t, std::size_t>> apply_behavior(const std::vecto
       break;
     case Behavior::kContiguous:
       for (const Span& s : spans) {
-        if (s.is_match == previous_match && !kept.empty()) kept.back().second = s.end;
-        else kept.emplace_back(s.begin, s.end);
+        if (s.is_match == previous_match && !kept.empty())
+          kept.back().second = s.end;
+        else
+          kept.emplace_back(s.begin, s.end);
         previous_match = s.is_match;
       }
       break;
     case Behavior::kMergedWithPrevious:
       for (const Span& s : spans) {
-        if (s.is_match && !previous_match && !kept.empty()) kept.back().second = s.end;
-        else kept.emplace_back(s.begin, s.end);
+        if (s.is_match && !previous_match && !kept.empty())
+          kept.back().second = s.end;
+        else
+          kept.emplace_back(s.begin, s.end);
         previous_match = s.is_match;
       }
       break;
     case Behavior::kMergedWithNext:
       for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
-        if (it->is_match && !previous_match && !kept.empty()) kept.back().first = it->begin;
-        else kept.emplace_back(it->begin, it->end);
+        if (it->is_match && !previous_match && !kept.empty())
+          kept.back().first = it->begin;
+        else
+          kept.emplace_back(it->begin, it->end);
         previous_match = it->is_match;
       }
       std::reverse(kept.begin(), kept.end());
@@ -169,7 +175,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config,
     return std::make_unique<SequencePreTokenizer>(std::move(parts));
   }
   if (type == "Split") {
-    return std::make_unique<Split>(Regex::from_pattern_field(config, where), parse_behavior(config, where),
+    return std::make_unique<Split>(Regex::from_pattern_field(config, where),
+                                   parse_behavior(config, where),
                                    json_bool(config, "invert", false, where));
   }
   if (type == "ByteLevel") {

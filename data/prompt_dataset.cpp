@@ -56,8 +56,9 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
   ds.max_prompt_length_ = options.max_prompt_length_;
   const auto pad = tokenizer.pad_id() ? tokenizer.pad_id() : tokenizer.eos_id();
   if (!pad) {
-    throw std::runtime_error("the tokenizer has neither pad_token nor eos_token: prompts cannot "
-                             "be padded (set pad_token in tokenizer_config.json)");
+    throw std::runtime_error(
+        "the tokenizer has neither pad_token nor eos_token: prompts cannot "
+        "be padded (set pad_token in tokenizer_config.json)");
   }
   ds.pad_id_ = *pad;
   // Parsed once, and only when a chat prompt needs it.
@@ -90,7 +91,8 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
           out.prompt_text = prompt.get<std::string>();
         } else if (prompt.is_array()) {
           const auto messages = parse_messages(prompt, where + ": field '" + key + "'");
-          if (!chat) chat = ChatTemplate::from_template(tokenizer.chat_template(), "tokenizer_config.json");
+          if (!chat)
+            chat = ChatTemplate::from_template(tokenizer.chat_template(), "tokenizer_config.json");
           out.prompt_text = chat->render(messages, /*add_generation_prompt=*/true);
         } else {
           throw RowError(where + ": field '" + key +
@@ -107,7 +109,8 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
         }
         const auto& truth = row["reward_model"]["ground_truth"];
         if (!truth.is_string() && !truth.is_number()) {
-          throw RowError(where + ": field 'reward_model.ground_truth': expected a string or a number");
+          throw RowError(where +
+                         ": field 'reward_model.ground_truth': expected a string or a number");
         }
         out.ground_truth = field_text(truth);
         if (row.contains("extra_info") && !row["extra_info"].is_null()) {
@@ -133,10 +136,10 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
           const auto n = static_cast<std::ptrdiff_t>(max_len);
           switch (options.truncation_) {
             case Truncation::kError:
-              throw RowError(where + ": the prompt has " + std::to_string(ids.size()) +
-                             " tokens, more than data.max_prompt_length = " +
-                             std::to_string(max_len) +
-                             " (set data.filter_overlong_prompts=true or data.truncation)");
+              throw RowError(
+                  where + ": the prompt has " + std::to_string(ids.size()) +
+                  " tokens, more than data.max_prompt_length = " + std::to_string(max_len) +
+                  " (set data.filter_overlong_prompts=true or data.truncation)");
             case Truncation::kLeft:
               ids.erase(ids.begin(), ids.end() - n);
               break;

@@ -1,8 +1,8 @@
 // verl-format prompt datasets: JSONL files whose rows carry `prompt` (a string, or a list of
 // {"role", "content"} chat messages), `data_source`, `reward_model.ground_truth` and an optional
-// `extra_info` object. Chat prompts are rendered with the tokenizer's chat template (chat_template.h)
-// and tokenized without special tokens, as verl's RLHFDataset does; string prompts are used as
-// they are. Batches are left-padded to max_prompt_length.
+// `extra_info` object. Chat prompts are rendered with the tokenizer's chat template
+// (chat_template.h) and tokenized without special tokens, as verl's RLHFDataset does; string
+// prompts are used as they are. Batches are left-padded to max_prompt_length.
 //
 // Example:
 //   auto tok = baton::data::Tokenizer::load("models/qwen2-0.5b");
@@ -41,31 +41,43 @@ struct PromptDatasetOptions {
   // data.prompt_key: the field holding the prompt.
   std::string prompt_key_ = "prompt";
 
-  PromptDatasetOptions& max_prompt_length(int64_t v) { max_prompt_length_ = v; return *this; }
-  PromptDatasetOptions& filter_overlong_prompts(bool v) { filter_overlong_prompts_ = v; return *this; }
-  PromptDatasetOptions& truncation(Truncation v) { truncation_ = v; return *this; }
-  PromptDatasetOptions& prompt_key(std::string v) { prompt_key_ = std::move(v); return *this; }
+  PromptDatasetOptions& max_prompt_length(int64_t v) {
+    max_prompt_length_ = v;
+    return *this;
+  }
+  PromptDatasetOptions& filter_overlong_prompts(bool v) {
+    filter_overlong_prompts_ = v;
+    return *this;
+  }
+  PromptDatasetOptions& truncation(Truncation v) {
+    truncation_ = v;
+    return *this;
+  }
+  PromptDatasetOptions& prompt_key(std::string v) {
+    prompt_key_ = std::move(v);
+    return *this;
+  }
 };
 
 struct PromptRow {
   std::string data_source;
-  std::string ground_truth;        // reward_model.ground_truth (a number is kept as its JSON text)
-  std::string extra_info;          // extra_info as JSON text ("{}" when absent)
-  std::string prompt_text;         // the prompt as rendered
-  std::vector<int32_t> prompt_ids; // its tokens after truncation (no padding)
-  std::string file;                // where the row came from
-  int64_t line = 0;                // 1-based
+  std::string ground_truth;         // reward_model.ground_truth (a number is kept as its JSON text)
+  std::string extra_info;           // extra_info as JSON text ("{}" when absent)
+  std::string prompt_text;          // the prompt as rendered
+  std::vector<int32_t> prompt_ids;  // its tokens after truncation (no padding)
+  std::string file;                 // where the row came from
+  int64_t line = 0;                 // 1-based
 };
 
 // A batch of prompts: row-major [size, seq_len] arrays, left-padded.
 struct PromptBatch {
   int64_t size = 0;
-  int64_t seq_len = 0;                   // max_prompt_length
-  std::vector<int32_t> input_ids;        // pad id, then the prompt
-  std::vector<int32_t> attention_mask;   // 0 on padding, 1 on the prompt
-  std::vector<int32_t> position_ids;     // 0 on padding, then 0, 1, 2, ...
+  int64_t seq_len = 0;                               // max_prompt_length
+  std::vector<int32_t> input_ids;                    // pad id, then the prompt
+  std::vector<int32_t> attention_mask;               // 0 on padding, 1 on the prompt
+  std::vector<int32_t> position_ids;                 // 0 on padding, then 0, 1, 2, ...
   std::vector<std::vector<int32_t>> raw_prompt_ids;  // unpadded
-  std::vector<std::size_t> indices;      // rows of the dataset
+  std::vector<std::size_t> indices;                  // rows of the dataset
   std::vector<std::string> data_sources, ground_truths, extra_infos;
 };
 

@@ -1,7 +1,7 @@
 #include "data/prompt_loader.h"
 
-#include <nlohmann/json.hpp>
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -9,8 +9,8 @@
 namespace baton::data {
 namespace {
 
-// A uniform integer in [0, n) from the raw engine output by rejection: std::uniform_int_distribution
-// differs between standard libraries, mt19937_64 itself does not.
+// A uniform integer in [0, n) from the raw engine output by rejection:
+// std::uniform_int_distribution differs between standard libraries, mt19937_64 itself does not.
 uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
   const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
   uint64_t x;
@@ -23,9 +23,9 @@ uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
 }  // namespace
 
 std::string LoaderState::to_json() const {
-  return nlohmann::json{{"epoch", epoch},           {"batch", batch},
-                        {"seed", seed},             {"shuffle", shuffle},
-                        {"batch_size", batch_size}, {"dataset_size", dataset_size}}
+  return nlohmann::json{
+      {"epoch", epoch},     {"batch", batch},           {"seed", seed},
+      {"shuffle", shuffle}, {"batch_size", batch_size}, {"dataset_size", dataset_size}}
       .dump();
 }
 
@@ -54,8 +54,7 @@ PromptLoader::PromptLoader(const PromptDataset& dataset, PromptLoaderOptions opt
   if (batches_per_epoch() == 0) {
     throw std::invalid_argument("the dataset has " + std::to_string(dataset.size()) +
                                 " prompts, fewer than data.train_batch_size = " +
-                                std::to_string(options_.batch_size_) +
-                                ": not one batch per epoch");
+                                std::to_string(options_.batch_size_) + ": not one batch per epoch");
   }
 }
 
@@ -71,8 +70,9 @@ std::vector<std::size_t> PromptLoader::order(int64_t epoch) const {
   std::iota(order.begin(), order.end(), std::size_t{0});
   if (options_.shuffle_) {
     // One seed per epoch: resuming needs no replay of earlier epochs.
-    std::seed_seq seq{static_cast<uint32_t>(options_.seed_), static_cast<uint32_t>(options_.seed_ >> 32),
-                      static_cast<uint32_t>(epoch), static_cast<uint32_t>(static_cast<uint64_t>(epoch) >> 32)};
+    std::seed_seq seq{static_cast<uint32_t>(options_.seed_),
+                      static_cast<uint32_t>(options_.seed_ >> 32), static_cast<uint32_t>(epoch),
+                      static_cast<uint32_t>(static_cast<uint64_t>(epoch) >> 32)};
     std::mt19937_64 rng(seq);
     for (std::size_t i = order.size(); i > 1; --i) {
       std::swap(order[i - 1], order[uniform_below(rng, i)]);
@@ -86,8 +86,10 @@ std::vector<std::size_t> PromptLoader::order(int64_t epoch) const {
 std::vector<std::size_t> PromptLoader::batch_indices(int64_t epoch, int64_t batch) const {
   const std::vector<std::size_t> all = order(epoch);
   const auto begin = static_cast<std::size_t>(batch * options_.batch_size_);
-  const std::size_t end = std::min(all.size(), begin + static_cast<std::size_t>(options_.batch_size_));
-  return {all.begin() + static_cast<std::ptrdiff_t>(begin), all.begin() + static_cast<std::ptrdiff_t>(end)};
+  const std::size_t end =
+      std::min(all.size(), begin + static_cast<std::size_t>(options_.batch_size_));
+  return {all.begin() + static_cast<std::ptrdiff_t>(begin),
+          all.begin() + static_cast<std::ptrdiff_t>(end)};
 }
 
 PromptBatch PromptLoader::next() {
@@ -117,11 +119,17 @@ void PromptLoader::restore(const LoaderState& s) {
     return std::invalid_argument("dataloader state: " + field + " was " + saved +
                                  " when it was saved, " + now + " now");
   };
-  if (s.seed != options_.seed_) throw mismatch("data.seed", std::to_string(s.seed), std::to_string(options_.seed_));
-  if (s.shuffle != options_.shuffle_) throw mismatch("data.shuffle", s.shuffle ? "true" : "false", options_.shuffle_ ? "true" : "false");
-  if (s.batch_size != options_.batch_size_) throw mismatch("data.train_batch_size", std::to_string(s.batch_size), std::to_string(options_.batch_size_));
+  if (s.seed != options_.seed_)
+    throw mismatch("data.seed", std::to_string(s.seed), std::to_string(options_.seed_));
+  if (s.shuffle != options_.shuffle_)
+    throw mismatch("data.shuffle", s.shuffle ? "true" : "false",
+                   options_.shuffle_ ? "true" : "false");
+  if (s.batch_size != options_.batch_size_)
+    throw mismatch("data.train_batch_size", std::to_string(s.batch_size),
+                   std::to_string(options_.batch_size_));
   if (s.dataset_size != static_cast<int64_t>(dataset_->size())) {
-    throw mismatch("the dataset size", std::to_string(s.dataset_size), std::to_string(dataset_->size()));
+    throw mismatch("the dataset size", std::to_string(s.dataset_size),
+                   std::to_string(dataset_->size()));
   }
   if (s.epoch < 0 || s.batch < 0 || s.batch > batches_per_epoch()) {
     throw std::invalid_argument("dataloader state: epoch " + std::to_string(s.epoch) + ", batch " +

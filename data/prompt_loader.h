@@ -25,10 +25,22 @@ struct PromptLoaderOptions {
   // Drop the last incomplete batch of an epoch (verl's train loader does).
   bool drop_last_ = true;
 
-  PromptLoaderOptions& batch_size(int64_t v) { batch_size_ = v; return *this; }
-  PromptLoaderOptions& shuffle(bool v) { shuffle_ = v; return *this; }
-  PromptLoaderOptions& seed(uint64_t v) { seed_ = v; return *this; }
-  PromptLoaderOptions& drop_last(bool v) { drop_last_ = v; return *this; }
+  PromptLoaderOptions& batch_size(int64_t v) {
+    batch_size_ = v;
+    return *this;
+  }
+  PromptLoaderOptions& shuffle(bool v) {
+    shuffle_ = v;
+    return *this;
+  }
+  PromptLoaderOptions& seed(uint64_t v) {
+    seed_ = v;
+    return *this;
+  }
+  PromptLoaderOptions& drop_last(bool v) {
+    drop_last_ = v;
+    return *this;
+  }
 };
 
 // Where a loader is: the next batch is batch `batch` of epoch `epoch`. The other fields make

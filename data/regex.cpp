@@ -22,9 +22,8 @@ Regex::Regex(std::string_view pattern, Syntax syntax, const std::string& where)
     : impl_(std::make_unique<Impl>()) {
   impl_->pattern = pattern;
   // Oniguruma's Ruby syntax (HF's regex engine): ^ and $ are line anchors.
-  const uint32_t options = syntax == Syntax::kLiteral
-                               ? PCRE2_UTF | PCRE2_LITERAL
-                               : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
+  const uint32_t options = syntax == Syntax::kLiteral ? PCRE2_UTF | PCRE2_LITERAL
+                                                      : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
   int error = 0;
   PCRE2_SIZE offset = 0;
   impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
@@ -33,8 +32,8 @@ Regex::Regex(std::string_view pattern, Syntax syntax, const std::string& where)
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
     throw TokenizerError(where + ": the regular expression '" + std::string(pattern) +
-                                "' does not compile (PCRE2, at offset " + std::to_string(offset) +
-                                "): " + reinterpret_cast<const char*>(message));
+                         "' does not compile (PCRE2, at offset " + std::to_string(offset) +
+                         "): " + reinterpret_cast<const char*>(message));
   }
   // JIT is an optimisation only: without it pcre2_match interprets.
   pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE);
@@ -61,8 +60,8 @@ std::vector<std::pair<std::size_t, std::size_t>> Regex::find_all(std::string_vie
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   std::size_t start = 0;
   while (start <= text.size()) {
-    const int rc = pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data,
-                               nullptr);
+    const int rc =
+        pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {  // a resource limit: never drop the rest of the text silently
       pcre2_match_data_free(data);

@@ -112,9 +112,10 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     impl->bos = token_id("bos_token");
     impl->eos = token_id("eos_token");
     impl->pad = token_id("pad_token");
-    for (auto [key, flag] : {std::pair{"add_bos_token", &impl->add_bos},
-                             std::pair{"add_eos_token", &impl->add_eos}}) {
-      if (config.contains(key) && !config[key].is_null()) *flag = json_bool(config, key, false, config_file);
+    for (auto [key, flag] :
+         {std::pair{"add_bos_token", &impl->add_bos}, std::pair{"add_eos_token", &impl->add_eos}}) {
+      if (config.contains(key) && !config[key].is_null())
+        *flag = json_bool(config, key, false, config_file);
     }
     if (const auto it = config.find("chat_template"); it != config.end() && !it->is_null()) {
       if (it->is_string()) {

@@ -58,7 +58,8 @@ void decompose(char32_t cp, std::vector<char32_t>& out) {
 
 // The primary composite of (first, second), or 0.
 char32_t compose(char32_t first, char32_t second) {
-  if (first >= kLBase && first < kLBase + kLCount && second >= kVBase && second < kVBase + kVCount) {
+  if (first >= kLBase && first < kLBase + kLCount && second >= kVBase &&
+      second < kVBase + kVCount) {
     return kSBase + ((first - kLBase) * kVCount + (second - kVBase)) * kTCount;
   }
   if (first >= kSBase && first < kSBase + kSCount && (first - kSBase) % kTCount == 0 &&
@@ -66,11 +67,11 @@ char32_t compose(char32_t first, char32_t second) {
     return first + (second - kTBase);
   }
   const auto* end = std::end(kCompositions);
-  const auto* it = std::lower_bound(
-      std::begin(kCompositions), end, std::pair{first, second},
-      [](const Composition& c, std::pair<char32_t, char32_t> v) {
-        return c.first != v.first ? c.first < v.first : c.second < v.second;
-      });
+  const auto* it =
+      std::lower_bound(std::begin(kCompositions), end, std::pair{first, second},
+                       [](const Composition& c, std::pair<char32_t, char32_t> v) {
+                         return c.first != v.first ? c.first < v.first : c.second < v.second;
+                       });
   return it != end && it->first == first && it->second == second ? it->composite : 0;
 }
 
@@ -93,9 +94,9 @@ std::string to_nfc(std::string_view text) {
     }
     std::size_t j = i;
     while (j < cps.size() && combining_class(cps[j]) != 0) ++j;
-    std::stable_sort(cps.begin() + static_cast<std::ptrdiff_t>(i),
-                     cps.begin() + static_cast<std::ptrdiff_t>(j),
-                     [](char32_t a, char32_t b) { return combining_class(a) < combining_class(b); });
+    std::stable_sort(
+        cps.begin() + static_cast<std::ptrdiff_t>(i), cps.begin() + static_cast<std::ptrdiff_t>(j),
+        [](char32_t a, char32_t b) { return combining_class(a) < combining_class(b); });
     i = j;
   }
 

@@ -75,7 +75,8 @@ std::vector<char32_t> decode(std::string_view text) {
     const auto b0 = static_cast<unsigned char>(text[i]);
     const std::size_t n = sequence_length(b0);
     char32_t cp = n == 1 ? b0 : n == 2 ? (b0 & 0x1F) : n == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-    for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
+    for (std::size_t k = 1; k < n; ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
     out.push_back(cp);
     i += n;
   }

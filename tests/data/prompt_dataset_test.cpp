@@ -47,7 +47,8 @@ class PromptFiles : public ::testing::Test {
 #define EXPECT_CONTAINS(message, part) \
   EXPECT_NE(std::string(message).find(part), std::string::npos) << "message: " << (message)
 
-const char* kRow = R"({"data_source": "gsm8k", "prompt": "%s", "reward_model": {"style": "rule", "ground_truth": "72"}, "extra_info": {"index": 3}})";
+const char* kRow =
+    R"({"data_source": "gsm8k", "prompt": "%s", "reward_model": {"style": "rule", "ground_truth": "72"}, "extra_info": {"index": 3}})";
 
 std::string row(const std::string& prompt) {
   std::string s = kRow;
@@ -59,7 +60,8 @@ TEST_F(PromptFiles, ChatPromptsAreRenderedAndStringPromptsKept) {
   const std::string path = write(
       "train.jsonl",
       R"({"data_source": "math", "prompt": [{"role": "user", "content": "What is 2+2?"}], "reward_model": {"ground_truth": 4}})"
-      "\n\n" + row("plain text"));
+      "\n\n" +
+          row("plain text"));
   const PromptDataset ds = PromptDataset::load({path}, tok);
   ASSERT_EQ(ds.size(), 2u);  // the empty line is skipped
   const ChatTemplate chat = ChatTemplate::from_template(tok.chat_template(), "bpe");
@@ -119,7 +121,8 @@ TEST_F(PromptFiles, FilterOverlongPromptsDropsThemBeforeTruncation) {
 TEST_F(PromptFiles, BatchesAreLeftPaddedWithMaskAndPositions) {
   const Tokenizer tok = Tokenizer::load(kFixtures + "/wordlevel");  // pad_token [PAD] = 0
   const std::string path = write("t.jsonl", row("ab") + row("abcd"));
-  const PromptDataset ds = PromptDataset::load({path}, tok, PromptDatasetOptions().max_prompt_length(4));
+  const PromptDataset ds =
+      PromptDataset::load({path}, tok, PromptDatasetOptions().max_prompt_length(4));
   EXPECT_EQ(ds.pad_id(), 0);
   const PromptBatch b = ds.batch({1, 0});
   const auto a = tok.encode("abcd", false);
@@ -164,14 +167,17 @@ TEST_F(PromptFiles, BadRowsNameFileLineAndField) {
 
 TEST_F(PromptFiles, UnsupportedChatTemplateFailsOnTheFirstChatRow) {
   std::ifstream in(kFixtures + "/bpe/tokenizer.json");
-  const std::string tokenizer_json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string tokenizer_json((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
   const Tokenizer tok = Tokenizer::from_json(
-      tokenizer_json, R"({"eos_token": "<|im_end|>", "chat_template": "{{ messages[0]['content'] }}"})",
+      tokenizer_json,
+      R"({"eos_token": "<|im_end|>", "chat_template": "{{ messages[0]['content'] }}"})",
       "models/m");
   const std::string path = write(
-      "t.jsonl", row("strings need no template") +
-                     R"({"data_source": "d", "prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "1"}})"
-                     "\n");
+      "t.jsonl",
+      row("strings need no template") +
+          R"({"data_source": "d", "prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "1"}})"
+          "\n");
   const std::string msg = load_error(path, tok);
   EXPECT_CONTAINS(msg, path + ":2: ");
   EXPECT_CONTAINS(msg, "chat_template");

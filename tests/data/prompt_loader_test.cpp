@@ -25,11 +25,13 @@ class Loader : public ::testing::Test {
     std::ofstream out(*path_);
     for (char c = 'a'; c <= 'j'; ++c) {
       out << R"({"data_source": "d", "prompt": ")" << c
-          << R"(", "reward_model": {"ground_truth": "1"}})" << "\n";
+          << R"(", "reward_model": {"ground_truth": "1"}})"
+          << "\n";
     }
     out.close();
     tok_ = new Tokenizer(Tokenizer::load(kFixtures + "/wordlevel"));
-    ds_ = new PromptDataset(PromptDataset::load({*path_}, *tok_, PromptDatasetOptions().max_prompt_length(2)));
+    ds_ = new PromptDataset(
+        PromptDataset::load({*path_}, *tok_, PromptDatasetOptions().max_prompt_length(2)));
   }
   static void TearDownTestSuite() {
     std::filesystem::remove(*path_);
@@ -65,9 +67,11 @@ TEST_F(Loader, EveryEpochIsASeededPermutationOfAllRows) {
   EXPECT_NE(epochs[0], epochs[1]);  // reshuffled each epoch
   // The same seed gives the same order; another seed another one.
   PromptLoader same(*ds_, PromptLoaderOptions().batch_size(5).seed(7));
-  EXPECT_EQ(same.batch_indices(1, 0), std::vector<std::size_t>(epochs[1].begin(), epochs[1].begin() + 5));
+  EXPECT_EQ(same.batch_indices(1, 0),
+            std::vector<std::size_t>(epochs[1].begin(), epochs[1].begin() + 5));
   PromptLoader other(*ds_, PromptLoaderOptions().batch_size(5).seed(8));
-  EXPECT_NE(other.batch_indices(0, 0), std::vector<std::size_t>(epochs[0].begin(), epochs[0].begin() + 5));
+  EXPECT_NE(other.batch_indices(0, 0),
+            std::vector<std::size_t>(epochs[0].begin(), epochs[0].begin() + 5));
 }
 
 TEST_F(Loader, WithoutShuffleRowsComeInFileOrderAndDropLastDropsTheRest) {
@@ -104,7 +108,8 @@ TEST_F(Loader, RestoreRejectsAStateOfAnotherConfiguration) {
     b.restore(a.state());
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("data.train_batch_size was 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("data.train_batch_size was 3"), std::string::npos)
+        << e.what();
   }
   try {
     LoaderState::from_json(R"({"epoch": 1})", "ckpt/data.json");

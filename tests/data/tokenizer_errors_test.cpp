@@ -44,14 +44,12 @@ TEST(TokenizerErrors, MissingFileNamesThePath) {
 }
 
 TEST(TokenizerErrors, MalformedJsonNamesTheFile) {
-  const std::string msg =
-      error_of([] { Tokenizer::from_json("{\"model\": {", "", "models/m"); });
+  const std::string msg = error_of([] { Tokenizer::from_json("{\"model\": {", "", "models/m"); });
   EXPECT_CONTAINS(msg, "models/m/tokenizer.json");
   EXPECT_CONTAINS(msg, "malformed JSON");
 
-  const std::string config_msg = error_of([] {
-    Tokenizer::from_json(fixture_json("wordlevel").dump(), "{bos_token: 1}", "models/m");
-  });
+  const std::string config_msg = error_of(
+      [] { Tokenizer::from_json(fixture_json("wordlevel").dump(), "{bos_token: 1}", "models/m"); });
   EXPECT_CONTAINS(config_msg, "models/m/tokenizer_config.json");
   EXPECT_CONTAINS(config_msg, "malformed JSON");
 }
@@ -86,7 +84,8 @@ TEST(TokenizerErrors, UnsupportedDecoderAndPostProcessorAreNamed) {
   EXPECT_CONTAINS(load_error(json), "decoder: unsupported decoder type 'WordPiece'");
   json = fixture_json("bpe");
   json["post_processor"] = {{"type", "BertProcessing"}};
-  EXPECT_CONTAINS(load_error(json), "post_processor: unsupported post-processor type 'BertProcessing'");
+  EXPECT_CONTAINS(load_error(json),
+                  "post_processor: unsupported post-processor type 'BertProcessing'");
 }
 
 TEST(TokenizerErrors, MergeOfAnUnknownTokenNamesTheMerge) {
@@ -117,7 +116,8 @@ TEST(TokenizerErrors, ConfigTokenMissingFromVocabularyNamesConfigAndKey) {
   const std::string msg = load_error(fixture_json("wordlevel"), R"({"bos_token": "<s>"})");
   EXPECT_CONTAINS(msg, "models/m/tokenizer_config.json");
   EXPECT_CONTAINS(msg, "bos_token '<s>'");
-  EXPECT_CONTAINS(load_error(fixture_json("wordlevel"), R"({"add_bos_token": true})"), "add_bos_token is true but there is no bos_token");
+  EXPECT_CONTAINS(load_error(fixture_json("wordlevel"), R"({"add_bos_token": true})"),
+                  "add_bos_token is true but there is no bos_token");
 }
 
 TEST(TokenizerErrors, InvalidUtf8TextNamesTheByteOffset) {

@@ -25,7 +25,8 @@ std::string read(const std::string& path) {
 }
 
 const nlohmann::json& expected() {
-  static const nlohmann::json e = nlohmann::json::parse(read(kFixtures + "/tokenizer_expected.json"));
+  static const nlohmann::json e =
+      nlohmann::json::parse(read(kFixtures + "/tokenizer_expected.json"));
   return e;
 }
 
@@ -46,7 +47,8 @@ TEST_P(HfParity, EncodeAndDecodeEqualHfTokenForToken) {
     EXPECT_EQ(tok.decode(ids, true), c.at("decoded_skip_special").get<std::string>());
     const auto& prefixes = c.at("prefix_decodes");
     for (std::size_t k = 0; k < prefixes.size(); ++k) {
-      const std::vector<int32_t> prefix(plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(k));
+      const std::vector<int32_t> prefix(plain.begin(),
+                                        plain.begin() + static_cast<std::ptrdiff_t>(k));
       EXPECT_EQ(tok.decode(prefix, false), prefixes[k].get<std::string>()) << "prefix of " << k;
     }
   }
@@ -138,8 +140,8 @@ Tokenizer wordlevel_with_config(const std::string& config) {
 }
 
 TEST(Tokenizer, AddBosTokenFalseDropsThePostProcessorsBos) {
-  const Tokenizer tok =
-      wordlevel_with_config(R"({"bos_token": "[BOS]", "eos_token": "[EOS]", "add_bos_token": false})");
+  const Tokenizer tok = wordlevel_with_config(
+      R"({"bos_token": "[BOS]", "eos_token": "[EOS]", "add_bos_token": false})");
   const auto plain = tok.encode("ab", false);
   std::vector<int32_t> want = plain;
   want.push_back(3);  // the template's [EOS] stays
@@ -147,8 +149,8 @@ TEST(Tokenizer, AddBosTokenFalseDropsThePostProcessorsBos) {
 }
 
 TEST(Tokenizer, AddEosTokenAddsEosOnlyWhenThePostProcessorDidNot) {
-  const Tokenizer tok =
-      wordlevel_with_config(R"({"bos_token": "[BOS]", "eos_token": "[EOS]", "add_eos_token": true})");
+  const Tokenizer tok = wordlevel_with_config(
+      R"({"bos_token": "[BOS]", "eos_token": "[EOS]", "add_eos_token": true})");
   std::vector<int32_t> want = {2};
   for (int32_t id : tok.encode("ab", false)) want.push_back(id);
   want.push_back(3);  // once: the template already ends with [EOS]
