@@ -76,6 +76,17 @@ TEST_F(PromptFiles, ChatPromptsAreRenderedAndStringPromptsKept) {
   EXPECT_EQ(ds.row(1).line, 3);
 }
 
+TEST_F(PromptFiles, SeveralFilesAreReadInOrder) {
+  const Tokenizer tok = Tokenizer::load(kFixtures + "/wordlevel");
+  const std::string first = write("a.jsonl", row("ab") + row("cd"));
+  const std::string second = write("b.jsonl", row("ef"));
+  const PromptDataset ds = PromptDataset::load({first, second}, tok);
+  ASSERT_EQ(ds.size(), 3u);
+  EXPECT_EQ(ds.row(2).prompt_text, "ef");
+  EXPECT_EQ(ds.row(2).file, second);
+  EXPECT_EQ(ds.row(2).line, 1);
+}
+
 TEST_F(PromptFiles, WithoutChatTemplateMessagesAreConcatenated) {
   const Tokenizer tok = Tokenizer::load(kFixtures + "/wordlevel");
   const std::string path = write(

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "data/decoder.h"
 #include "data/normalizer.h"
@@ -183,6 +184,29 @@ TEST(Tokenizer, EncodesALongWhitespaceRunAndALongWordQuickly) {
   const std::string spaces(20000, ' ');
   EXPECT_FALSE(tok.encode(word, false).empty());
   EXPECT_EQ(tok.decode(tok.encode(spaces + word, false), false), spaces + word);
+}
+
+TEST(Tokenizer, ConcurrentEncodesAndDecodesGiveTheSingleThreadedResults) {
+  // The BPE cache is shared: four threads filling it at once must not change any result.
+  const Tokenizer tok = Tokenizer::load(kFixtures + "/bpe");
+  const auto& cases = expected().at("bpe");
+  std::vector<int> failures(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (const auto& c : cases) {
+          const auto ids = tok.encode(c.at("text").get<std::string>(), true);
+          if (ids != c.at("ids").get<std::vector<int32_t>>() ||
+              tok.decode(ids, false) != c.at("decoded").get<std::string>()) {
+            ++failures[t];
+          }
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failures, std::vector<int>(4, 0));
 }
 
 }  // namespace
