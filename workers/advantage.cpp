@@ -77,8 +77,7 @@ double std_of(const std::vector<double>& s, const std::vector<int64_t>& rows) {
 // score stays NaN at every position, as in verl).
 at::Tensor broadcast_rows(const std::vector<double>& a, const at::Tensor& rewards,
                           const at::Tensor& mask) {
-  return at::tensor(a, at::kDouble).to(rewards.options()).unsqueeze(-1) *
-         float_mask(mask, rewards);
+  return at::tensor(a, at::kDouble).to(rewards.options()).unsqueeze(-1) * float_mask(mask, rewards);
 }
 
 AdvantageResult same(const at::Tensor& advantages) { return {advantages, advantages}; }
@@ -133,13 +132,13 @@ AdvantageResult compute_grpo_vectorized(const at::Tensor& rewards, const at::Ten
   c10::NoGradGuard no_grad;
   const at::Tensor scores = rewards.sum(-1);
   const auto [gid, num_groups] = group_ids(uids, rewards.device());
-  const at::Tensor count = at::zeros({num_groups}, scores.options())
-                               .index_add_(0, gid, at::ones_like(scores));
+  const at::Tensor count =
+      at::zeros({num_groups}, scores.options()).index_add_(0, gid, at::ones_like(scores));
   at::Tensor mean = at::zeros({num_groups}, scores.options()).index_add_(0, gid, scores) / count;
   const at::Tensor centered = scores - mean.index_select(0, gid);
-  const at::Tensor var = at::zeros({num_groups}, scores.options())
-                             .index_add_(0, gid, centered.square()) /
-                         at::clamp_min(count - 1, 1);
+  const at::Tensor var =
+      at::zeros({num_groups}, scores.options()).index_add_(0, gid, centered.square()) /
+      at::clamp_min(count - 1, 1);
   at::Tensor std = at::sqrt(at::clamp_min(var, 0));
   const at::Tensor single = count.eq(1);
   mean = at::where(single, at::zeros_like(mean), mean);
@@ -199,9 +198,8 @@ AdvantageResult compute_rloo_vectorized(const at::Tensor& rewards, const at::Ten
   const at::Tensor count = at::zeros({num_groups}, scores.options())
                                .index_add_(0, gid, at::ones_like(scores))
                                .index_select(0, gid);
-  const at::Tensor sum = at::zeros({num_groups}, scores.options())
-                             .index_add_(0, gid, scores)
-                             .index_select(0, gid);
+  const at::Tensor sum =
+      at::zeros({num_groups}, scores.options()).index_add_(0, gid, scores).index_select(0, gid);
   // s_i minus the mean of the others: (n·s_i − Σ s)/(n − 1); 0 for singletons.
   const at::Tensor a = at::where(count.gt(1), (count * scores - sum) / at::clamp_min(count - 1, 1),
                                  at::zeros_like(scores));
@@ -245,15 +243,14 @@ AdvantageResult compute_remax(const at::Tensor& rewards, const at::Tensor& rewar
                               const at::Tensor& mask) {
   check_batch("compute_remax", rewards, mask);
   if (reward_baselines.dim() != 1 || reward_baselines.size(0) != rewards.size(0))
-    throw std::invalid_argument("compute_remax: reward_baselines must be [B] with B = " +
-                                std::to_string(rewards.size(0)) + "; got " +
-                                c10::str(reward_baselines.sizes()));
+    throw std::invalid_argument(
+        "compute_remax: reward_baselines must be [B] with B = " + std::to_string(rewards.size(0)) +
+        "; got " + c10::str(reward_baselines.sizes()));
   c10::NoGradGuard no_grad;
   const at::Tensor m = float_mask(mask, rewards);
   const at::Tensor kept = at::where(mask.ne(0), rewards, at::zeros({}, rewards.options()));
   const at::Tensor returns = kept.flip({-1}).cumsum(-1).flip({-1});
-  const at::Tensor advantages =
-      returns - reward_baselines.to(rewards.options()).unsqueeze(-1) * m;
+  const at::Tensor advantages = returns - reward_baselines.to(rewards.options()).unsqueeze(-1) * m;
   return {advantages, returns};
 }
 

@@ -22,7 +22,13 @@
 
 namespace baton::algos {
 
-enum class LossAggMode { TokenMean, TokenSum, SeqMeanTokenSum, SeqMeanTokenMean, SeqMeanTokenSumNorm };
+enum class LossAggMode {
+  TokenMean,
+  TokenSum,
+  SeqMeanTokenSum,
+  SeqMeanTokenMean,
+  SeqMeanTokenSumNorm
+};
 
 // "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
 // "seq-mean-token-sum-norm"; anything else throws std::invalid_argument naming

@@ -13,8 +13,8 @@ at::Tensor masked_sum(const at::Tensor& values, const at::Tensor& mask,
 
 at::Tensor masked_mean(const at::Tensor& values, const at::Tensor& mask,
                        std::optional<int64_t> dim) {
-  const at::Tensor count = dim ? mask.to(values.scalar_type()).sum(*dim)
-                               : mask.to(values.scalar_type()).sum();
+  const at::Tensor count =
+      dim ? mask.to(values.scalar_type()).sum(*dim) : mask.to(values.scalar_type()).sum();
   return masked_sum(values, mask, dim) / (count + 1e-8);
 }
 
@@ -24,11 +24,13 @@ at::Tensor masked_var(const at::Tensor& values, const at::Tensor& mask, bool unb
   if (unbiased) {
     const double count = mask.ne(0).sum().item<double>();
     if (count == 0)
-      throw std::invalid_argument("masked_var: the mask has no valid element (the unbiased "
-                                  "variance needs at least 2)");
+      throw std::invalid_argument(
+          "masked_var: the mask has no valid element (the unbiased "
+          "variance needs at least 2)");
     if (count == 1)
-      throw std::invalid_argument("masked_var: the mask has only 1 valid element (the unbiased "
-                                  "variance needs at least 2)");
+      throw std::invalid_argument(
+          "masked_var: the mask has only 1 valid element (the unbiased "
+          "variance needs at least 2)");
     var = var * (count / (count - 1));
   }
   return var;

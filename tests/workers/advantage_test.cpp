@@ -73,8 +73,8 @@ TEST(Gae, WithGammaLambdaOneIsTheUndiscountedReturnMinusValue) {
   const at::Tensor m = rows({{1, 1, 1}, {1, 0, 0}});
   // Row 0: 1 − 0.5, 1 − 0.25, 1 − 0.75; row 1: 2 − 1, then padding 0, 0.
   const at::Tensor raw = rows({{0.5, 0.75, 0.25}, {1, 0, 0}}, at::kDouble);
-  expect_close(compute_gae(r, v, m, 1, 1).returns, raw + v.to(at::kDouble),
-               Tolerance::fp32(6, 2), "returns");
+  expect_close(compute_gae(r, v, m, 1, 1).returns, raw + v.to(at::kDouble), Tolerance::fp32(6, 2),
+               "returns");
 }
 
 TEST(Gae, RefusesFewerThanTwoValidTokensAndMismatchedShapes) {
@@ -95,8 +95,8 @@ struct GroupBatch {
                              {0, 0, 3},    // c: s = 3
                              {2, 0, 0},    // b: s = 2
                              {1, 0, 1}});  // a: s = 2 (1 at a masked token)
-  at::Tensor mask = rows({{1, 1, 1}, {1, 1, 0}, {0, 0, 0}, {1, 0, 1}, {1, 0, 0}, {1, 1, 0}},
-                         at::kLong);
+  at::Tensor mask =
+      rows({{1, 1, 1}, {1, 1, 0}, {0, 0, 0}, {1, 0, 1}, {1, 0, 0}, {1, 1, 0}}, at::kLong);
   Uids uids = {"a", "b", "a", "c", "b", "a"};
 };
 
@@ -150,14 +150,128 @@ TEST(GrpoVectorized, EqualsTheLoopVersion) {
   const at::Tensor r = at::randint(0, 2, {10, 4}, at::kFloat);
   const at::Tensor m = at::randint(0, 2, {10, 4}, at::kLong);
   const Uids uids = {"p", "q", "p", "r", "s", "q", "p", "s", "p", "t"};
-  expect_close(compute_grpo_vectorized(r, m, uids).advantages,
-               compute_grpo(r, m, uids).advantages, Tolerance::fp32(16, 16), "random");
+  expect_close(compute_grpo_vectorized(r, m, uids).advantages, compute_grpo(r, m, uids).advantages,
+               Tolerance::fp32(16, 16), "random");
 }
 
 TEST(Grpo, RefusesAUidListOfTheWrongLength) {
   const GroupBatch g;
   EXPECT_THROW(compute_grpo(g.rewards, g.mask, {"a", "b"}), std::invalid_argument);
   EXPECT_THROW(compute_grpo_vectorized(g.rewards, g.mask, {"a"}), std::invalid_argument);
+}
+
+// --- GRPO pass@k ---------------------------------------------------------------
+
+TEST(GrpoPassk, OnlyTheBestRowGetsTheGapToTheSecondAndTiesGetZero) {
+  // x (rows 0, 2, 4): {1, 3, 2}: best row 2, gap 3 − 2 = 1, Bessel std 1.
+  // y (rows 1, 3): tied {2, 2}: 0 everywhere.
+  const at::Tensor r = rows({{1, 0}, {0, 2}, {3, 0}, {2, 0}, {0, 2}});
+  const at::Tensor m = rows({{1, 1}, {1, 1}, {1, 0}, {1, 1}, {1, 1}});
+  const Uids uids = {"x", "y", "x", "y", "x"};
+  expect_close(compute_grpo_passk(r, m, uids).advantages, per_row({0, 0, 1 / (1 + 1e-6), 0, 0}, m),
+               Tolerance::fp32(6, 3), "normalised");
+  GrpoOptions raw;
+  raw.norm_adv_by_std = false;
+  const AdvantageResult out = compute_grpo_passk(r, m, uids, raw);
+  expect_close(out.advantages, per_row({0, 0, 1, 0, 0}, m), Tolerance::exact(), "raw gap");
+  EXPECT_TRUE(at::equal(out.returns, out.advantages));
+}
+
+TEST(GrpoPassk, RefusesASingletonGroup) {
+  try {
+    compute_grpo_passk(rows({{1}, {2}, {3}}), rows({{1}, {1}, {1}}), {"a", "a", "lonely"});
+    FAIL() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'lonely'"), std::string::npos) << e.what();
+  }
+}
+
+// --- RLOO ----------------------------------------------------------------------
+
+TEST(Rloo, SubtractsTheMeanOfTheOthersAndKeepsASingletonsRawScore) {
+  const GroupBatch g;
+  // a {1, 0, 2}: 1 − 1, 0 − 1.5, 2 − 0.5; b tied: 0; c singleton: 3.
+  expect_close(compute_rloo(g.rewards, g.mask, g.uids).advantages,
+               per_row({0, 0, -1.5, 3, 0, 1.5}, g.mask), Tolerance::fp32(6, 3), "advantages");
+}
+
+TEST(RlooVectorized, GivesZeroToASingleton) {
+  const GroupBatch g;
+  const AdvantageResult out = compute_rloo_vectorized(g.rewards, g.mask, g.uids);
+  expect_close(out.advantages, per_row({0, 0, -1.5, 0, 0, 1.5}, g.mask), Tolerance::fp32(6, 3),
+               "advantages");
+  EXPECT_TRUE(at::equal(out.returns, out.advantages));
+}
+
+// --- REINFORCE++ ---------------------------------------------------------------
+
+TEST(ReinforcePlusPlus, DiscountsOverValidTokensBridgingHolesThenWhitens) {
+  // γ = 0.5. Row 0: padding at t = 3 (its reward 2 is ignored):
+  //   t=2: G 0; t=1: G 1; t=0: 0 + 0.5·1 = 0.5 → returns (0.5, 1, 0, 0).
+  // Row 1: hole at t = 1 (reward 9 ignored, G carried):
+  //   t=3: 5; t=2: 2 + 2.5 = 4.5; t=1: 0 (masked); t=0: 1 + 0.5·4.5 = 3.25.
+  const at::Tensor r = rows({{0, 1, 0, 2}, {1, 9, 2, 5}});
+  const at::Tensor m = rows({{1, 1, 1, 0}, {1, 0, 1, 1}});
+  const at::Tensor ret = rows({{0.5, 1, 0, 0}, {3.25, 0, 4.5, 5}}, at::kDouble);
+  // Valid returns 0.5, 1, 0, 3.25, 4.5, 5: mean 14.25/6 = 2.375; Σ(x − mean)²
+  // = 23.21875; unbiased var 23.21875/5.
+  const at::Tensor adv = (ret - 2.375) / std::sqrt(23.21875 / 5 + 1e-8) * m.to(at::kDouble);
+  const AdvantageResult out = compute_reinforce_plus_plus(r, m, 0.5);
+  const Tolerance tol = Tolerance::fp32(20, 9);
+  expect_close(out.returns, ret, tol, "returns");
+  expect_close(out.advantages, adv, tol, "advantages");
+}
+
+TEST(ReinforcePlusPlusBaseline, SubtractsTheGroupMeanThenWhitensOverTokens) {
+  const GroupBatch g;
+  // Per row s − group mean: a (1, 0, 2) − 1; b 0; c singleton 3 − 0:
+  // rows (0, 0, −1, 3, 0, 1). Over the 10 valid tokens: 0 ×6 (rows 0, 1, 4),
+  // 3 ×2 (row 3), 1 ×2 (row 5); row 2 has none. Mean 8/10; Σ(x − 0.8)² =
+  // 6·0.64 + 2·4.84 + 2·0.04 = 13.6; unbiased var 13.6/9.
+  const at::Tensor a = per_row({0, 0, -1, 3, 0, 1}, g.mask);
+  const at::Tensor expected = (a - 0.8) / std::sqrt(13.6 / 9 + 1e-8) * g.mask.to(at::kDouble);
+  const AdvantageResult out = compute_reinforce_plus_plus_baseline(g.rewards, g.mask, g.uids);
+  expect_close(out.advantages, expected, Tolerance::fp32(24, 4), "advantages");
+  EXPECT_TRUE(at::equal(out.returns, out.advantages));
+}
+
+// --- ReMax, OPO, GPG ---------------------------------------------------------------
+
+TEST(Remax, ReturnsAreSuffixSumsOfMaskedRewardsMinusTheGreedyBaseline) {
+  // Masked rewards (0, 1, 0) and (3, 0, 1): suffix sums (1, 1, 0), (4, 1, 1);
+  // minus b·mask with b = (0.5, 2).
+  const at::Tensor r = rows({{0, 1, 2}, {3, 5, 1}});
+  const at::Tensor m = rows({{1, 1, 0}, {1, 0, 1}});
+  const AdvantageResult out = compute_remax(r, at::tensor({0.5, 2.0}), m);
+  expect_close(out.returns, rows({{1, 1, 0}, {4, 1, 1}}), Tolerance::exact(), "returns");
+  expect_close(out.advantages, rows({{0.5, 0.5, 0}, {2, 1, -1}}), Tolerance::exact(), "advantages");
+  EXPECT_THROW(compute_remax(r, at::tensor({1.0}), m), std::invalid_argument);
+}
+
+TEST(Opo, UsesALengthWeightedGroupBaseline) {
+  const GroupBatch g;
+  // Lengths (3, 2, 0, 2, 1, 2). a: (3·1 + 0·0 + 2·2)/5 = 1.4; b: (2·2 + 1·2)/3
+  // = 2; c singleton: 0.
+  expect_close(compute_opo(g.rewards, g.mask, g.uids).advantages,
+               per_row({1 - 1.4, 0, -1.4, 3, 0, 2 - 1.4}, g.mask), Tolerance::fp32(8, 4),
+               "advantages");
+  // A group whose rows are all empty: 0/0, NaN as in verl.
+  const at::Tensor out = compute_opo(rows({{1}, {2}}), rows({{0}, {0}}), {"e", "e"}).advantages;
+  EXPECT_TRUE(out.isnan().all().item<bool>());
+}
+
+TEST(Gpg, ScalesTheGroupCentredScoreByBatchOverNonzeroScores) {
+  const GroupBatch g;
+  // Scores (1, 2, 0, 3, 2, 2): 5 nonzero of 6, α = 1.2. a: 1.2·(s − 1);
+  // b: 0; c singleton: 1.2·3. With f_norm 2 all halve.
+  const std::vector<double> a = {0, 0, -1.2, 3.6, 0, 1.2};
+  expect_close(compute_gpg(g.rewards, g.mask, g.uids).advantages, per_row(a, g.mask),
+               Tolerance::fp32(6, 4), "f_norm 1");
+  expect_close(compute_gpg(g.rewards, g.mask, g.uids, 2).advantages, per_row(a, g.mask) / 2,
+               Tolerance::fp32(6, 4), "f_norm 2");
+  // All scores 0: α = B / 1, advantages 0.
+  expect_close(compute_gpg(at::zeros({2, 2}), at::ones({2, 2}), {"u", "u"}).advantages,
+               at::zeros({2, 2}), Tolerance::exact(), "all zero");
 }
 
 }  // namespace

@@ -21,12 +21,8 @@ using test::expect_near;
 using test::Tolerance;
 
 // Rows: (1, 2 | 3 masked), (4 | 5, 6 masked), (7, 8, 9 all masked).
-at::Tensor loss3x3() {
-  return at::arange(1, 10, at::kFloat).reshape({3, 3});
-}
-at::Tensor mask3x3() {
-  return at::tensor({1, 1, 0, 1, 0, 0, 0, 0, 0}, at::kLong).reshape({3, 3});
-}
+at::Tensor loss3x3() { return at::arange(1, 10, at::kFloat).reshape({3, 3}); }
+at::Tensor mask3x3() { return at::tensor({1, 1, 0, 1, 0, 0, 0, 0, 0}, at::kLong).reshape({3, 3}); }
 
 double agg(LossAggMode mode, const GlobalBatchInfo& info = {}) {
   return agg_loss(loss3x3(), mask3x3(), mode, info).item<double>();
@@ -58,8 +54,7 @@ TEST(AggLoss, GlobalInfoDividesByGlobalCountsAndMultipliesByDpSize) {
   expect_near(agg(LossAggMode::TokenMean, info), 7.0 / 14 * 2, kTol, "token-mean");
   expect_near(agg(LossAggMode::TokenSum, info), 14, kTol, "token-sum");
   expect_near(agg(LossAggMode::SeqMeanTokenSum, info), 7.0 / 4 * 2, kTol, "seq-mean-token-sum");
-  expect_near(agg(LossAggMode::SeqMeanTokenMean, info), 5.5 / 4 * 2, kTol,
-              "seq-mean-token-mean");
+  expect_near(agg(LossAggMode::SeqMeanTokenMean, info), 5.5 / 4 * 2, kTol, "seq-mean-token-mean");
   expect_near(agg(LossAggMode::SeqMeanTokenSumNorm, info), 7.0 / 4 * 2 / 5, kTol, "sum-norm");
 }
 
@@ -85,9 +80,9 @@ TEST(AggLoss, DataParallelWithoutGlobalCountsIsRefused) {
 }
 
 TEST(AggLoss, LocalEmptyMaskGivesNanLossButZeroGradient) {
-  for (LossAggMode mode : {LossAggMode::TokenMean, LossAggMode::TokenSum,
-                           LossAggMode::SeqMeanTokenSum, LossAggMode::SeqMeanTokenMean,
-                           LossAggMode::SeqMeanTokenSumNorm}) {
+  for (LossAggMode mode :
+       {LossAggMode::TokenMean, LossAggMode::TokenSum, LossAggMode::SeqMeanTokenSum,
+        LossAggMode::SeqMeanTokenMean, LossAggMode::SeqMeanTokenSumNorm}) {
     const at::Tensor loss = loss3x3().requires_grad_();
     const at::Tensor value = agg_loss(loss, at::zeros({3, 3}, at::kLong), mode);
     if (mode == LossAggMode::TokenSum)
@@ -125,9 +120,9 @@ TEST(AggLoss, IgnoresNonFiniteLossAtMaskedPositionsInTokenModes) {
 }
 
 TEST(ParseLossAggMode, RoundTripsEveryModeAndNamesAnUnknownOne) {
-  for (LossAggMode mode : {LossAggMode::TokenMean, LossAggMode::TokenSum,
-                           LossAggMode::SeqMeanTokenSum, LossAggMode::SeqMeanTokenMean,
-                           LossAggMode::SeqMeanTokenSumNorm})
+  for (LossAggMode mode :
+       {LossAggMode::TokenMean, LossAggMode::TokenSum, LossAggMode::SeqMeanTokenSum,
+        LossAggMode::SeqMeanTokenMean, LossAggMode::SeqMeanTokenSumNorm})
     EXPECT_EQ(parse_loss_agg_mode(to_string(mode)), mode);
   EXPECT_EQ(parse_loss_agg_mode("seq-mean-token-sum-norm"), LossAggMode::SeqMeanTokenSumNorm);
   try {
@@ -174,8 +169,9 @@ MiniBatch mini_batch() {
 // Each DP rank runs its micro-batches (lists of rows), calls backward on each
 // micro-batch loss and sums the gradients; the DP all-reduce then averages the
 // ranks' gradients. Returns {Σ micro losses / D, averaged gradient}.
-std::pair<double, at::Tensor> split_run(const MiniBatch& b, LossAggMode mode,
-                                        const std::vector<std::vector<std::vector<int64_t>>>& ranks) {
+std::pair<double, at::Tensor> split_run(
+    const MiniBatch& b, LossAggMode mode,
+    const std::vector<std::vector<std::vector<int64_t>>>& ranks) {
   const int64_t dp = static_cast<int64_t>(ranks.size());
   const GlobalBatchInfo info = b.global(dp);
   at::Tensor grad_sum = at::zeros_like(b.loss);
@@ -199,14 +195,14 @@ std::pair<double, at::Tensor> split_run(const MiniBatch& b, LossAggMode mode,
 TEST(AggLoss, GlobalNormalisationGivesTheUnsplitGradientWhateverTheSplit) {
   const MiniBatch b = mini_batch();
   const std::vector<std::vector<std::vector<std::vector<int64_t>>>> splits = {
-      {{{0, 1, 2, 3, 4, 5, 6}}},                    // one rank, one micro-batch
-      {{{0, 1}, {2, 3, 4}, {5, 6}}},                // one rank, three micro-batches
-      {{{0, 1}, {2, 3}}, {{4, 5}, {6}}},            // two ranks, two micro-batches each
-      {{{6, 0, 3}}, {{2}}, {{1, 4, 5}}},            // three ranks, one holds the empty row only
+      {{{0, 1, 2, 3, 4, 5, 6}}},          // one rank, one micro-batch
+      {{{0, 1}, {2, 3, 4}, {5, 6}}},      // one rank, three micro-batches
+      {{{0, 1}, {2, 3}}, {{4, 5}, {6}}},  // two ranks, two micro-batches each
+      {{{6, 0, 3}}, {{2}}, {{1, 4, 5}}},  // three ranks, one holds the empty row only
   };
-  for (LossAggMode mode : {LossAggMode::TokenMean, LossAggMode::TokenSum,
-                           LossAggMode::SeqMeanTokenSum, LossAggMode::SeqMeanTokenMean,
-                           LossAggMode::SeqMeanTokenSumNorm}) {
+  for (LossAggMode mode :
+       {LossAggMode::TokenMean, LossAggMode::TokenSum, LossAggMode::SeqMeanTokenSum,
+        LossAggMode::SeqMeanTokenMean, LossAggMode::SeqMeanTokenSumNorm}) {
     // The unsplit loss with the mini-batch's counts (dp_size 1).
     const at::Tensor leaf = b.loss.clone().requires_grad_();
     const at::Tensor whole = agg_loss(leaf, b.mask, mode, b.global(1));
@@ -218,11 +214,21 @@ TEST(AggLoss, GlobalNormalisationGivesTheUnsplitGradientWhateverTheSplit) {
     const at::Tensor n = m.sum(1, true);
     at::Tensor expected;
     switch (mode) {
-      case LossAggMode::TokenMean: expected = m / T; break;
-      case LossAggMode::TokenSum: expected = m; break;
-      case LossAggMode::SeqMeanTokenSum: expected = m / S; break;
-      case LossAggMode::SeqMeanTokenMean: expected = m / (S * at::clamp_min(n, 1)); break;
-      case LossAggMode::SeqMeanTokenSumNorm: expected = m / (S * C); break;
+      case LossAggMode::TokenMean:
+        expected = m / T;
+        break;
+      case LossAggMode::TokenSum:
+        expected = m;
+        break;
+      case LossAggMode::SeqMeanTokenSum:
+        expected = m / S;
+        break;
+      case LossAggMode::SeqMeanTokenMean:
+        expected = m / (S * at::clamp_min(n, 1));
+        break;
+      case LossAggMode::SeqMeanTokenSumNorm:
+        expected = m / (S * C);
+        break;
     }
     const std::string name(to_string(mode));
     // One or two divisions per element.

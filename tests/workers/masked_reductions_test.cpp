@@ -29,9 +29,7 @@ at::Tensor t2(std::initializer_list<std::initializer_list<double>> rows,
     cols = static_cast<int64_t>(r.size());
     flat.insert(flat.end(), r.begin(), r.end());
   }
-  return at::tensor(flat, at::kDouble)
-      .reshape({static_cast<int64_t>(rows.size()), cols})
-      .to(dtype);
+  return at::tensor(flat, at::kDouble).reshape({static_cast<int64_t>(rows.size()), cols}).to(dtype);
 }
 
 TEST(MaskedSum, SumsValidElementsOverAllOrOneDim) {
@@ -40,8 +38,8 @@ TEST(MaskedSum, SumsValidElementsOverAllOrOneDim) {
   // 1 + 3 + 5 + 6; rows 1 + 3 and 5 + 6: small integers, exact in fp32.
   expect_close(masked_sum(v, m), at::scalar_tensor(15.0), Tolerance::exact(), "total");
   expect_close(masked_sum(v, m, -1), at::tensor({4.0, 11.0}), Tolerance::exact(), "per row");
-  expect_close(masked_sum(v, m.to(at::kBool), 0), at::tensor({1.0, 5.0, 9.0}),
-               Tolerance::exact(), "per column, bool mask");
+  expect_close(masked_sum(v, m.to(at::kBool), 0), at::tensor({1.0, 5.0, 9.0}), Tolerance::exact(),
+               "per column, bool mask");
 }
 
 TEST(MaskedSum, IgnoresNanAndInfAtMaskedPositionsWithZeroGradientThere) {

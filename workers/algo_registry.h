@@ -1,0 +1,75 @@
+// Advantage estimators and policy losses by name: what a config selects with
+// algorithm.adv_estimator and actor.policy_loss.loss_mode. The built-in ones
+// are registered from the start; a user registers their own C++ estimator or
+// loss under a new name before the config is read, and selects it the same way.
+//
+// Example:
+//   register_advantage_estimator("my_baseline",
+//       [](const AdvantageInputs& in, const AdvantageOptions&) {
+//         at::Tensor a = in.token_level_rewards.sum(-1, true) * in.response_mask;
+//         return AdvantageResult{a, a};
+//       });
+//   AdvantageResult r = compute_advantage("my_baseline", inputs, options);
+//
+// Thread safety: registration and lookup may happen from any thread. A lookup
+// of an unknown name throws std::invalid_argument naming it, the closest known
+// name and every known one.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "workers/advantage.h"
+#include "workers/policy_loss.h"
+
+namespace baton::algos {
+
+// What an estimator may need; each built-in uses its own fields and throws
+// std::invalid_argument naming a missing one.
+struct AdvantageInputs {
+  at::Tensor token_level_rewards;  // [B, L]
+  at::Tensor response_mask;        // [B, L]
+  Uids uids;                    // one per row: grpo*, rloo*, opo, gpg, reinforce_plus_plus_baseline
+  at::Tensor values;            // [B, L]: gae
+  at::Tensor reward_baselines;  // [B]: remax
+};
+
+// algorithm.* with verl's defaults.
+struct AdvantageOptions {
+  double gamma = 1.0;  // gae, reinforce_plus_plus
+  double lam = 1.0;    // gae
+  GrpoOptions grpo;    // grpo, grpo_vectorized, grpo_passk
+  double gpg_f_norm = 1.0;
+};
+
+using AdvantageEstimator =
+    std::function<AdvantageResult(const AdvantageInputs&, const AdvantageOptions&)>;
+
+using PolicyLossFn = std::function<PolicyLossResult(
+    const at::Tensor& old_log_prob, const at::Tensor& log_prob, const at::Tensor& advantages,
+    const at::Tensor& mask, const PolicyLossOptions& options,
+    const std::optional<at::Tensor>& rollout_is_weights)>;
+
+// Registers `fn` under `name`. Throws std::invalid_argument for an empty name
+// or function, or a name already registered (built-ins included).
+void register_advantage_estimator(std::string name, AdvantageEstimator fn);
+void register_policy_loss(std::string name, PolicyLossFn fn);
+
+// The function registered under `name` (a copy; throws for an unknown name).
+AdvantageEstimator find_advantage_estimator(std::string_view name);
+PolicyLossFn find_policy_loss(std::string_view name);
+
+// Registered names, sorted.
+std::vector<std::string> advantage_estimator_names();
+std::vector<std::string> policy_loss_names();
+
+// find_advantage_estimator(name)(inputs, options).
+AdvantageResult compute_advantage(std::string_view name, const AdvantageInputs& inputs,
+                                  const AdvantageOptions& options = {});
+
+}  // namespace baton::algos
