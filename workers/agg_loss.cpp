@@ -36,7 +36,7 @@ at::Tensor seq_mean(const at::Tensor& per_row, const at::Tensor& mask, LossAggMo
   const at::Tensor total = at::where(nonempty, per_row, at::zeros({}, per_row.options())).sum();
   if (info.global_batch_size) return total / *info.global_batch_size * info.dp_size;
   if (info.dp_size > 1) missing_global(to_string(mode), "global_batch_size", info.dp_size);
-  return total / nonempty.sum().to(per_row.scalar_type());
+  return total / nonempty.sum();
 }
 
 }  // namespace
@@ -70,7 +70,7 @@ at::Tensor agg_loss(const at::Tensor& loss_mat, const at::Tensor& mask, LossAggM
       const at::Tensor total = masked_sum(loss_mat, mask);
       if (info.batch_num_tokens) return total / *info.batch_num_tokens * dp;
       if (info.dp_size > 1) missing_global(to_string(mode), "batch_num_tokens", info.dp_size);
-      return total / mask.to(loss_mat.scalar_type()).sum();
+      return total / mask.ne(0).sum();
     }
     case LossAggMode::TokenSum:
       return masked_sum(loss_mat, mask) * dp;

@@ -13,8 +13,10 @@ at::Tensor masked_sum(const at::Tensor& values, const at::Tensor& mask,
 
 at::Tensor masked_mean(const at::Tensor& values, const at::Tensor& mask,
                        std::optional<int64_t> dim) {
+  // Counted exactly, then in at least fp32 (a bf16 count would round past 256).
+  const at::Tensor valid = mask.ne(0);
   const at::Tensor count =
-      dim ? mask.to(values.scalar_type()).sum(*dim) : mask.to(values.scalar_type()).sum();
+      (dim ? valid.sum(*dim) : valid.sum()).to(at::promote_types(values.scalar_type(), at::kFloat));
   return masked_sum(values, mask, dim) / (count + 1e-8);
 }
 

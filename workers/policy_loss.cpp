@@ -96,7 +96,7 @@ PolicyLossResult gspo_policy_loss(const at::Tensor& old_log_prob, const at::Tens
   check_inputs("gspo", old_log_prob, log_prob, advantages, mask, w);
   const at::Tensor& A = advantages;
   const at::Tensor delta = log_prob - old_log_prob;
-  const at::Tensor lengths = at::clamp_min(mask.ne(0).sum(-1).to(log_prob.scalar_type()), 1);
+  const at::Tensor lengths = at::clamp_min(mask.ne(0).sum(-1), 1);
   const at::Tensor seq_delta = masked_sum(delta, mask, -1) / lengths;
   // Value exp(δ_i) at every token of row i, gradient exp(δ_i) w.r.t. log_prob.
   const at::Tensor log_ratio = log_prob - log_prob.detach() + seq_delta.detach().unsqueeze(-1);
@@ -177,7 +177,7 @@ PolicyLossResult geo_mean_policy_loss(const at::Tensor& old_log_prob, const at::
   const at::Tensor sign = A.sign();
   const at::Tensor delta_clamped = clamp_inclusive(delta, -clip_low(o), clip_high(o));
   const at::Tensor delta_min = sign * at::minimum(sign * delta, sign * delta_clamped);
-  const at::Tensor lengths = mask.ne(0).sum(-1).to(log_prob.scalar_type()) + 1e-8;
+  const at::Tensor lengths = mask.ne(0).sum(-1) + 1e-8;
   const at::Tensor ratio = (masked_sum(delta_min, mask, -1) / lengths).exp();
   const at::Tensor seq_advantage = masked_sum(A, mask, -1) / lengths;
   at::Tensor loss = -seq_advantage * ratio;

@@ -395,5 +395,33 @@ TEST(KlCovPolicyLoss, PenalisesTheLargestCovarianceTokensWithAbsKl) {
               "default ratio");
 }
 
+// --- every loss -------------------------------------------------------------------
+
+TEST(PolicyLoss, AnEmptyMicroBatchWithGlobalInfoGivesZeroLossAndGradientNeverNan) {
+  // A micro-batch whose response mask is all zero (the engine passes the
+  // mini-batch's global counts): it must contribute nothing, not NaN.
+  PolicyLossOptions o;
+  o.dro_beta = 0.1;
+  o.global.dp_size = 2;
+  o.global.batch_num_tokens = 10;
+  o.global.global_batch_size = 4;
+  at::manual_seed(1);
+  const at::Tensor old = at::randn({2, 3}) - 2;
+  const at::Tensor lp = at::randn({2, 3}) - 2;
+  const at::Tensor a = at::randn({2, 3});
+  for (const char* name : {"vanilla", "gspo", "sapo", "gpg", "cispo", "dro", "geo_mean", "dppo_tv",
+                           "dppo_kl", "clip_cov", "kl_cov", "reinforce"}) {
+    for (LossAggMode mode : {LossAggMode::TokenMean, LossAggMode::SeqMeanTokenMean}) {
+      o.agg = mode;
+      const Evaluated e = evaluate(name, old, lp, a, at::zeros({2, 3}, at::kLong), o);
+      const std::string what = std::string(name) + " " + std::string(to_string(mode));
+      EXPECT_EQ(e.result.loss.item<double>(), 0.0) << what;
+      expect_close(e.grad, at::zeros({2, 3}), Tolerance::exact(), what + " gradient");
+      for (const auto& [key, value] : e.result.metrics)
+        EXPECT_TRUE(std::isfinite(value)) << what << " " << key;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace baton::algos
