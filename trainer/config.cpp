@@ -792,6 +792,31 @@ void Config::save(const std::filesystem::path& path) const {
                           ec ? cat(": ", ec.message()) : std::string()));
 }
 
+CommandLineConfig config_from_command_line(int argc, const char* const* argv,
+                                           const std::filesystem::path& default_config) {
+  std::filesystem::path file = default_config;
+  std::vector<std::string> overrides, others;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--config") {
+      if (i + 1 >= argc) throw ConfigError("--config needs a file: --config path/to/config.yaml");
+      file = argv[++i];
+    } else if (arg.rfind("--config=", 0) == 0) {
+      file = arg.substr(std::string_view("--config=").size());
+    } else if (!arg.empty() && arg[0] != '-' && arg.find('=') != std::string_view::npos) {
+      overrides.emplace_back(arg);
+    } else {
+      others.emplace_back(arg);
+    }
+  }
+  if (file.empty())
+    throw ConfigError(
+        "no config file: pass --config path/to/config.yaml (e.g. configs/ppo_trainer.yaml)");
+  CommandLineConfig result{Config::load(file), std::move(others)};
+  result.config.apply_overrides(overrides);
+  return result;
+}
+
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
   std::string best;
   size_t best_distance = std::string::npos;

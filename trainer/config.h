@@ -155,6 +155,21 @@ std::vector<double> Config::get<std::vector<double>>(std::string_view key) const
 template <>
 std::vector<std::string> Config::get<std::vector<std::string>>(std::string_view key) const;
 
+// A driver's command line, as `build/examples/grpo --config configs/grpo_toy.yaml
+// data.train_batch_size=16 +trainer.note=x` gives it: the file of `--config FILE`
+// (or `--config=FILE`; `default_config` when absent), then every `key=value`
+// argument (`+key=`, `++key=` too) applied as an override, in order. Arguments
+// that start with '-' or have no '=' are the driver's own: they are returned
+// in `other_args`, in order. argv[0] is skipped.
+struct CommandLineConfig {
+  Config config;
+  std::vector<std::string> other_args;
+};
+// Throws ConfigError when there is no config file (no --config and no
+// default), `--config` has no value, or the file or an override fails.
+CommandLineConfig config_from_command_line(int argc, const char* const* argv,
+                                           const std::filesystem::path& default_config = {});
+
 // The closest of `candidates` to `word` by Levenshtein distance (the first of
 // equals); "" when there are none. Used for "did you mean" suggestions.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);

@@ -382,6 +382,34 @@ TEST(Config, ResolvedConfigRoundTripsThroughItsFile) {
             (std::vector<std::string>{"console", "file"}));
 }
 
+TEST(Config, CommandLineGivesFileOverridesAndTheRest) {
+  TempDir dir;
+  const fs::path file =
+      dir.write("run.yaml", "base: " + kBase.string() + "\ndata:\n  train_batch_size: 32\n");
+  const std::string config_arg = "--config=" + file.string();
+  const char* argv[] = {"grpo",    "--config",        file.c_str(), "data.train_batch_size=16",
+                        "--bench", "+trainer.note=x", "extra"};
+  const CommandLineConfig parsed = config_from_command_line(7, argv);
+  EXPECT_EQ(parsed.config.get<int64_t>("data.train_batch_size"), 16);
+  EXPECT_EQ(parsed.config.get<std::string>("trainer.note"), "x");
+  EXPECT_EQ(parsed.other_args, (std::vector<std::string>{"--bench", "extra"}));
+
+  const char* equals_form[] = {"ppo", config_arg.c_str()};
+  EXPECT_EQ(config_from_command_line(2, equals_form).config.get<int64_t>("data.train_batch_size"),
+            32);
+  // Without --config, the default file.
+  const char* no_file[] = {"ppo", "trainer.total_epochs=2"};
+  EXPECT_EQ(config_from_command_line(2, no_file, kBase).config.get<int64_t>("trainer.total_epochs"),
+            2);
+  EXPECT_CONTAINS(error_of([&] { config_from_command_line(2, no_file); }), "no config file");
+  const char* dangling[] = {"ppo", "--config"};
+  EXPECT_CONTAINS(error_of([&] { config_from_command_line(2, dangling); }),
+                  "--config needs a file");
+  const char* typo[] = {"ppo", "--config", file.c_str(), "data.train_bach_size=1"};
+  EXPECT_CONTAINS(error_of([&] { config_from_command_line(4, typo); }),
+                  "did you mean 'data.train_batch_size'?");
+}
+
 TEST(Config, ClosestMatchIsByEditDistance) {
   EXPECT_EQ(closest_match("lamb", {"gamma", "lam", "kl_ctrl"}), "lam");
   EXPECT_EQ(closest_match("x", {}), "");
