@@ -274,6 +274,15 @@ ConfigNode resolve_key(const ConfigNode& root, std::string_view key) {
   return resolve(root, require_node(root, key), std::string(key), chain);
 }
 
+// Strips `+` / `++` from the keys of a value that is stored whole: a file
+// without a base (it defines the keys), a new key's value, a value for an
+// untyped (null) key.
+void strip_add_markers(ConfigNode& node) {
+  if (node.kind == Kind::kMap)
+    for (auto& name : node.names) name.erase(0, name.find_first_not_of('+'));
+  for (auto& child : node.children) strip_add_markers(child);
+}
+
 // ---- assignment with type checks -----------------------------------------
 
 // The kind a key expects: that of its current value, following an
@@ -346,6 +355,7 @@ void assign(ConfigNode& root, ConfigNode& dst, const ConfigNode& value, const st
   }
   const Kind expected = expected_kind(root, dst, key);
   dst = checked_value(value, expected, &dst, key);
+  strip_add_markers(dst);
 }
 
 enum class SetMode { kExisting, kAdd, kAddOrSet };
@@ -372,6 +382,7 @@ void set_path(ConfigNode& root, const std::vector<std::string>& parts, const Con
       ConfigNode created;
       created.origin = origin;
       node->children.push_back(last ? value : created);
+      strip_add_markers(node->children.back());
       if (last) return;
       next = &node->children.back();
     } else if (last) {
@@ -409,6 +420,7 @@ void merge_map(const ConfigNode& root_for_errors, ConfigNode& root, ConfigNode& 
                           cat(" (to add a new key, write it as '+", name, "')"));
       dst.names.push_back(name);
       dst.children.push_back(value);
+      strip_add_markers(dst.children.back());
       continue;
     }
     if (mode == SetMode::kAdd)
@@ -416,13 +428,6 @@ void merge_map(const ConfigNode& root_for_errors, ConfigNode& root, ConfigNode& 
           cat("config key '", key, "' already exists (", value.origin, "); drop the '+'"));
     assign(root, *existing, value, key);
   }
-}
-
-// Strips `+` / `++` from the keys of a file that has no base (it defines the keys).
-void strip_add_markers(ConfigNode& node) {
-  if (node.kind == Kind::kMap)
-    for (auto& name : node.names) name.erase(0, name.find_first_not_of('+'));
-  for (auto& child : node.children) strip_add_markers(child);
 }
 
 std::string trim(std::string_view s) {

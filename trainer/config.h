@@ -29,7 +29,9 @@
 // Interpolations. A string value `${a.b}` stands for the value of key `a.b`
 // (any type); `text/${a.b}/${c}` is a string with the scalar values
 // substituted. They are resolved when read (so an override of `a.b` is seen by
-// every key that refers to it), and in `resolved()` / `save()`.
+// every key that refers to it), and in `resolved()` / `save()`. A key path does
+// not lead through a reference to a mapping (`a.b` when a is `${x}`): refer to
+// the leaves instead.
 //
 // Example:
 //   Config config = Config::load("configs/grpo_toy.yaml");

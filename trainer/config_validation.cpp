@@ -117,6 +117,22 @@ std::optional<int64_t> check_layout(Checker& c, std::optional<int64_t> world,
   return *world / model;
 }
 
+// optim.*: a learning rate >= 0, Adam's betas in [0, 1), ratios in [0, 1].
+void check_optim(Checker& c, const std::string& prefix) {
+  if (c.number(prefix + ".lr", 0) < 0) c.problem(prefix + ".lr must be >= 0");
+  if (const auto betas = c.read<std::vector<double>>(prefix + ".betas")) {
+    const bool ok = betas->size() == 2 && std::all_of(betas->begin(), betas->end(),
+                                                      [](double b) { return b >= 0 && b < 1; });
+    if (!ok) c.problem(prefix + ".betas must be two numbers in [0, 1), like [0.9, 0.999]");
+  }
+  c.at_least(prefix + ".lr_warmup_steps", -1);
+  for (const char* ratio : {".lr_warmup_steps_ratio", ".min_lr_ratio"}) {
+    const double value = c.number(prefix + ratio, 0);
+    if (value < 0 || value > 1) c.problem(cat(prefix, ratio, " = ", value, " must be in [0, 1]"));
+  }
+  c.one_of(prefix + ".lr_scheduler_type", {"constant", "cosine"});
+}
+
 // Mini- and micro-batches of one trained role over its DP ranks.
 void check_update_batches(Checker& c, const std::string& role, std::optional<int64_t> train_batch,
                           std::optional<int64_t> n, std::optional<int64_t> dp,
@@ -214,7 +230,7 @@ void validate_ppo_config(const Config& config) {
   c.one_of("actor_rollout_ref.actor.strategy", {"megatron"});
   c.one_of("actor_rollout_ref.actor.loss_agg_mode", kLossAggModes);
   c.one_of("actor_rollout_ref.actor.kl_loss_type", kKlKinds);
-  c.one_of("actor_rollout_ref.actor.optim.lr_scheduler_type", {"constant", "cosine"});
+  check_optim(c, "actor_rollout_ref.actor.optim");
   if (c.read<std::string>("actor_rollout_ref.actor.policy_loss.loss_mode").value_or("") ==
           "vanilla" &&
       c.number("actor_rollout_ref.actor.clip_ratio_c", 3.0) <= 1.0)
@@ -224,7 +240,7 @@ void validate_ppo_config(const Config& config) {
   if (has_critic) {
     c.one_of("critic.strategy", {"megatron"});
     c.one_of("critic.loss_agg_mode", kLossAggModes);
-    c.one_of("critic.optim.lr_scheduler_type", {"constant", "cosine"});
+    check_optim(c, "critic.optim");
   } else if (!config.is_null("critic.enable") &&
              c.read<std::string>("algorithm.adv_estimator").value_or("") == "gae") {
     c.problem("algorithm.adv_estimator = gae needs a critic, but critic.enable = false");

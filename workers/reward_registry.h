@@ -33,7 +33,8 @@
 
 namespace baton::rewards {
 
-// One sample, as the reward manager decodes it.
+// One sample, as the reward manager decodes it. The views need to stay valid
+// only for the call.
 struct RewardInput {
   std::string_view data_source = {};   // the sample's data.reward_fn_key column
   std::string_view response = {};      // the decoded response, special tokens skipped

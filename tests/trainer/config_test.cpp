@@ -300,15 +300,18 @@ TEST(Config, InterpolationErrorsNameTheKeys) {
 
 TEST(Config, FileOverridesItsBaseAndIsChecked) {
   TempDir dir;
-  dir.write("base.yaml", "a:\n  b: 1\n  c: [x]\n  f: 0.5\nd: text\ne: ${a.b}\n");
+  dir.write("base.yaml", "a:\n  b: 1\n  c: [x]\n  f: 0.5\nd: text\ne: ${a.b}\nn: null\n");
   const fs::path child =
-      dir.write("sub/child.yaml", "base: ../base.yaml\na:\n  b: 2\n  +g: new\n+h: {i: 1}\n");
+      dir.write("sub/child.yaml",
+                "base: ../base.yaml\na:\n  b: 2\n  +g: new\n+h: {i: 1, +j: 2}\nn: {+k: 3}\n");
   const Config c = Config::load(child);
   EXPECT_EQ(c.get<int64_t>("a.b"), 2);
   EXPECT_EQ(c.get<std::vector<std::string>>("a.c"), std::vector<std::string>{"x"});
   EXPECT_EQ(c.get<std::string>("a.g"), "new");
   EXPECT_EQ(c.get<int64_t>("h.i"), 1);
-  EXPECT_EQ(c.get<int64_t>("e"), 2);  // the base's reference sees the child's value
+  EXPECT_EQ(c.get<int64_t>("h.j"), 2);  // new values are stored without their '+'
+  EXPECT_EQ(c.get<int64_t>("n.k"), 3);  // a null key takes any value
+  EXPECT_EQ(c.get<int64_t>("e"), 2);    // the base's reference sees the child's value
   EXPECT_FALSE(c.has("base"));
 
   // Bases chain.

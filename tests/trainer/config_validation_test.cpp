@@ -168,6 +168,19 @@ TEST(ConfigValidation, ChoicesAreChecked) {
       "algorithm.kl_ctrl.horizon must be > 0");
 }
 
+TEST(ConfigValidation, OptimizerSettingsAreInRange) {
+  const std::string message =
+      problems_with(small_with({"actor_rollout_ref.actor.optim.betas=[0.9]", "critic.optim.lr=-1",
+                                "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=1.5",
+                                "critic.optim.lr_scheduler_type=linear"}));
+  EXPECT_CONTAINS(message, "actor_rollout_ref.actor.optim.betas must be two numbers in [0, 1)");
+  EXPECT_CONTAINS(message, "critic.optim.lr must be >= 0");
+  EXPECT_CONTAINS(message,
+                  "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio = 1.5 must be in [0, 1]");
+  EXPECT_CONTAINS(message,
+                  "critic.optim.lr_scheduler_type = 'linear' is not one of: constant, cosine");
+}
+
 TEST(ConfigValidation, NullWhereAValueIsNeededIsNamed) {
   EXPECT_CONTAINS(problems_with(small_with({"data.train_batch_size=null"})),
                   "config key 'data.train_batch_size' is null");
