@@ -9,6 +9,8 @@
 // given, the per-token loss is multiplied by it right before aggregation).
 // "agg" = agg_loss(L, m, options.agg, options.global). Losses are 0-dim
 // tensors; metrics hold exactly the keys named below ("none" = empty map).
+// Every clamp passes gradient on its closed range, bounds included
+// (clamp_inclusive, clamp.h); min/max split the gradient of ties.
 //
 // Example:
 //   PolicyLossOptions o;  o.clip_ratio_high = 0.28;  o.agg = LossAggMode::TokenMean;
