@@ -43,7 +43,10 @@ struct AdvantageInputs {
 struct AdvantageOptions {
   double gamma = 1.0;  // gae, reinforce_plus_plus
   double lam = 1.0;    // gae
-  GrpoOptions grpo;    // grpo, grpo_vectorized, grpo_passk
+  // grpo, grpo_vectorized, grpo_passk. All three honour norm_adv_by_std
+  // (verl's trainer never passes it to grpo_vectorized, which then always
+  // normalises; here the config's choice holds for every GRPO variant).
+  GrpoOptions grpo;
   double gpg_f_norm = 1.0;
 };
 
