@@ -118,9 +118,9 @@ AdvantageResult compute_grpo(const at::Tensor& rewards, const at::Tensor& mask, 
   for (const std::vector<int64_t>& rows : group_rows(uids)) {
     const bool single = rows.size() == 1;
     const double mean = single ? 0.0 : mean_of(s, rows);
-    const double std = single ? 1.0 : std_of(s, rows);
+    const double deviation = single ? 1.0 : std_of(s, rows);
     for (int64_t r : rows)
-      a[r] = options.norm_adv_by_std ? (s[r] - mean) / (std + options.epsilon) : s[r] - mean;
+      a[r] = options.norm_adv_by_std ? (s[r] - mean) / (deviation + options.epsilon) : s[r] - mean;
   }
   return same(broadcast_rows(a, rewards, mask));
 }
@@ -139,12 +139,12 @@ AdvantageResult compute_grpo_vectorized(const at::Tensor& rewards, const at::Ten
   const at::Tensor var =
       at::zeros({num_groups}, scores.options()).index_add_(0, gid, centered.square()) /
       at::clamp_min(count - 1, 1);
-  at::Tensor std = at::sqrt(at::clamp_min(var, 0));
+  at::Tensor deviation = at::sqrt(at::clamp_min(var, 0));
   const at::Tensor single = count.eq(1);
   mean = at::where(single, at::zeros_like(mean), mean);
-  std = at::where(single, at::ones_like(std), std);
+  deviation = at::where(single, at::ones_like(deviation), deviation);
   at::Tensor a = scores - mean.index_select(0, gid);
-  if (options.norm_adv_by_std) a = a / (std.index_select(0, gid) + options.epsilon);
+  if (options.norm_adv_by_std) a = a / (deviation.index_select(0, gid) + options.epsilon);
   return same(a.unsqueeze(-1) * float_mask(mask, rewards));
 }
 
