@@ -247,6 +247,9 @@ PolicyLossResult clip_cov_policy_loss(const at::Tensor& old_log_prob, const at::
                                       const PolicyLossOptions& o,
                                       const std::optional<at::Tensor>& w) {
   check_inputs("clip_cov", old_log_prob, log_prob, advantages, mask, w);
+  if (!(o.clip_cov_ratio > 0))
+    throw std::invalid_argument("policy loss 'clip_cov': clip_cov_ratio must be > 0, got " +
+                                std::to_string(o.clip_cov_ratio));
   const at::Tensor& A = advantages;
   const at::Tensor delta = log_prob - old_log_prob;
   const at::Tensor ratio = delta.exp();
@@ -284,6 +287,9 @@ PolicyLossResult kl_cov_policy_loss(const at::Tensor& old_log_prob, const at::Te
                                     const PolicyLossOptions& o,
                                     const std::optional<at::Tensor>& w) {
   check_inputs("kl_cov", old_log_prob, log_prob, advantages, mask, w);
+  if (!(o.kl_cov_ratio > 0))
+    throw std::invalid_argument("policy loss 'kl_cov': kl_cov_ratio must be > 0, got " +
+                                std::to_string(o.kl_cov_ratio));
   const at::Tensor& A = advantages;
   const at::Tensor delta = log_prob - old_log_prob;
   const at::Tensor ratio = delta.exp();

@@ -109,13 +109,13 @@ BATON_POLICY_LOSS(dppo_kl_policy_loss);
 // with clip_cov_lb < (A − mean A)(log_prob − mean log_prob) < clip_cov_ub,
 // min(max(⌊clip_cov_ratio·Σm⌋, 1), #candidates) drawn uniformly at random
 // (LibTorch's default CPU generator: at::manual_seed makes it repeatable)
-// get zero loss; L = max(L1, L2) elsewhere. Metrics: pg_clipfrac = mean(zeroed),
-// ppo_kl.
+// get zero loss; L = max(L1, L2) elsewhere. Throws unless clip_cov_ratio > 0.
+// Metrics: pg_clipfrac = mean(zeroed), ppo_kl.
 BATON_POLICY_LOSS(clip_cov_policy_loss);
 // "kl_cov": over the N valid tokens (row-major), the max(1, ⌊N·kl_cov_ratio⌋)
 // with the largest (A − mean A)(log_prob − mean log_prob) get
-// L = −Aρ + ppo_kl_coef·|Δ|, the rest L = −Aρ (no ±20 clamp). Metrics:
-// ppo_kl = mean(|Δ|).
+// L = −Aρ + ppo_kl_coef·|Δ|, the rest L = −Aρ (no ±20 clamp). Throws unless
+// kl_cov_ratio > 0. Metrics: ppo_kl = mean(|Δ|).
 BATON_POLICY_LOSS(kl_cov_policy_loss);
 // "reinforce" (verl's bypass_mode with old_log_prob = the rollout's):
 // L = −A·log_prob. Metrics: ppo_kl.

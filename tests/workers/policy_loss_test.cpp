@@ -348,6 +348,8 @@ TEST(ClipCovPolicyLoss, ZeroesUnclippedValidTokensWithCovarianceInRange) {
   expect_close(e.grad, row({0, 0, -0.5, 0.5, 0}), Tolerance::fp32(8, 4), "gradient");
   expect_metrics(e.result, {{"actor/pg_clipfrac", 0.25}, {"actor/ppo_kl", -std::log(1.5) / 4}},
                  "clip_cov");
+  o.clip_cov_ratio = 0;  // verl asserts clip_cov_ratio > 0
+  EXPECT_THROW(policy_loss("clip_cov", old, lp, a, m, o), std::invalid_argument);
 }
 
 TEST(ClipCovPolicyLoss, PicksTheWantedNumberOfCandidatesAtRandomRepeatably) {
@@ -393,6 +395,8 @@ TEST(KlCovPolicyLoss, PenalisesTheLargestCovarianceTokensWithAbsKl) {
   const Evaluated d = evaluate("kl_cov", lp - delta, lp, a, m);
   expect_near(d.result.loss.item<double>(), (sum - 0.04) / 4, Tolerance::fp32(8, 2),
               "default ratio");
+  o.kl_cov_ratio = 0;  // verl asserts kl_cov_ratio > 0
+  EXPECT_THROW(policy_loss("kl_cov", lp - delta, lp, a, m, o), std::invalid_argument);
 }
 
 // --- every loss -------------------------------------------------------------------
