@@ -5,12 +5,12 @@ The same config, weights, batch, micro-batches, loss and thread count as
 engine_bench's TP1 layout, run as an HF transformers ``LlamaForCausalLM``
 (eager attention) in one process:
 
-    /opt/baton-hf/bin/python bench/engine_bench_torch.py [--threads N] [--warmup 1] [--iters 3]
+    /opt/baton-venv/bin/python bench/engine_bench_torch.py [--threads N] [--warmup 1] [--iters 3]
                                                          [--profile DIR]
-    /opt/baton-hf/bin/python bench/engine_bench_torch.py --summarize DIR
+    /opt/baton-venv/bin/python bench/engine_bench_torch.py --summarize DIR
 
-(/opt/baton-hf comes from scripts/setup_hf.sh: Debian's python3-torch 1.13, the
-same LibTorch release the engine links, plus transformers 4.49.) The last line
+(/opt/baton-venv comes from scripts/setup_python.sh: PyPI's torch, the same
+LibTorch release the engine links, plus transformers.) The last line
 of stdout is one JSON object; pass a file holding it to
 ``engine_bench --torch-json FILE``.
 

@@ -10,8 +10,9 @@ HybridEngine::HybridEngine(std::shared_ptr<Transformer> train,
     : train_(std::move(train)), options_(options) {
   validate_tensor_parallel(train_->config(), options_.rollout_tp);
   const ParallelState& ps = train_->parallel();
-  rollout_state_ =
-      make_rollout_state(std::move(store), ps.rank(), ps.config(), options_.rollout_tp);
+  // The rollout groups use the training groups' backend (NCCL for a GPU model).
+  rollout_state_ = make_rollout_state(std::move(store), ps.rank(), ps.config(), options_.rollout_tp,
+                                      ps.backend());
   rollout_state_->set_num_layers(train_->config().num_layers);
 }
 
@@ -23,6 +24,11 @@ ReshardStats HybridEngine::enter_rollout() {
   TransformerOptions opts;
   opts.value_model = train_->options().value_model;
   auto rollout = std::make_shared<Transformer>(train_->config(), rollout_state_, opts);
+  // A Transformer is built in fp32 on the CPU; the rollout model lives where
+  // the training model does, in its dtype (bf16 on the GPU, say).
+  const at::Device device = train_->device();
+  const at::ScalarType dtype = train_->named_params().front().second.scalar_type();
+  if (device != rollout->device() || dtype != at::kFloat) rollout->to(device, dtype);
   auto stats = reshard_weights(*train_, *rollout, options_.reshard);
   engine_ = std::make_unique<GenerationEngine>(rollout, options_.generation);
   rollout_ = std::move(rollout);

@@ -24,9 +24,11 @@
 //     ... forward_backward + optimizer step on train_model ...
 //   }
 //
-// Not here yet: optimizer state offload during rollout (on CPU there is no
-// device memory to free). Rollout workers in other processes are fed by
-// weight_sync.h instead.
+// On a GPU the rollout model and KV cache live on the training model's device,
+// in its dtype. The optimizer state is the caller's: Optimizer::offload()
+// before enter_rollout() and reload() after exit_rollout() move it to pinned
+// host memory and back (no-ops on the CPU). Rollout workers in other
+// processes are fed by weight_sync.h instead.
 // Thread safety: none; the worker thread that owns the training model drives it.
 #pragma once
 

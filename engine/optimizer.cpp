@@ -114,19 +114,24 @@ void Optimizer::reduce_gradients() {
 double Optimizer::global_grad_norm() {
   at::NoGradGuard no_grad;
   const ParallelState& ps = model_->parallel();
-  auto total = at::zeros({1}, at::kDouble);
+  // Where the groups carry tensors (the GPU for NCCL); each parameter's sum
+  // is made on its own device and moved there.
+  const at::Device device = ps.device();
+  auto total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (auto& s : slots_) {
     // Count each distinct parameter once: replicated ones on TP rank 0, the
     // tied output layer not at all (the embedding stands for it).
     if (s.tied_copy || (s.tp_replicated && ps.coords().tp != 0)) continue;
     if (!s.param.grad().defined()) continue;
-    total += s.param.grad().to(at::kDouble).pow(2).sum();
+    total += s.param.grad().to(at::kDouble).pow(2).sum().to(device);
   }
   all_reduce(total, ps.model_parallel());
   return std::sqrt(total.item<double>());
 }
 
 StepStats Optimizer::step() {
+  if (offloaded_)
+    throw EngineError("Optimizer::step: the optimizer state is offloaded; call reload() first");
   reduce_gradients();
   StepStats stats;
   stats.grad_norm = global_grad_norm();
@@ -156,6 +161,28 @@ StepStats Optimizer::step() {
   }
   ++steps_;
   return stats;
+}
+
+void Optimizer::offload() {
+  if (offloaded_ || slots_.empty() || slots_.front().param.device().is_cpu()) return;
+  for (auto& s : slots_)
+    for (at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
+      if (!t->defined()) continue;
+      // Pinned: device <-> host copies at full bus speed. Only here, where a
+      // GPU is present (pinning needs the CUDA driver).
+      at::Tensor host = at::empty(t->sizes(), t->options().device(at::kCPU).pinned_memory(true));
+      host.copy_(*t);
+      *t = host;
+    }
+  offloaded_ = true;
+}
+
+void Optimizer::reload() {
+  if (!offloaded_) return;
+  for (auto& s : slots_)
+    for (at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq})
+      if (t->defined()) *t = t->to(s.param.device());
+  offloaded_ = false;
 }
 
 std::map<std::string, at::Tensor> Optimizer::state_dict() const {

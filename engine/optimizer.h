@@ -92,6 +92,15 @@ class Optimizer {
   int64_t steps_done() const { return steps_; }
   const OptimizerOptions& options() const { return options_; }
 
+  // Offload: moves the optimizer state (exp_avg, exp_avg_sq, fp32 masters)
+  // of a GPU model to pinned host memory, freeing its device memory while a
+  // rollout runs (HybridEngine); reload() moves it back to the parameters'
+  // device. Both are no-ops for a model on the CPU and when already done.
+  // Blocking copies. step() while offloaded throws EngineError.
+  void offload();
+  void reload();
+  bool offloaded() const { return offloaded_; }
+
   // "exp_avg.<param>", "exp_avg_sq.<param>", "master.<param>" (non-fp32
   // params) and "step" (int64 0-dim).
   std::map<std::string, at::Tensor> state_dict() const;
@@ -113,6 +122,7 @@ class Optimizer {
   OptimizerOptions options_;
   std::vector<Slot> slots_;
   int64_t steps_ = 0;
+  bool offloaded_ = false;
 };
 
 }  // namespace baton::engine

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #if defined(BATON_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -190,10 +191,32 @@ std::pair<int64_t, int64_t> stage_layer_range(int64_t stage, int64_t num_layers,
 
 namespace {
 
+// This process's current CUDA device, which NCCL groups are bound to.
+at::Device current_cuda_device() {
+#if defined(BATON_CUDA)
+  return at::Device(at::kCUDA, c10::cuda::current_device());
+#else
+  throw EngineError("ParallelState: the NCCL backend needs a CUDA build (BATON_CUDA)");
+#endif
+}
+
 std::shared_ptr<::gloo::transport::Device> gloo_device() {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+}
+
+// In LibTorch 2.x Gloo and NCCL are backends: a ProcessGroup holds one per
+// device type and sends each collective to the backend of its tensors' device.
+c10::intrusive_ptr<c10d::ProcessGroup> wrap_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size,
+                                                    c10::intrusive_ptr<c10d::Backend> backend,
+                                                    c10d::ProcessGroup::BackendType type,
+                                                    c10::DeviceType device) {
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  pg->setDefaultBackend(type);
+  pg->setBackend(device, type, std::move(backend));
+  return pg;
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(
@@ -202,7 +225,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(std::move(device));
   if (size == 1) options->threads = 1;
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+  return wrap_backend(store, rank, size,
+                      c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options),
+                      c10d::ProcessGroup::BackendType::GLOO, c10::DeviceType::CPU);
 }
 
 // Builds the process groups of one ParallelState, sharing one process group
@@ -237,7 +262,15 @@ class GroupFactory {
 #if defined(BATON_CUDA)
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = timeout_;
-      return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+      // Bound to this process's GPU (ParallelState::device): barrier() and
+      // the communicators use it rather than guess one from the rank.
+      const at::Device gpu = current_cuda_device();
+      nccl->setBoundDeviceId(gpu);
+      auto pg = wrap_backend(store, rank, size, std::move(nccl),
+                             c10d::ProcessGroup::BackendType::NCCL, c10::DeviceType::CUDA);
+      pg->setBoundDeviceId(gpu);
+      return pg;
 #else
       throw EngineError("ParallelState: the NCCL backend needs a CUDA build (BATON_CUDA)");
 #endif
@@ -274,6 +307,9 @@ std::shared_ptr<ParallelState> ParallelState::create(c10::intrusive_ptr<c10d::St
   if (!store) throw EngineError("ParallelState::create: no store");
   config.validate();
   std::shared_ptr<ParallelState> state(new ParallelState(config, rank));
+  state->backend_ = backend;
+  state->device_ =
+      backend == CollectiveBackend::kNccl ? current_cuda_device() : at::Device(at::kCPU);
 
   // Every rank must agree on the layout, or the groups below would never form.
   const std::string key = detail::cat(kStorePrefix, "config");

@@ -140,6 +140,8 @@ class ParallelState {
   // that differs from rank 0's (checked through the store).
   // Gloo binds to the interface named by GLOO_SOCKET_IFNAME when it is set,
   // else to loopback (one host). `timeout` applies to every collective.
+  // kNccl: make this process's GPU the current CUDA device first (a baton
+  // worker's is, WorkerInfo::device); every group is bound to it.
   static std::shared_ptr<ParallelState> create(
       c10::intrusive_ptr<c10d::Store> store, int64_t rank, ParallelConfig config,
       std::chrono::milliseconds timeout = std::chrono::minutes(5),
@@ -155,6 +157,15 @@ class ParallelState {
 
   const ParallelConfig& config() const { return config_; }
   int64_t rank() const { return rank_; }
+  // The groups' implementation (kGloo for single()).
+  CollectiveBackend backend() const { return backend_; }
+  // Where the groups take the tensors they carry: for kNccl the CUDA device
+  // that was current at create() (the groups are bound to it), for kGloo the
+  // CPU. The engine makes its flags, bucket buffers and pipeline messages
+  // there, so a GPU model on Gloo groups sends those through host memory;
+  // its TP/DP collectives of activations and gradients need kNccl (the Gloo
+  // groups take CPU tensors only).
+  at::Device device() const { return device_; }
   const Coords& coords() const { return coords_; }
 
   const Group& group(GroupKind kind) const;
@@ -184,6 +195,8 @@ class ParallelState {
 
   ParallelConfig config_;
   int64_t rank_ = 0;
+  CollectiveBackend backend_ = CollectiveBackend::kGloo;
+  at::Device device_ = at::kCPU;
   Coords coords_;
   std::vector<Group> groups_;  // indexed by GroupKind
   int64_t num_layers_ = -1;

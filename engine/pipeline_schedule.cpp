@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <deque>
+#include <utility>
 
 #include "engine/errors.h"
 
@@ -14,20 +15,38 @@ namespace {
 // Point-to-point with the neighbouring stages. Tags keep the activation (2m)
 // and gradient (2m+1) of micro-batch m apart. Sends are asynchronous: the
 // tensor is kept until the send completes, so a stage can post its send and
-// then wait on a receive without deadlocking against its neighbour.
+// then wait on a receive without deadlocking against its neighbour. Messages
+// travel on the groups' device (ParallelState::device): a GPU model on Gloo
+// groups sends through host memory.
 class StageLink {
  public:
-  explicit StageLink(const Transformer& model) : pp_(model.parallel().pp()) {}
+  explicit StageLink(const Transformer& model)
+      : pp_(model.parallel().pp()), via_(model.parallel().device()) {}
+
+  // A posted receive; take() waits for it and returns it on `device`.
+  struct Receive {
+    at::Tensor buf;
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Device device;
+    at::Tensor take() {
+      work->wait();
+      return buf.to(device);
+    }
+  };
 
   void send(const at::Tensor& t, int64_t stage, int64_t tag) {
-    std::vector<at::Tensor> buf{t.detach().contiguous()};
+    std::vector<at::Tensor> buf{t.detach().to(via_).contiguous()};
     pending_.push_back({pp_.pg->send(buf, static_cast<int>(stage), static_cast<int>(tag)), buf});
+  }
+  Receive post_recv(at::IntArrayRef shape, const at::TensorOptions& opts, int64_t stage,
+                    int64_t tag) {
+    std::vector<at::Tensor> buf{at::empty(shape, opts.device(via_))};
+    auto work = pp_.pg->recv(buf, static_cast<int>(stage), static_cast<int>(tag));
+    return {buf[0], work, opts.device()};
   }
   at::Tensor recv(at::IntArrayRef shape, const at::TensorOptions& opts, int64_t stage,
                   int64_t tag) {
-    std::vector<at::Tensor> buf{at::empty(shape, opts)};
-    pp_.pg->recv(buf, static_cast<int>(stage), static_cast<int>(tag))->wait();
-    return buf[0];
+    return post_recv(shape, opts, stage, tag).take();
   }
   // Completes sends that are done; call now and then to bound memory.
   void reap(bool all) {
@@ -49,6 +68,7 @@ class StageLink {
     std::vector<at::Tensor> keep;
   };
   const Group& pp_;
+  const at::Device via_;
   std::deque<Pending> pending_;
 };
 
@@ -89,8 +109,17 @@ std::vector<at::Tensor> forward_backward(Transformer& model, const std::vector<M
   // In flight: (stage input that needs its grad, stage output) per micro-batch.
   std::deque<std::pair<at::Tensor, at::Tensor>> inflight;
   int64_t next_fwd = 0, next_bwd = 0;
+  // In the steady phase a stage sends its forward output only once the receive
+  // of the next gradient from that neighbour is posted (Megatron's
+  // send_forward_recv_backward order). Each link then carries its messages in
+  // the same order on both sides, the order its downstream stage runs in.
+  // NCCL needs this: its sends and receives with one peer share a stream, so
+  // two neighbours that both send first would wait on each other forever.
+  // Gloo matches by tag; the order changes nothing there.
+  at::Tensor deferred;  // forward output waiting to be sent
+  int64_t deferred_tag = 0;
 
-  auto forward_step = [&] {
+  auto forward_step = [&](bool defer_send) {
     const MicroBatch& mb = mbs[next_fwd];
     at::Tensor input;
     if (first) {
@@ -106,6 +135,9 @@ std::vector<at::Tensor> forward_backward(Transformer& model, const std::vector<M
         throw EngineError(detail::cat("forward_backward: the loss of micro-batch ", next_fwd,
                                       " has ", out.numel(), " elements; it must be a scalar"));
       losses.push_back(out.detach());
+    } else if (defer_send) {
+      deferred = out;
+      deferred_tag = 2 * next_fwd;
     } else {
       link.send(out, stage + 1, 2 * next_fwd);
     }
@@ -120,8 +152,12 @@ std::vector<at::Tensor> forward_backward(Transformer& model, const std::vector<M
       torch::autograd::backward({out});
     } else {
       auto g = geometry(model, mbs[next_bwd]);
-      auto grad = link.recv(g.hidden_shape, g.options, stage + 1, 2 * next_bwd + 1);
-      torch::autograd::backward({out}, {grad});
+      auto grad = link.post_recv(g.hidden_shape, g.options, stage + 1, 2 * next_bwd + 1);
+      if (deferred.defined()) {
+        link.send(deferred, stage + 1, deferred_tag);
+        deferred = at::Tensor();
+      }
+      torch::autograd::backward({out}, {grad.take()});
     }
     if (!first) link.send(input.grad(), stage - 1, 2 * next_bwd + 1);
     ++next_bwd;
@@ -129,9 +165,9 @@ std::vector<at::Tensor> forward_backward(Transformer& model, const std::vector<M
   };
 
   int64_t warmup = std::min(stages - stage - 1, m);
-  for (int64_t i = 0; i < warmup; ++i) forward_step();
+  for (int64_t i = 0; i < warmup; ++i) forward_step(/*defer_send=*/false);
   for (int64_t i = 0; i < m - warmup; ++i) {
-    forward_step();
+    forward_step(/*defer_send=*/true);
     backward_step();
   }
   while (next_bwd < m) backward_step();

@@ -156,6 +156,7 @@ class Resharder {
         t_rank_(train_ps_.coords().tp),
         r_rank_(rollout.parallel().coords().tp),
         stage_(train_ps_.coords().pp),
+        device_(train_ps_.device()),
         // Equal TP sizes that pad the vocabulary differently split it
         // differently too: the owning stage gathers then as well.
         gather_(t_tp_ > 1 && (t_tp_ != r_tp_ || train.padded_vocab_size() !=
@@ -215,7 +216,7 @@ class Resharder {
     const int64_t off = f.layout.offset[i][k];
     ENGINE_CHECK(off >= 0, it.name, ": no segment in region ", k);
     return at::from_blob(static_cast<uint8_t*>(f.buffer.data_ptr()) + off, it.shard_shape(t_tp_),
-                         at::TensorOptions().dtype(it.dst.scalar_type()));
+                         at::TensorOptions().dtype(it.dst.scalar_type()).device(f.buffer.device()));
   }
 
   void launch(const Bucket& b, InFlight& f) {
@@ -227,7 +228,9 @@ class Resharder {
     }
     f.layout = layout_of(b);
     const int64_t total = f.layout.total;
-    f.buffer = at::empty({total}, at::kByte);
+    // Where the training groups carry tensors (the GPU for NCCL, else the
+    // host); copies into and out of it move between devices as needed.
+    f.buffer = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(device_));
     live_bytes_ += total;
     peak_bytes_ = std::max(peak_bytes_, live_bytes_);
     if (owner) {
@@ -299,6 +302,7 @@ class Resharder {
   const int64_t t_tp_, r_tp_;      // TP sizes: training, rollout
   const int64_t t_rank_, r_rank_;  // this rank's TP ranks
   const int64_t stage_;            // this rank's training pipeline stage
+  const at::Device device_;        // the training groups': bucket buffers live there
   const bool gather_;              // the owning stage all-gathers its TP shards
   std::vector<Item> items_;
   std::vector<Bucket> buckets_;
@@ -310,7 +314,7 @@ class Resharder {
 
 std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store> store,
                                                   int64_t rank, const ParallelConfig& training,
-                                                  int64_t rollout_tp) {
+                                                  int64_t rollout_tp, CollectiveBackend backend) {
   const int64_t world = training.world_size();
   if (rollout_tp < 1 || world % rollout_tp != 0)
     throw EngineError(detail::cat("make_rollout_state: rollout tp ", rollout_tp,
@@ -326,7 +330,7 @@ std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store
   static std::atomic<int64_t> calls{0};
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
       detail::cat("baton/rollout/", calls.fetch_add(1)), std::move(store));
-  return ParallelState::create(prefixed, rank, rollout);
+  return ParallelState::create(prefixed, rank, rollout, std::chrono::minutes(5), backend);
 }
 
 ReshardStats reshard_weights(const Transformer& train, Transformer& rollout,
@@ -345,7 +349,8 @@ ReshardStats reshard_weights(const Transformer& train, Transformer& rollout,
   } catch (const EngineError& e) {
     problem = e.what();
   }
-  auto bad = at::full({1}, problem.empty() ? 0 : 1, at::kLong);
+  auto bad = at::full({1}, problem.empty() ? 0 : 1,
+                      at::TensorOptions().dtype(at::kLong).device(train.parallel().device()));
   std::vector<at::Tensor> flag{bad};
   train.parallel().world().pg->allreduce(flag)->wait();
   if (!problem.empty()) throw EngineError(problem);

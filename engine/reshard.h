@@ -58,11 +58,12 @@ struct ReshardStats {
 // tp = rollout_tp, dp = world / rollout_tp, cp = pp = 1. Collective over the
 // world; the n-th call in a process uses store keys under "baton/rollout/<n>/",
 // so it can share the training state's store and be called again (every rank
-// must make its rollout states in the same order). Throws EngineError, before
-// touching the store, when rollout_tp does not divide the world size.
-std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store> store,
-                                                  int64_t rank, const ParallelConfig& training,
-                                                  int64_t rollout_tp);
+// must make its rollout states in the same order). `backend`: the training
+// state's (kNccl for a model on the GPU). Throws EngineError, before touching
+// the store, when rollout_tp does not divide the world size.
+std::shared_ptr<ParallelState> make_rollout_state(
+    c10::intrusive_ptr<c10d::Store> store, int64_t rank, const ParallelConfig& training,
+    int64_t rollout_tp, CollectiveBackend backend = CollectiveBackend::kGloo);
 
 // Copies `train`'s weights into `rollout` (cast to the rollout's dtype); for
 // fp32 the result equals hf_to_shard of the full weights for the rollout TP
@@ -73,7 +74,8 @@ std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store
 // before any bucket moves: when the two models disagree (config, value-model
 // flag, world size, rank, rollout pp != 1) or bucket_bytes < 1, at once; when
 // some rank's training shard has an unexpected shape, on every rank (one
-// all-reduce of the verdicts), so none is left waiting.
+// all-reduce of the verdicts), so none is left waiting. The bucket buffers
+// are on the training state's device() (the GPU with NCCL groups).
 ReshardStats reshard_weights(const Transformer& train, Transformer& rollout,
                              const ReshardOptions& options = {});
 

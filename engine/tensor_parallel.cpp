@@ -51,16 +51,12 @@ at::Tensor reduce_scatter(const at::Tensor& x, int64_t dim, const Group& group) 
   if (group.size == 1) return x;
   dim = checked_dim(x, dim);
   const int64_t n = shard_size(x, dim, group, "reduce_scatter");
-  if (group.pg->getBackendName() == "nccl") {
-    std::vector<at::Tensor> out{at::empty_like(x.narrow(dim, 0, n), at::MemoryFormat::Contiguous)};
-    std::vector<std::vector<at::Tensor>> in(1);
-    for (const at::Tensor& c : x.chunk(group.size, dim)) in[0].push_back(c.contiguous());
-    group.pg->reduce_scatter(out, in)->wait();
-    return out[0];
-  }
-  // Gloo has no reduce_scatter in LibTorch 1.13: all-reduce, keep our slice.
-  // Twice the traffic of a true reduce-scatter; fine for CPU runs.
-  return all_reduce(x, group).narrow(dim, group.rank * n, n).contiguous();
+  // A real reduce-scatter on both backends (Gloo has one from LibTorch 2.x).
+  std::vector<at::Tensor> out{at::empty_like(x.narrow(dim, 0, n), at::MemoryFormat::Contiguous)};
+  std::vector<std::vector<at::Tensor>> in(1);
+  for (const at::Tensor& c : x.chunk(group.size, dim)) in[0].push_back(c.contiguous());
+  group.pg->reduce_scatter(out, in)->wait();
+  return out[0];
 }
 
 at::Tensor split(const at::Tensor& x, int64_t dim, const Group& group) {

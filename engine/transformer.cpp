@@ -1,10 +1,10 @@
 #include "engine/transformer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstdio>
 #include <limits>
 #include <set>
 
@@ -108,6 +108,11 @@ Transformer::Transformer(ModelConfig config, std::shared_ptr<ParallelState> stat
 
 bool Transformer::first_stage() const { return state_->is_first_stage(); }
 bool Transformer::last_stage() const { return state_->is_last_stage(); }
+
+at::Device Transformer::device() const {
+  auto params = named_params();
+  return params.empty() ? at::Device(at::kCPU) : params.front().second.device();
+}
 
 ShardSpec Transformer::shard_spec() const {
   const ParallelConfig& pc = state_->config();
@@ -288,10 +293,10 @@ void Transformer::load_state_dict(const std::map<std::string, at::Tensor>& weigh
     auto it = weights.find(name);
     if (it == weights.end()) {
       if (name.rfind("value_head.", 0) == 0) {
-        spdlog::info(
-            "value model: no {} in the checkpoint (a causal-LM checkpoint?); it "
-            "keeps its fresh initialisation",
-            name);
+        std::fprintf(stderr,
+                     "[baton] [info] value model: no %s in the checkpoint (a causal-LM "
+                     "checkpoint?); it keeps its fresh initialisation\n",
+                     name.c_str());
         continue;
       }
       missing.push_back(name);

@@ -124,6 +124,10 @@ class Transformer : public torch::nn::Module {
   // This rank's ShardSpec (hf_to_shard) for its layout and model kind.
   ShardSpec shard_spec() const;
   const ParallelState& parallel() const { return *state_; }
+  // The device of this rank's parameters (CPU until the model is moved with
+  // to(); every parameter is on the same one). Tensors the engine makes for
+  // this model, and those its collectives carry, go there.
+  at::Device device() const;
   const TransformerOptions& options() const { return options_; }
   bool first_stage() const;
   bool last_stage() const;

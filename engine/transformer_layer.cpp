@@ -1,7 +1,5 @@
 #include "engine/transformer_layer.h"
 
-#include <torch/version.h>
-
 #include <cmath>
 #include <limits>
 
@@ -133,13 +131,7 @@ at::Tensor TransformerLayer::attend(const at::Tensor& q, at::Tensor k, at::Tenso
     k = repeat(k);
     v = repeat(v);
   }
-#if TORCH_VERSION_MAJOR >= 2
   auto ctx = at::scaled_dot_product_attention(q, k, v, bias);
-#else
-  auto scores = at::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(d)) + bias;
-  auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  auto ctx = at::matmul(probs, v);
-#endif
   int64_t b = q.size(0), s = q.size(2);
   return ctx.transpose(1, 2).reshape({b, s, q.size(1) * d});
 }

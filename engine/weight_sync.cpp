@@ -83,7 +83,8 @@ int64_t largest_bucket(const Plan& plan) {
 at::Tensor segment(const at::Tensor& buffer, const Bucket& b, size_t i, int64_t k, int64_t tp,
                    at::ScalarType dtype) {
   return at::from_blob(static_cast<uint8_t*>(buffer.data_ptr()) + b.layout.offset[i][k],
-                       b.items[i]->shard_shape(tp), at::TensorOptions().dtype(dtype));
+                       b.items[i]->shard_shape(tp),
+                       at::TensorOptions().dtype(dtype).device(buffer.device()));
 }
 
 // Bucket buffers reused within one send or receive: a returned buffer serves
@@ -92,6 +93,10 @@ at::Tensor segment(const at::Tensor& buffer, const Bucket& b, size_t i, int64_t 
 // bytes held stay within the two largest buffers in use at once.
 class BufferPool {
  public:
+  // Buffers of `options` (bytes; a device, or pinned host memory).
+  explicit BufferPool(at::TensorOptions options = at::TensorOptions().dtype(at::kByte))
+      : options_(options.dtype(at::kByte)) {}
+
   // A buffer of exactly `bytes` (a view of a possibly larger one).
   at::Tensor take(int64_t bytes) {
     for (size_t i = 0; i < free_.size(); ++i) {
@@ -103,12 +108,12 @@ class BufferPool {
     clear();
     held_ += bytes;
     peak_ = std::max(peak_, held_);
-    return at::empty({bytes}, at::kByte);
+    return at::empty({bytes}, options_);
   }
   // Gives a buffer from take() back (the whole allocation behind the view).
   void give(at::Tensor& buffer) {
     const auto capacity = static_cast<int64_t>(buffer.storage().nbytes());
-    free_.push_back(at::empty({0}, at::kByte).set_(buffer.storage(), 0, {capacity}));
+    free_.push_back(at::empty({0}, buffer.options()).set_(buffer.storage(), 0, {capacity}));
     buffer = at::Tensor();
   }
   // Frees the pooled buffers and starts a new peak.
@@ -124,9 +129,16 @@ class BufferPool {
     free_.clear();
   }
 
+  at::TensorOptions options_;
   std::vector<at::Tensor> free_;
   int64_t held_ = 0, peak_ = 0;
 };
+
+// Pinned host memory when `device` is a GPU (fast, asynchronous-capable
+// copies); plain host memory otherwise, since pinning needs a CUDA device.
+at::TensorOptions host_staging(const at::Device& device) {
+  return at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda());
+}
 
 // The header rank 0 broadcasts before the buckets.
 enum Header : int64_t {
@@ -182,6 +194,11 @@ class WeightSender::Impl {
                                       " but the others are ", dtype_));
       params_.emplace(name, p);
     }
+    // Buckets are assembled over the training groups, on their device (the
+    // GPU for NCCL); the sync group (Gloo) carries host memory.
+    device_ = ps.device();
+    pool_ = BufferPool(at::TensorOptions().dtype(at::kByte).device(device_));
+    host_pool_ = BufferPool(host_staging(device_));
     plan_ = make_plan(train_->config(), train_->options().value_model, ps.config(),
                       static_cast<int64_t>(c10::elementSize(dtype_)), options_.bucket_bytes);
     // This rank's shards, checked now; send() tells every party before streaming.
@@ -199,6 +216,7 @@ class WeightSender::Impl {
 
   WeightSyncStats send(int64_t version) {
     pool_.reset();
+    host_pool_.reset();
     const auto t0 = Clock::now();
     const ParallelState& ps = train_->parallel();
     handshake(version);
@@ -214,6 +232,7 @@ class WeightSender::Impl {
       for (size_t b = 0; b < plan_.buckets.size(); ++b) {
         at::Tensor full = assemble(plan_.buckets[b], static_cast<int>(b));
         if (ps.rank() != 0) continue;
+        full = to_host(full);
         std::vector<at::Tensor> ts{full};
         c10d::BroadcastOptions opts;
         opts.rootRank = 0;
@@ -229,19 +248,33 @@ class WeightSender::Impl {
         release(buf);
       }
     }
-    stats.peak_buffer_bytes = pool_.peak();
+    stats.peak_buffer_bytes = pool_.peak() + host_pool_.peak();
     pool_.reset();
+    host_pool_.reset();
     stats.seconds = seconds_since(t0);
     return stats;
   }
 
  private:
+  // A bucket assembled on a GPU travels through pinned host memory: the sync
+  // group is Gloo. Its device buffer goes back to the pool at once.
+  at::Tensor to_host(at::Tensor& full) {
+    if (full.device().is_cpu()) return full;
+    at::Tensor host = host_pool_.take(full.numel());
+    host.copy_(full);
+    pool_.give(full);
+    return host;
+  }
+
   // The training ranks agree that their shards are sound; rank 0 tells the
   // receivers what comes (or that nothing does); their verdicts come back
   // summed and the training world learns the outcome, so all fail together.
   void handshake(int64_t version) {
     const ParallelState& ps = train_->parallel();
-    auto trainer_bad = at::full({1}, problem_.empty() ? 0 : 1, at::kLong);
+    // Flags over the training world on its groups' device, over the sync
+    // group on the host.
+    auto trainer_bad = at::full({1}, problem_.empty() ? 0 : 1,
+                                at::TensorOptions().dtype(at::kLong).device(device_));
     {
       std::vector<at::Tensor> ts{trainer_bad};
       ps.world().pg->allreduce(ts)->wait();
@@ -276,11 +309,11 @@ class WeightSender::Impl {
                                                                    "shards do not fit the model;")
                                                      : problem_,
                                     " nothing was sent"));
-    std::vector<at::Tensor> ts{rejected};
+    std::vector<at::Tensor> ts{rejected.to(device_)};
     c10d::BroadcastOptions opts;
     opts.rootRank = 0;
     ps.world().pg->broadcast(ts, opts)->wait();
-    int64_t n = rejected.item<int64_t>();
+    int64_t n = ts[0].item<int64_t>();
     if (n > 0)
       throw EngineError(detail::cat("WeightSender: ", n,
                                     " rollout rank(s) rejected the weights (their model or "
@@ -288,7 +321,7 @@ class WeightSender::Impl {
   }
 
   at::Tensor allocate(int64_t bytes) { return pool_.take(bytes); }
-  void release(at::Tensor& buf) { pool_.give(buf); }
+  void release(at::Tensor& buf) { (buf.device() == device_ ? pool_ : host_pool_).give(buf); }
 
   // The whole bucket on training rank 0 (returned there; undefined elsewhere).
   at::Tensor assemble(const Bucket& b, int tag) {
@@ -302,7 +335,8 @@ class WeightSender::Impl {
       for (size_t i = 0; i < b.items.size(); ++i) {
         if (b.layout.offset[i][k] < 0) continue;
         at::from_blob(static_cast<uint8_t*>(buf.data_ptr()) + b.layout.offset[i][k] - base,
-                      b.items[i]->shard_shape(t_tp), at::TensorOptions().dtype(dtype_))
+                      b.items[i]->shard_shape(t_tp),
+                      at::TensorOptions().dtype(dtype_).device(buf.device()))
             .copy_(params_.at(b.items[i]->name));
       }
       const Group& tp = ps.tp();
@@ -341,10 +375,12 @@ class WeightSender::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> sync_;
   WeightSyncOptions options_;
   at::ScalarType dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;  // the training groups' (ParallelState::device)
   std::map<std::string, at::Tensor> params_;
   Plan plan_;
-  std::string problem_;  // this rank's shards that do not fit the model
-  BufferPool pool_;
+  std::string problem_;   // this rank's shards that do not fit the model
+  BufferPool pool_;       // on device_: assembly over the training groups
+  BufferPool host_pool_;  // rank 0, device_ a GPU: buckets on their way to the sync group
 };
 
 WeightSender::WeightSender(std::shared_ptr<Transformer> train,
@@ -411,6 +447,8 @@ class WeightReceiver::Impl {
     stats.buckets = static_cast<int64_t>(plan_.buckets.size());
     stats.largest_bucket_bytes = largest_bucket(plan_);
     // Two buckets posted at once: the next arrives while this one is copied out.
+    // The buffers are host memory (the sync group is Gloo); copy_tp_slice
+    // copies out of them into the rollout parameters on their device.
     std::deque<std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>>> posted;
     auto post = [&](size_t b) {
       at::Tensor buf = pool_.take(plan_.buckets[b].layout.total);

@@ -22,6 +22,13 @@
 //      embedding and LM head stripped of the trainer's vocabulary padding and
 //      padded again as the rollout layout pads them), casting to the rollout
 //      dtype.
+// On GPUs: the training groups carry the buckets on their device (the GPU
+// with NCCL groups, ParallelState::device); rank 0 copies each bucket to
+// pinned host memory for the sync group, which is Gloo; receivers take it
+// into host memory and copy their slices into the rollout model on its
+// device. No CUDA IPC, no NCCL between the two process sets. Build the
+// sender after moving the model to its device and dtype (the dtype is read
+// then).
 //
 // Example:
 //   // training rank t of W_t (rank 0 holds the sync group):
@@ -63,7 +70,8 @@ struct WeightSyncStats {
   int64_t buckets = 0;
   int64_t peak_buffer_bytes = 0;  // most bucket-buffer bytes held at once on this rank
   // The largest bucket's buffer (a bucket, or one larger tensor, plus 8-byte
-  // alignment per tensor): peak_buffer_bytes stays within two of these.
+  // alignment per tensor): peak_buffer_bytes stays within two of these (on a
+  // GPU sender, two in pinned host memory plus one on the device).
   int64_t largest_bucket_bytes = 0;
 };
 

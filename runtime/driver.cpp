@@ -2,11 +2,11 @@
 
 #include <unistd.h>
 
-#include <spdlog/spdlog.h>
-
 #include <climits>
+#include <string>
 
 #include "runtime/errors.h"
+#include "runtime/log.h"
 
 namespace baton {
 
@@ -66,7 +66,7 @@ void Driver::post_dispatch(std::function<void()> task) {
         try {
           next();
         } catch (const std::exception& e) {
-          spdlog::error("baton: a dispatch task failed: {}", e.what());
+          log(LogLevel::kError, std::string("baton: a dispatch task failed: ") + e.what());
         }
       }
     });

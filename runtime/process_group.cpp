@@ -30,10 +30,17 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo_group(const WorkerInfo& inf
 c10::intrusive_ptr<c10d::ProcessGroupNCCL> make_nccl_group(const WorkerInfo& info,
                                                            const std::string& tag,
                                                            std::chrono::milliseconds timeout) {
+  if (!info.use_gpu || info.device < 0)
+    throw Error("make_nccl_group: rank " + std::to_string(info.rank) +
+                " has no GPU (spawn the group on a ResourcePool with gpu(true))");
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(rendezvous_store(info, tag), info.rank,
-                                                     info.world_size, options);
+  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(rendezvous_store(info, tag), info.rank,
+                                                        info.world_size, options);
+  // The worker's GPU (current since its start): barrier() and the
+  // communicators use it instead of guessing from the rank.
+  pg->setBoundDeviceId(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(info.device)));
+  return pg;
 }
 #endif
 

@@ -32,8 +32,10 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo_group(
     std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
 #if defined(BATON_CUDA)
-// An NCCL process group over all ranks of this worker's group, on the
-// worker's GPU. Only in builds against a CUDA LibTorch.
+// An NCCL process group over all ranks of this worker's group, bound to the
+// worker's GPU (WorkerInfo::device); tensors it carries must be there. Throws
+// baton::Error in a worker without a GPU. Only in builds against a CUDA
+// LibTorch.
 c10::intrusive_ptr<c10d::ProcessGroupNCCL> make_nccl_group(
     const WorkerInfo& info, const std::string& tag = "world",
     std::chrono::milliseconds timeout = std::chrono::minutes(5));

@@ -1,7 +1,5 @@
 #include "runtime/runtime.h"
 
-#include <spdlog/cfg/env.h>
-#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -74,8 +72,6 @@ void init(int argc, char** argv) {
   if (const char* fd = std::getenv("BATON_WORKER_FD")) run_worker_host(std::atoi(fd));
   static std::once_flag once;
   std::call_once(once, [&] {
-    // SPDLOG_LEVEL=debug (or baton=debug) shows worker starts and exits.
-    spdlog::cfg::load_env_levels();
     Driver::get().set_command_line(argc, argv);
     std::atexit([] {
       shutdown();

@@ -3,6 +3,12 @@
 // Tensors of at least kInlineTensorBytes are copied into one shared-memory
 // segment per message (so a message carries at most one fd); smaller ones
 // travel inline. Non-contiguous tensors are made contiguous on the way.
+//
+// Device tensors travel through host memory: the encoder copies a CUDA
+// tensor device-to-host straight into the shared segment (or the inline
+// bytes), and the decoder always yields CPU tensors (a view of the segment).
+// A receiver that computes on its GPU moves them there itself
+// (DataProto::to(device)). No CUDA IPC: nothing device-side is shared.
 #pragma once
 
 #include <functional>

@@ -42,9 +42,12 @@ struct WorkerInfo {
   int node = 0;
   bool use_gpu = false;
   // GPU ordinal as seen by this process (CUDA_VISIBLE_DEVICES holds just the
-  // worker's GPU, so this is 0), or -1 on CPU.
+  // worker's GPU, so this is 0; it is the current CUDA device before the
+  // worker's constructor runs), or -1 on CPU.
   int device = -1;
-  // The physical slot: GPU index on the node, or CPU slot index.
+  // The worker's slot on its node. With use_gpu: the slot-th GPU the driver
+  // may use (the slot-th entry of the driver's CUDA_VISIBLE_DEVICES, or GPU
+  // `slot` when that is unset). Otherwise a CPU slot index.
   int slot = 0;
   int intra_op_threads = 1;   // LibTorch intra-op threads set for this worker
   std::string master_addr;    // rendezvous: a c10d TCPStore the driver hosts

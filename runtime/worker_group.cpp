@@ -3,7 +3,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +15,7 @@
 #include "runtime/dispatch_registry.h"
 #include "runtime/driver.h"
 #include "runtime/errors.h"
+#include "runtime/log.h"
 #include "runtime/runtime.h"
 #include "runtime/worker_process.h"
 
@@ -194,7 +194,7 @@ struct WorkerGroup::State : std::enable_shared_from_this<WorkerGroup::State> {
       if (stopping || !failure.empty()) return;
       failure = what;
     }
-    spdlog::error("baton: group {} failed, stopping its other workers: {}", name, what);
+    log(LogLevel::kError, "baton: group " + name + " failed, stopping its other workers: " + what);
     fail_deferred(
         [&](const std::string& where) { return WorkerDiedError(where + ": not sent: " + what); });
     for (auto& w : workers) {

@@ -2,6 +2,9 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#if defined(BATON_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <fcntl.h>
@@ -57,6 +60,26 @@ WorkerInfo info_from_environment() {
   }
   info.coords = info.layout.coords(info.rank);
   return info;
+}
+
+// Makes the worker's GPU the current device before any role allocates:
+// CUDA_VISIBLE_DEVICES holds just that GPU, so it is device 0 here
+// (WorkerInfo::device). Throws, failing the group's start, when a GPU worker
+// finds no device or the build has no CUDA.
+void bind_device(const WorkerInfo& info) {
+  if (!info.use_gpu) return;
+  const std::string where = "rank " + std::to_string(info.rank) + " (GPU slot " +
+                            std::to_string(info.slot) +
+                            ", CUDA_VISIBLE_DEVICES=" + env_str("CUDA_VISIBLE_DEVICES") + ")";
+#if defined(BATON_CUDA)
+  if (c10::cuda::device_count() < 1)
+    throw Error(where + ": CUDA sees no device (no driver, or a wrong GPU id)");
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(info.device));
+#else
+  throw Error(where +
+              ": this build has no CUDA (BATON_CUDA is off); a GPU pool needs a build "
+              "against a CUDA LibTorch");
+#endif
 }
 
 [[noreturn]] void quit(int status) {
@@ -118,6 +141,7 @@ class Host {
             {r.getRole().cStr(), r.getClassName().cStr(), decoder.decode(r.getInitArgs())});
       }
       roles_ = std::make_unique<RoleSet>(roles);
+      bind_device(info_);
       // Every role of a colocated process gets the same WorkerInfo.
       for (size_t i = 0; i < roles.size(); ++i) {
         detail::set_pending_worker_info(info_);

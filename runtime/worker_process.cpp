@@ -8,7 +8,6 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
-#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,12 +15,15 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "runtime/channel.h"
 #include "runtime/driver.h"
 #include "runtime/errors.h"
+#include "runtime/log.h"
 #include "runtime/value_codec.h"
 
 extern char** environ;
@@ -43,6 +45,32 @@ int high_fd(int fd) {
   int h = fcntl(fd, F_DUPFD_CLOEXEC, 10);
   close(fd);
   return h;
+}
+
+// The CUDA_VISIBLE_DEVICES entry of GPU slot `slot`: the slot-th GPU the
+// driver itself may use (its own CUDA_VISIBLE_DEVICES, an index, UUID or MIG
+// id each; all GPUs when unset), so that a driver restricted to "2,3" places
+// slot 0 on GPU 2. Throws when the driver's list has no such entry.
+std::string visible_device_of_slot(int slot) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) return std::to_string(slot);
+  std::vector<std::string> entries;
+  std::string entry;
+  for (const char* c = visible;; ++c) {
+    if (*c == ',' || *c == '\0') {
+      if (!entry.empty()) entries.push_back(entry);
+      entry.clear();
+      if (*c == '\0') break;
+    } else if (*c != ' ') {
+      entry += *c;
+    }
+  }
+  if (slot < 0 || slot >= static_cast<int>(entries.size()))
+    throw Error("GPU slot " + std::to_string(slot) +
+                " has no GPU: the driver's CUDA_VISIBLE_DEVICES=\"" + visible + "\" lists " +
+                std::to_string(entries.size()) +
+                " (give the driver more GPUs, or a pool with fewer workers per node)");
+  return entries[static_cast<size_t>(slot)];
 }
 
 std::vector<std::string> worker_environment(const WorkerInfo& info) {
@@ -75,7 +103,8 @@ std::vector<std::string> worker_environment(const WorkerInfo& info) {
   add("LOCAL_WORLD_SIZE", std::to_string(info.local_world_size));
   add("MASTER_ADDR", info.master_addr);
   add("MASTER_PORT", std::to_string(info.master_port));
-  if (info.use_gpu) add("CUDA_VISIBLE_DEVICES", std::to_string(info.slot));
+  // One GPU per worker: inside the worker it is device 0 (WorkerInfo::device).
+  if (info.use_gpu) add("CUDA_VISIBLE_DEVICES", visible_device_of_slot(info.slot));
   const ParallelLayout& l = info.layout;
   add("BATON_LAYOUT", std::to_string(l.tp) + "," + std::to_string(l.cp) + "," +
                           std::to_string(l.dp) + "," + std::to_string(l.pp));
@@ -172,6 +201,8 @@ bool WorkerProcess::alive() const {
 std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook on_death) {
   std::shared_ptr<WorkerProcess> w(new WorkerProcess(std::move(info), std::move(on_death)));
   Driver& driver = Driver::get();
+  // Before any fd is made: it throws for a GPU slot the driver has no GPU for.
+  std::vector<std::string> env = worker_environment(w->info_);
   driver.run_on_io([&] {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -183,7 +214,6 @@ std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook o
     }
     int child_sock = high_fd(sv[1]), out_w = high_fd(out[1]), err_w = high_fd(err[1]);
 
-    std::vector<std::string> env = worker_environment(w->info_);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -217,7 +247,7 @@ std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook o
     w->start_reading();
     w->start_log_pipe(out[0], false);
     w->start_log_pipe(err[0], true);
-    spdlog::debug("baton: started {}", w->label());
+    log(LogLevel::kDebug, "baton: started " + w->label());
   });
   return w;
 }
@@ -363,9 +393,9 @@ void WorkerProcess::finish_death(int wait_status, bool have_status) {
     what = death_;
   }
   if (expected) {
-    spdlog::debug("baton: {} exited", label());
+    log(LogLevel::kDebug, "baton: " + label() + " exited");
   } else {
-    spdlog::error("baton: {}", what);
+    log(LogLevel::kError, "baton: " + what);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -19,8 +19,8 @@ values [B,T,1] float.
 
 Prints one JSON line. Exit status: 0 match, 1 mismatch or load failure, 77 when
 torch/transformers cannot be imported (skip). When they cannot be imported by
-this interpreter, the script first re-executes itself with $BATON_HF_PYTHON or
-/opt/baton-hf/bin/python (scripts/setup_hf.sh) when that exists.
+this interpreter, the script first re-executes itself with $BATON_PYTHON or
+/opt/baton-venv/bin/python (scripts/setup_python.sh) when that exists.
 """
 import argparse
 import json
@@ -31,7 +31,7 @@ SKIP = 77
 
 
 def _reexec_or_skip(err):
-    cand = os.environ.get("BATON_HF_PYTHON") or "/opt/baton-hf/bin/python"
+    cand = os.environ.get("BATON_PYTHON") or "/opt/baton-venv/bin/python"
     if (not os.environ.get("BATON_HF_CHECK_REEXEC") and os.path.isfile(cand) and os.access(cand, os.X_OK)
             and os.path.abspath(cand) != os.path.abspath(sys.executable)):
         os.environ["BATON_HF_CHECK_REEXEC"] = "1"

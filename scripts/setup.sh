@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Installs baton's build dependencies from Debian's packages. Idempotent: packages
-# already present are skipped, and nothing is fetched when all are installed.
+# Installs baton's build dependencies: Debian's packages, then LibTorch (PyPI's
+# torch wheel, a CUDA build) and HF transformers in the venv that
+# scripts/setup_python.sh makes. Idempotent: packages already present are
+# skipped, and nothing is fetched when all are installed.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev libgloo-dev
-  # An optimised BLAS behind LibTorch's CPU matrix multiplies (Debian's libtorch
-  # otherwise runs on the reference BLAS, about 20x slower). The OpenMP build
-  # follows at::set_num_threads, so worker processes do not oversubscribe cores.
-  libopenblas0-openmp
+  # Gloo's headers: c10d's ProcessGroupGloo.hpp includes them and the torch
+  # wheel does not ship them (its Gloo is linked into libtorch_cpu). Only
+  # option and pointer types cross that boundary.
+  libgloo-dev
   libcapnp-dev capnproto
   libboost-dev
   libtbb-dev
-  libspdlog-dev
   libyaml-cpp-dev
+  # Unicode regexes of tokenizer pre-tokenizers (data/).
+  libpcre2-dev
   nlohmann-json3-dev
   googletest libgtest-dev libgmock-dev
   libbenchmark-dev
@@ -36,6 +38,7 @@ else
   echo "setup: all packages present"
 fi
 
-# The Python side of the HF-compatibility test (tests/engine/hf_export_test.sh):
-# Debian's python3-torch plus transformers in a venv, about a minute the first time.
-bash "$(dirname "$0")/setup_hf.sh" >/dev/null
+# LibTorch (and the HF reference the parity tests use): a venv with PyPI's
+# torch and transformers (at $BATON_VENV, default /opt/baton-venv), about 3
+# minutes the first time.
+bash "$(dirname "$0")/setup_python.sh" >/dev/null

@@ -5,8 +5,11 @@
 #include <ATen/Context.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 
+#include "engine/errors.h"
+#include "engine/errors.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline_schedule.h"
 #include "engine/safetensors.h"
@@ -87,13 +90,70 @@ TEST(MixedPrecision, Bf16ParametersTrainWithFp32MasterWeights) {
 }
 
 TEST(MixedPrecision, Bf16TrainingOnTheGpu_CUDA) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: the GPU half of this comparison needs one";
   auto cpu = train_bf16(at::kCPU, 3);
   auto gpu = train_bf16(at::Device(at::kCUDA, 0), 3);
   // Both sides round to bf16, each in its own way: twice the roundings.
   for (size_t i = 0; i < cpu.size(); ++i)
     expect_near(gpu[i], cpu[i], Tolerance::bf16(2 * kBf16Roundings, std::abs(cpu[i])),
                 "loss " + std::to_string(i));
+}
+
+// Two bf16 steps, with the optimizer state offloaded and reloaded between
+// them or not: the same parameters bit for bit (offload only moves memory).
+// Returns the parameters after the steps and checks where the state was.
+std::map<std::string, at::Tensor> two_steps(const at::Device& device, bool offload) {
+  auto model = load_model();
+  model->to(device, at::kBFloat16);
+  Optimizer opt(model, OptimizerOptions().set_lr(1e-3));
+  auto mb = batch(device);
+  const Group& tp = model->parallel().tp();
+  auto step = [&] {
+    opt.zero_grad();
+    forward_backward(*model, {mb}, [&](const at::Tensor& logits, const MicroBatch& m) {
+      auto lp = next_token_log_probs(logits, m.input_ids, tp);
+      return -(lp * m.extra.at("mask")).sum() / m.extra.at("mask").sum();
+    });
+    opt.step();
+  };
+  step();
+  if (offload) {
+    opt.offload();
+    const bool gpu = !device.is_cpu();
+    EXPECT_EQ(opt.offloaded(), gpu);
+    for (const auto& [name, t] : opt.state_dict()) {
+      if (name == "step") continue;
+      EXPECT_EQ(t.device(), gpu ? at::Device(at::kCPU) : device) << name;
+    }
+    if (gpu) {
+      EXPECT_THROW(opt.step(), EngineError);
+    }
+    opt.reload();
+    EXPECT_FALSE(opt.offloaded());
+    for (const auto& [name, t] : opt.state_dict()) {
+      if (name != "step") {
+        EXPECT_EQ(t.device(), device) << name;
+      }
+    }
+  }
+  step();
+  return model->state_dict();
+}
+
+void expect_same(const std::map<std::string, at::Tensor>& a,
+                 const std::map<std::string, at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) EXPECT_TRUE(at::equal(t.cpu(), b.at(name).cpu())) << name;
+}
+
+TEST(MixedPrecision, OffloadOnTheCpuLeavesTheStateWhereItIs) {
+  expect_same(two_steps(at::kCPU, true), two_steps(at::kCPU, false));
+}
+
+TEST(MixedPrecision, OffloadMovesTheStateToTheHostAndBack_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: offload moves GPU state to the host";
+  expect_same(two_steps(at::Device(at::kCUDA, 0), true),
+              two_steps(at::Device(at::kCUDA, 0), false));
 }
 
 }  // namespace

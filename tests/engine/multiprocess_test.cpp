@@ -23,7 +23,8 @@ TEST(MultiProcess, EachCallRunsItsOwnWorld) {
       EXPECT_EQ(at::get_num_threads(), rank_threads());
       // Every rank sees every other rank through the shared store.
       const std::string me = std::to_string(world) + ":" + std::to_string(rank);
-      store->set(key_for(rank) + "/" + std::to_string(world), {me.begin(), me.end()});
+      store->set(key_for(rank) + "/" + std::to_string(world),
+                 std::vector<uint8_t>(me.begin(), me.end()));
       for (int64_t r = 0; r < world; ++r)
         EXPECT_EQ(str(store->get(key_for(r) + "/" + std::to_string(world))),
                   std::to_string(world) + ":" + std::to_string(r));

@@ -182,8 +182,10 @@ TEST(Transformer, ForwardRejectsMismatchedShapes) {
 namespace baton::engine {
 namespace {
 
-bool graph_has(const std::shared_ptr<torch::autograd::Node>& root, const std::string& name) {
-  std::vector<std::shared_ptr<torch::autograd::Node>> stack{root};
+using NodePtr = decltype(torch::autograd::Edge::function);  // intrusive_ptr in LibTorch 2.x
+
+bool graph_has(const NodePtr& root, const std::string& name) {
+  std::vector<NodePtr> stack{root};
   std::set<torch::autograd::Node*> seen;
   while (!stack.empty()) {
     auto n = stack.back();

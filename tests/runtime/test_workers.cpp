@@ -10,6 +10,9 @@
 #include <stdexcept>
 
 #include "runtime/process_group.h"
+#if defined(BATON_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace {
 
@@ -90,6 +93,33 @@ class TestWorker : public baton::Worker {
     pg_->allreduce(ts)->wait();
     return ts[0];
   }
+  // Where a GPU worker's CUDA stands: its CUDA_VISIBLE_DEVICES, the devices
+  // it sees and the current one (-1 each without CUDA in the build).
+  baton::Value gpu_info() {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    int64_t count = -1, current = -1;
+#if defined(BATON_CUDA)
+    count = c10::cuda::device_count();
+    if (count > 0) current = c10::cuda::current_device();
+#endif
+    return baton::Dict{{"visible", std::string(visible != nullptr ? visible : "<unset>")},
+                       {"device_count", count},
+                       {"current_device", current},
+                       {"device", info().device}};
+  }
+  // `t` summed over the group on the GPUs, over NCCL (make_nccl_group).
+  at::Tensor nccl_all_reduce(const at::Tensor& t) {
+#if defined(BATON_CUDA)
+    if (!nccl_) nccl_ = baton::make_nccl_group(info());
+    std::vector<at::Tensor> ts{
+        t.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(info().device)))};
+    nccl_->allreduce(ts)->wait();
+    return ts[0].cpu();
+#else
+    (void)t;
+    throw std::runtime_error("nccl_all_reduce: this build has no CUDA");
+#endif
+  }
 
   static void register_methods(baton::MethodTable<TestWorker>& t) {
     using baton::Execute;
@@ -118,6 +148,8 @@ class TestWorker : public baton::Worker {
     t.def("keep", &TestWorker::keep);
     t.def("kept_sum", &TestWorker::kept_sum);
     t.def("all_reduce", &TestWorker::all_reduce);
+    t.def("gpu_info", &TestWorker::gpu_info);
+    t.def("nccl_all_reduce", &TestWorker::nccl_all_reduce);
   }
 
  private:
@@ -125,6 +157,9 @@ class TestWorker : public baton::Worker {
   int64_t calls_ = 0;
   at::Tensor kept_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+#if defined(BATON_CUDA)
+  decltype(baton::make_nccl_group(baton::WorkerInfo{})) nccl_;
+#endif
 };
 BATON_WORKER(TestWorker);
 

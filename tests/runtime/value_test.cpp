@@ -1,5 +1,6 @@
 #include "runtime/value.h"
 
+#include <ATen/Context.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
@@ -107,6 +108,26 @@ TEST(ValueCodec, RoundTripsNestedValuesAndTensorsOfEveryDtype) {
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].as_tensor().scalar_type(), tensors[i].as_tensor().scalar_type()) << i;
     EXPECT_EQ(got[i].as_tensor().sizes(), tensors[i].as_tensor().sizes()) << i;
+  }
+}
+
+// Device tensors travel through host memory (value_codec.h): the receiver
+// gets CPU tensors with the same bytes, through the shared segment or inline.
+TEST(ValueCodec, CudaTensorsArriveAsCpuTensorsWithTheSameBytes_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device to put the tensors on";
+  RoundTrip rt;
+  std::vector<at::Tensor> cpu{at::randn({300, 400}),       // shared memory
+                              at::randn({64, 1024}).t(),   // non-contiguous, shared memory
+                              at::randn({8, 6}),           // inline
+                              at::arange(10, at::kLong)};  // inline, int64
+  List on_gpu;
+  for (const auto& t : cpu) on_gpu.push_back(t.to(at::kCUDA));
+  Value back = rt.run(Value(on_gpu));
+  const List& got = back.as_list();
+  ASSERT_EQ(got.size(), cpu.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(got[i].as_tensor().device().is_cpu()) << i;
+    EXPECT_TRUE(got[i].as_tensor().equal(cpu[i])) << i;
   }
 }
 

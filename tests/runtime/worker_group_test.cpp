@@ -1,6 +1,7 @@
 // Calls on real groups of worker processes.
 #include "runtime/worker_group.h"
 
+#include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
@@ -12,7 +13,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <set>
+#include <string>
 
 #include "runtime/baton.h"
 
@@ -280,6 +284,74 @@ TEST_F(WorkerGroupTest, WorkerOutputReachesTheDriverConsolePrefixedWithClassAndR
   dup2(saved_err, 2);
   EXPECT_TRUE(got_out) << seen_out;
   EXPECT_TRUE(got_err) << seen_err;
+}
+
+// Sets an environment variable of the driver for one test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+ResourcePool gpu_pool(int workers) {
+  return ResourcePool(ResourcePoolOptions().processes_per_node({workers}).gpu(true));
+}
+
+TEST_F(WorkerGroupTest, GpuSlotsMapThroughTheDriversVisibleDevicesAndBeyondThemFailSpawn) {
+  ScopedEnv visible("CUDA_VISIBLE_DEVICES", "5");
+  ResourcePool pool = gpu_pool(2);
+  std::string err = error_of([&] { WorkerGroup::spawn("TestWorker", pool); });
+  EXPECT_NE(err.find("GPU slot 1 has no GPU: the driver's CUDA_VISIBLE_DEVICES=\"5\" lists 1"),
+            std::string::npos)
+      << err;
+}
+
+TEST_F(WorkerGroupTest, GpuWorkerWithoutADeviceFailsToStartSayingSo) {
+  if (at::hasCUDA()) GTEST_SKIP() << "this machine has a GPU: the worker would find it";
+  ScopedEnv visible("CUDA_VISIBLE_DEVICES", "0");
+  ResourcePool pool = gpu_pool(1);
+  std::string err = error_of([&] { WorkerGroup::spawn("TestWorker", pool); });
+  EXPECT_NE(err.find("rank 0 (GPU slot 0, CUDA_VISIBLE_DEVICES=0): "), std::string::npos) << err;
+#if defined(BATON_CUDA)
+  EXPECT_NE(err.find("CUDA sees no device"), std::string::npos) << err;
+#else
+  EXPECT_NE(err.find("this build has no CUDA"), std::string::npos) << err;
+#endif
+}
+
+// Each worker sees one GPU, its slot's, as device 0, already current when its
+// constructor runs; two of them all-reduce over NCCL (make_nccl_group).
+TEST_F(WorkerGroupTest, GpuWorkersEachBindTheirSlotsGpuAndAllReduceOverNccl_CUDA) {
+  const int64_t gpus = at::hasCUDA() ? static_cast<int64_t>(at::getNumGPUs()) : 0;
+  if (gpus < 2) GTEST_SKIP() << "needs 2 CUDA devices, this machine has " << gpus;
+  ScopedEnv visible("CUDA_VISIBLE_DEVICES", "0,1");
+  ResourcePool pool = gpu_pool(2);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool);
+  Value infos = g.call("gpu_info").get();
+  for (int r = 0; r < 2; ++r) {
+    const Value& i = infos.as_list()[r];
+    EXPECT_EQ(i.at("visible").as_string(), std::to_string(r)) << "rank " << r;
+    EXPECT_EQ(i.at("device_count").as_int(), 1) << "rank " << r;
+    EXPECT_EQ(i.at("current_device").as_int(), 0) << "rank " << r;
+    EXPECT_EQ(i.at("device").as_int(), 0) << "rank " << r;
+  }
+  std::vector<List> args;
+  for (int r = 0; r < 2; ++r) args.push_back({at::full({3}, double(r + 1))});
+  List out = g.call_per_rank("nccl_all_reduce", args).get();
+  for (const Value& v : out) EXPECT_TRUE(v.as_tensor().equal(at::full({3}, 3.0)));
 }
 
 }  // namespace
