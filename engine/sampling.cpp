@@ -85,7 +85,8 @@ void check_logits(const at::Tensor& logits) {
 
 Sampled sample_token(const at::Tensor& logits, const SamplingParams& p, SequenceRng& rng) {
   check_logits(logits);
-  auto row = logits.to(at::kFloat);
+  // On the host: the draw walks the CDF through a raw pointer.
+  auto row = logits.to(at::kCPU, at::kFloat);
   Sampled out;
   if (p.temperature == 0) {
     out.token = row.argmax().item<int64_t>();
@@ -109,7 +110,7 @@ Sampled sample_token(const at::Tensor& logits, const SamplingParams& p, Sequence
 
 at::Tensor sampling_distribution(const at::Tensor& logits, const SamplingParams& p) {
   check_logits(logits);
-  auto row = logits.to(at::kFloat);
+  auto row = logits.to(at::kCPU, at::kFloat);
   auto dist = at::zeros({row.size(0)}, at::kDouble);
   if (p.temperature == 0) {
     dist[row.argmax().item<int64_t>()] = 1.0;

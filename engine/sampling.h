@@ -65,13 +65,14 @@ struct Sampled {
   double log_prob = 0;  // see the header comment
 };
 
-// Draws one token from `logits` [V] (any float dtype; computed in fp32).
-// Greedy draws no random number.
+// Draws one token from `logits` [V] (any float dtype, any device; computed
+// in fp32 on the host, where the row is copied first). Greedy draws no
+// random number.
 Sampled sample_token(const at::Tensor& logits, const SamplingParams& params, SequenceRng& rng);
 
 // The distribution sample_token draws from (after temperature, top-k, top-p),
-// as probabilities [V] in fp64; greedy is one-hot at the argmax. For tests and
-// diagnostics.
+// as probabilities [V] in fp64 on the host; greedy is one-hot at the argmax.
+// For tests and diagnostics.
 at::Tensor sampling_distribution(const at::Tensor& logits, const SamplingParams& params);
 
 }  // namespace baton::engine

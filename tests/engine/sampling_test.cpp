@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include <cmath>
 #include <string>
@@ -124,6 +125,23 @@ TEST(Sampling, SameSeedSameTokensAndLogProbOfTheTemperatureScaledDistribution) {
   EXPECT_EQ(g.token, l.argmax().item<int64_t>());
   expect_near(g.log_prob, at::log_softmax(l, 0)[g.token].item<double>(),
               Tolerance::fp32(50 + 3, max_abs(l)), "greedy");
+}
+
+// A row on the GPU is sampled on the host: the same tokens and log-probs as
+// the same row on the CPU, bit for bit (the same copy of the same values).
+TEST(Sampling, AGpuRowDrawsWhatTheSameRowDrawsOnTheCpu_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device to put the logits on";
+  auto l = at::randn({50}, at::make_generator<at::CPUGeneratorImpl>(3));
+  auto gpu = l.to(at::kCUDA);
+  for (const auto& p : {params(0.8, 10, 0.9), params(1, 0, 1), params(0, 0, 1)}) {
+    SequenceRng a = SequenceRng::for_sample(11, 0), b = SequenceRng::for_sample(11, 0);
+    for (int i = 0; i < 20; ++i) {
+      auto on_cpu = sample_token(l, p, a), on_gpu = sample_token(gpu, p, b);
+      EXPECT_EQ(on_gpu.token, on_cpu.token) << "draw " << i;
+      EXPECT_EQ(on_gpu.log_prob, on_cpu.log_prob) << "draw " << i;
+    }
+    EXPECT_TRUE(at::equal(sampling_distribution(gpu, p), sampling_distribution(l, p)));
+  }
 }
 
 TEST(Sampling, InvalidParamsNameTheField) {
