@@ -372,6 +372,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout("tiny-llama", 1, 2, 1).with_split({3, 1}),
                       Layout("tiny-qwen2", 1, 2, 1), Layout("tiny-qwen2", 2, 2, 1),
                       Layout("tiny-llama", 1, 1, 2), Layout("tiny-llama", 2, 2, 2),
+                      // Four stages, four micro-batches: warm-ups of 3, 2, 1, 0
+                      // forwards around the steady 1F1B phase.
+                      Layout("tiny-llama", 1, 4, 1),
                       Layout("tiny-qwen2", 2, 2, 1).with_sequence_parallel().with_recompute()),
     layout_name);
 
