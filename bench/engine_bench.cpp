@@ -219,11 +219,14 @@ std::vector<double> world_time(const Group& world, F&& body) {
 // The BLAS library this process loaded (its GEMMs are most of a step's time,
 // and Debian's libblas.so.3 may be the unoptimised reference BLAS).
 std::string blas_library() {
+  // PyPI's LibTorch links MKL into libtorch_cpu: there is no library to name.
+  if (at::hasMKL()) return "MKL (linked into libtorch_cpu)";
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
     auto slash = line.find('/');
-    if (slash != std::string::npos && line.find("blas", slash) != std::string::npos) {
+    if (slash != std::string::npos && line.find("blas", slash) != std::string::npos &&
+        line.find("cublas", slash) == std::string::npos) {
       std::error_code ec;
       auto path = std::filesystem::canonical(line.substr(slash), ec);
       return ec ? line.substr(slash) : path.string();
