@@ -1,0 +1,276 @@
+// toy_task: the project's own RL toy task, small enough to learn on 2 CPU cores.
+//
+//   toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]
+//            [--hidden H] [--layers L] [--heads A]
+//
+// The task is addition: the prompt "a+b=" (0 <= a, b < N), the answer in
+// GSM8K's strict form "#### c". DIR receives
+//   data/train.jsonl, data/val.jsonl  verl-format prompt rows (data_source
+//                                     "openai/gsm8k", so the registry's GSM8K
+//                                     reward scores them; ground_truth "c");
+//                                     val holds V problems, train the rest
+//   data/sft.jsonl                    {"prompt": "a+b=", "response": "#### c"}
+//                                     for every train problem (the SFT driver
+//                                     appends the eos token)
+//   model/                            a tiny Qwen2ForCausalLM with seeded random
+//                                     weights (config.json, model.safetensors)
+//                                     and a character-level WordLevel tokenizer
+//                                     (tokenizer.json, tokenizer_config.json)
+// Everything is a function of the options: the same seed gives the same bytes.
+// Exit status: 0 on success, 1 when writing fails, 2 for a usage error.
+#include <ATen/ATen.h>
+
+#include <charconv>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/hf_model.h"
+#include "engine/model_config.h"
+#include "engine/parallel_state.h"
+#include "engine/transformer.h"
+#include "engine/weight_conversion.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]\n"
+    "                [--hidden H] [--layers L] [--heads A]\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  fs::path out;
+  uint64_t seed = 1;
+  int64_t max_operand = 100;  // operands in [0, max_operand)
+  int64_t val_size = 256;
+  int64_t hidden = 64;
+  int64_t layers = 2;
+  int64_t heads = 4;
+};
+
+int64_t parse_int(const std::string& text, const std::string& flag, int64_t min) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+    throw UsageError(flag + " expects an integer, got \"" + text + "\"");
+  if (v < min) throw UsageError(flag + " must be at least " + std::to_string(min));
+  return v;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  bool have_out = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") throw UsageError("");
+    if (i + 1 >= argc) throw UsageError(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--out") {
+      o.out = value;
+      have_out = true;
+    } else if (flag == "--seed") {
+      o.seed = static_cast<uint64_t>(parse_int(value, flag, 0));
+    } else if (flag == "--max-operand") {
+      o.max_operand = parse_int(value, flag, 2);
+    } else if (flag == "--val-size") {
+      o.val_size = parse_int(value, flag, 1);
+    } else if (flag == "--hidden") {
+      o.hidden = parse_int(value, flag, 1);
+    } else if (flag == "--layers") {
+      o.layers = parse_int(value, flag, 1);
+    } else if (flag == "--heads") {
+      o.heads = parse_int(value, flag, 1);
+    } else {
+      throw UsageError("unknown option " + flag);
+    }
+  }
+  if (!have_out) throw UsageError("--out is required");
+  if (o.val_size >= o.max_operand * o.max_operand)
+    throw UsageError("--val-size must leave training problems (at most " +
+                     std::to_string(o.max_operand * o.max_operand - 1) + ")");
+  if (o.hidden % o.heads != 0)
+    throw UsageError("--heads (" + std::to_string(o.heads) + ") must divide --hidden (" +
+                     std::to_string(o.hidden) + ")");
+  return o;
+}
+
+// The tokenizer's vocabulary: special tokens first, then one token per character.
+const std::vector<std::string>& special_tokens() {
+  static const std::vector<std::string> tokens = {"<pad>", "<eos>", "<unk>"};
+  return tokens;
+}
+constexpr const char* kCharacters = "0123456789+-*= #";
+
+json tokenizer_json() {
+  json vocab = json::object();
+  json added = json::array();
+  int64_t id = 0;
+  for (const std::string& t : special_tokens()) {
+    added.push_back({{"id", id},
+                     {"content", t},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+    vocab[t] = id++;
+  }
+  for (const char* c = kCharacters; *c != '\0'; ++c) vocab[std::string(1, *c)] = id++;
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", added},
+          {"normalizer", nullptr},
+          // Every character is its own piece; the WordLevel model maps it to its id.
+          {"pre_tokenizer",
+           {{"type", "Split"},
+            {"pattern", {{"Regex", "."}}},
+            {"behavior", "Isolated"},
+            {"invert", false}}},
+          {"post_processor", nullptr},
+          // Fuse joins the characters without the spaces a decoder-less decode inserts.
+          {"decoder", {{"type", "Fuse"}}},
+          {"model", {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "<unk>"}}}};
+}
+
+json tokenizer_config_json() {
+  return {{"tokenizer_class", "PreTrainedTokenizerFast"},
+          {"bos_token", nullptr},
+          {"eos_token", "<eos>"},
+          {"pad_token", "<pad>"},
+          {"unk_token", "<unk>"},
+          {"add_bos_token", false},
+          {"add_eos_token", false},
+          {"model_max_length", 64}};
+}
+
+int64_t vocab_size() {
+  return static_cast<int64_t>(special_tokens().size() + std::string(kCharacters).size());
+}
+
+baton::engine::ModelConfig model_config(const Options& o) {
+  baton::engine::ModelConfig cfg;
+  cfg.architecture = "Qwen2ForCausalLM";
+  cfg.family = baton::engine::ModelFamily::kQwen2;
+  cfg.vocab_size = vocab_size();
+  cfg.hidden_size = o.hidden;
+  cfg.intermediate_size = 2 * o.hidden;
+  cfg.num_layers = o.layers;
+  cfg.num_heads = o.heads;
+  cfg.num_kv_heads = o.heads;
+  cfg.head_dim = o.hidden / o.heads;
+  cfg.max_position_embeddings = 64;
+  cfg.rms_norm_eps = 1e-6;
+  cfg.rope_theta = 10000.0;
+  cfg.tie_word_embeddings = false;
+  cfg.qkv_bias = true;  // Qwen2 always has them
+  cfg.torch_dtype = "float32";
+  cfg.eos_token_ids = {1};  // "<eos>"
+  return cfg;
+}
+
+void write_text(const fs::path& file, const std::string& text) {
+  std::ofstream out(file, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) throw std::runtime_error(file.string() + ": cannot write");
+}
+
+void write_model(const Options& o) {
+  const fs::path dir = o.out / "model";
+  fs::create_directories(dir);
+  const auto cfg = model_config(o);
+  at::manual_seed(o.seed);
+  auto model = std::make_shared<baton::engine::Transformer>(
+      cfg, baton::engine::ParallelState::single());
+  const auto state = model->state_dict();
+  const auto hf = baton::engine::shards_to_hf(
+      {{baton::engine::TensorMap(state.begin(), state.end())}}, cfg, {cfg.num_layers},
+      /*value_model=*/false, model->parallel().config().make_vocab_size_divisible_by);
+  // Keys HF's generation config reads that ModelConfig does not model.
+  const json base = {{"pad_token_id", 0}, {"bos_token_id", nullptr}};
+  baton::engine::save_hf_model(dir, cfg, hf, /*value_model=*/false,
+                               baton::engine::kDefaultMaxShardBytes, &base);
+  write_text(dir / "tokenizer.json", tokenizer_json().dump(2) + "\n");
+  write_text(dir / "tokenizer_config.json", tokenizer_config_json().dump(2) + "\n");
+}
+
+struct Problem {
+  int64_t a = 0, b = 0;
+};
+
+// Every (a, b) pair in a seeded order (Fisher-Yates on mt19937_64, whose output
+// the standard fixes, so the order is the same with every standard library).
+std::vector<Problem> shuffled_problems(const Options& o) {
+  std::vector<Problem> all;
+  for (int64_t a = 0; a < o.max_operand; ++a)
+    for (int64_t b = 0; b < o.max_operand; ++b) all.push_back({a, b});
+  std::mt19937_64 rng(o.seed);
+  for (std::size_t i = all.size() - 1; i > 0; --i) std::swap(all[i], all[rng() % (i + 1)]);
+  return all;
+}
+
+std::string prompt_of(const Problem& p) {
+  return std::to_string(p.a) + "+" + std::to_string(p.b) + "=";
+}
+
+void write_data(const Options& o) {
+  const fs::path dir = o.out / "data";
+  fs::create_directories(dir);
+  const auto problems = shuffled_problems(o);
+  std::string train, val, sft;
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    const Problem& p = problems[i];
+    const bool is_val = static_cast<int64_t>(i) < o.val_size;
+    const std::string answer = std::to_string(p.a + p.b);
+    const json row = {
+        {"data_source", "openai/gsm8k"},
+        {"prompt", prompt_of(p)},
+        {"ability", "arithmetic"},
+        {"reward_model", {{"style", "rule"}, {"ground_truth", answer}}},
+        {"extra_info", {{"split", is_val ? "val" : "train"}, {"a", p.a}, {"b", p.b}}}};
+    (is_val ? val : train) += row.dump() + "\n";
+    if (!is_val) sft += json{{"prompt", prompt_of(p)}, {"response", "#### " + answer}}.dump() + "\n";
+  }
+  write_text(dir / "train.jsonl", train);
+  write_text(dir / "val.jsonl", val);
+  write_text(dir / "sft.jsonl", sft);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse_args(argc, argv);
+  } catch (const UsageError& e) {
+    if (*e.what() != '\0') std::cerr << "toy_task: " << e.what() << "\n";
+    std::cerr << kUsage;
+    return 2;
+  }
+  try {
+    write_data(o);
+    write_model(o);
+  } catch (const std::exception& e) {
+    std::cerr << "toy_task: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "toy_task: wrote " << (o.out / "data").string() << " and "
+            << (o.out / "model").string() << "\n";
+  return 0;
+}

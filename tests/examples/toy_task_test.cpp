@@ -1,0 +1,176 @@
+// examples/toy_task, run as a program: its dataset, tokenizer and model load with
+// baton's own readers, every dataset string round-trips through the tokenizer,
+// the SFT answers score 1 under the registry's GSM8K reward, and a seed fixes
+// every byte.
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "data/prompt_dataset.h"
+#include "data/tokenizer.h"
+#include "engine/model_config.h"
+#include "engine/parallel_state.h"
+#include "engine/safetensors.h"
+#include "engine/transformer.h"
+#include "engine/weight_conversion.h"
+#include "tests/engine/temp_dir.h"
+#include "workers/reward_registry.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using baton::engine::testing::TempDir;
+
+// Runs toy_task with `args`; returns its exit status.
+int run_toy_task(const std::string& args) {
+  const std::string cmd = std::string("'") + TOY_TASK_EXE + "' " + args + " >/dev/null 2>&1";
+  const int raw = std::system(cmd.c_str());
+  return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+}
+
+std::string read_file(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& file) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+// One generated task shared by the tests (small: operands below 20, 40 val rows).
+class ToyTask : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    ASSERT_EQ(run_toy_task("--out '" + (*dir_ / "task").string() +
+                           "' --seed 3 --max-operand 20 --val-size 40"),
+              0);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static fs::path task() { return *dir_ / "task"; }
+  static TempDir* dir_;
+};
+TempDir* ToyTask::dir_ = nullptr;
+
+TEST_F(ToyTask, SplitsEveryProblemOnceIntoTrainAndVal) {
+  const auto train = read_jsonl(task() / "data" / "train.jsonl");
+  const auto val = read_jsonl(task() / "data" / "val.jsonl");
+  EXPECT_EQ(val.size(), 40u);
+  EXPECT_EQ(train.size(), 20u * 20u - 40u);
+  std::set<std::string> prompts;
+  for (const auto* rows : {&train, &val}) {
+    for (const auto& row : *rows) {
+      const int64_t a = row["extra_info"]["a"], b = row["extra_info"]["b"];
+      EXPECT_EQ(row["prompt"], std::to_string(a) + "+" + std::to_string(b) + "=");
+      EXPECT_EQ(row["reward_model"]["ground_truth"], std::to_string(a + b));
+      EXPECT_EQ(row["data_source"], "openai/gsm8k");
+      prompts.insert(row["prompt"]);
+    }
+  }
+  EXPECT_EQ(prompts.size(), 400u);  // no problem twice
+}
+
+TEST_F(ToyTask, TokenizerRoundTripsEveryDatasetStringOneTokenPerCharacter) {
+  const auto tok = baton::data::Tokenizer::load(task() / "model");
+  ASSERT_TRUE(tok.eos_id().has_value());
+  ASSERT_TRUE(tok.pad_id().has_value());
+  EXPECT_EQ(*tok.pad_id(), 0);
+  EXPECT_EQ(*tok.eos_id(), 1);
+  const auto sft = read_jsonl(task() / "data" / "sft.jsonl");
+  ASSERT_EQ(sft.size(), 360u);
+  for (const auto& row : sft) {
+    for (const std::string text : {row["prompt"], row["response"]}) {
+      const auto ids = tok.encode(text, /*add_special_tokens=*/true);
+      EXPECT_EQ(ids.size(), text.size()) << text;
+      EXPECT_EQ(tok.decode(ids, /*skip_special_tokens=*/true), text);
+    }
+    // The response as the model would emit it, eos included.
+    auto ids = tok.encode(row["response"].get<std::string>(), false);
+    ids.push_back(*tok.eos_id());
+    EXPECT_EQ(tok.decode(ids, true), row["response"]);
+  }
+}
+
+TEST_F(ToyTask, SftResponsesScoreOneUnderTheGsm8kReward) {
+  const auto sft = read_jsonl(task() / "data" / "sft.jsonl");
+  const auto train = read_jsonl(task() / "data" / "train.jsonl");
+  ASSERT_EQ(sft.size(), train.size());
+  for (std::size_t i = 0; i < sft.size(); ++i) {
+    ASSERT_EQ(sft[i]["prompt"], train[i]["prompt"]);
+    const std::string response = sft[i]["response"];
+    const std::string truth = train[i]["reward_model"]["ground_truth"];
+    EXPECT_EQ(baton::rewards::compute_score(
+                  {.data_source = "openai/gsm8k", .response = response, .ground_truth = truth}),
+              1.0)
+        << response;
+  }
+}
+
+TEST_F(ToyTask, PromptDatasetLoadsTrainAndVal) {
+  const auto tok = baton::data::Tokenizer::load(task() / "model");
+  const auto ds = baton::data::PromptDataset::load(
+      {(task() / "data" / "train.jsonl").string(), (task() / "data" / "val.jsonl").string()}, tok,
+      baton::data::PromptDatasetOptions().max_prompt_length(6));  // "19+19=" is the longest
+  ASSERT_EQ(ds.size(), 400u);
+  EXPECT_EQ(ds.pad_id(), 0);
+  const auto& row = ds.row(0);
+  EXPECT_EQ(row.prompt_ids.size(), row.prompt_text.size());
+  EXPECT_EQ(tok.decode(row.prompt_ids, true), row.prompt_text);
+  const auto batch = ds.batch({0, 1});
+  EXPECT_EQ(batch.seq_len, 6);
+}
+
+TEST_F(ToyTask, ModelLoadsIntoTheEngineWithTheTokenizersVocabulary) {
+  const auto cfg = baton::engine::ModelConfig::load(task() / "model");
+  const auto tok = baton::data::Tokenizer::load(task() / "model");
+  EXPECT_EQ(cfg.architecture, "Qwen2ForCausalLM");
+  EXPECT_EQ(cfg.vocab_size, tok.vocab_size());
+  EXPECT_EQ(cfg.eos_token_ids, (std::vector<int64_t>{*tok.eos_id()}));
+  auto model = std::make_shared<baton::engine::Transformer>(
+      cfg, baton::engine::ParallelState::single());
+  model->load_state_dict(baton::engine::hf_to_shard(
+      baton::engine::read_hf_weights(task() / "model"), cfg, model->shard_spec()));
+  const auto ids = at::tensor(std::vector<int64_t>{4, 5, 13, 6}).view({1, 4});
+  const auto pos = at::arange(4, at::kLong).view({1, 4});
+  const auto logits = model->forward(ids, pos, at::ones({1, 4}, at::kLong));
+  // The columns past the vocabulary are the engine's padding (-inf by design).
+  EXPECT_TRUE(logits.slice(-1, 0, cfg.vocab_size).isfinite().all().item<bool>());
+}
+
+TEST_F(ToyTask, SameSeedWritesTheSameBytesAndAnotherSeedOtherWeights) {
+  TempDir again;
+  const std::string common = " --max-operand 20 --val-size 40";
+  ASSERT_EQ(run_toy_task("--out '" + (again / "same").string() + "' --seed 3" + common), 0);
+  ASSERT_EQ(run_toy_task("--out '" + (again / "other").string() + "' --seed 4" + common), 0);
+  for (const char* file : {"data/train.jsonl", "data/val.jsonl", "data/sft.jsonl",
+                           "model/config.json", "model/model.safetensors", "model/tokenizer.json",
+                           "model/tokenizer_config.json"}) {
+    EXPECT_EQ(read_file(task() / file), read_file(again / "same" / file)) << file;
+  }
+  EXPECT_NE(read_file(task() / "model/model.safetensors"),
+            read_file(again / "other" / "model/model.safetensors"));
+  EXPECT_NE(read_file(task() / "data/val.jsonl"), read_file(again / "other" / "data/val.jsonl"));
+}
+
+TEST(ToyTaskUsage, RefusesMissingOutAndUnknownOptions) {
+  EXPECT_EQ(run_toy_task("--seed 1"), 2);
+  TempDir dir;
+  EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --bogus 1"), 2);
+  EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --max-operand 2 --val-size 4"), 2);
+}
+
+}  // namespace
