@@ -1,0 +1,251 @@
+// ActorRolloutRefWorker and CriticWorker in real worker processes on the tiny
+// Qwen2 fixture: generation through the HybridEngine, log-probs, values and
+// updates, in the layouts the trainer uses (DP2, TP2, PP2 over 2 workers).
+//
+// Tolerances: the same log-probs in two layouts sum the same terms in other
+// orders (TP partial sums, another batch split), and the training-side
+// log-prob of a sampled token recomputes the rollout's (a cached decode
+// against a full forward): both are Tolerance::fp32 over the terms behind a
+// log-prob (tests/engine/model_tolerance.h) at the logits' magnitude.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <string>
+
+#include "dispatch/data_proto.h"
+#include "engine/hf_model.h"
+#include "engine/model_config.h"
+#include "engine/transformer.h"
+#include "engine/weight_conversion.h"
+#include "runtime/baton.h"
+#include "tests/engine/model_tolerance.h"
+#include "tests/tolerance.h"
+#include "workers/actor_rollout_ref_worker.h"
+#include "workers/critic_worker.h"
+
+namespace baton::workers {
+namespace {
+
+namespace fs = std::filesystem;
+using test::Tolerance;
+
+const std::string kModel = std::string(BATON_FIXTURES_DIR) + "/tiny-qwen2";
+
+ActorRolloutRefOptions actor_options(int64_t tp, int64_t pp, int64_t rollout_tp) {
+  ActorRolloutRefOptions o;
+  o.model.path = kModel;
+  o.model.tp = tp;
+  o.model.pp = pp;
+  o.optim.lr = 1e-2;
+  o.optim.grad_clip = 0;  // the layouts' updates compare exactly the gradient they sum
+  o.update.mini_batch_size = 8;
+  o.update.micro_batch_size = 2;
+  o.rollout.tp = rollout_tp;
+  o.rollout.response_length = 6;
+  o.rollout.log_prob_micro_batch_size = 3;
+  o.ref = true;
+  return o;
+}
+
+WorkerGroup spawn(const std::string& cls, const std::string& json, int tp, int pp) {
+  ResourcePool pool = ResourcePool::cpu(2);
+  ParallelLayout layout;
+  layout.tp = tp;
+  layout.pp = pp;
+  layout.dp = 2 / (tp * pp);
+  WorkerGroup g = WorkerGroup::spawn(cls, pool, {json}, WorkerGroupOptions().set_layout(layout));
+  g.call("init_model", {}).get();
+  return g;
+}
+
+// Four left-padded prompts of the fixture's vocabulary (128 ids).
+DataProto prompts() {
+  at::Tensor ids = at::tensor({0, 0, 5, 9, 0, 3, 4, 7, 11, 12, 13, 14, 0, 0, 0, 42}, at::kLong)
+                       .view({4, 4});
+  DataProto d;
+  d.set_tensor("input_ids", ids);
+  d.set_tensor("attention_mask", (ids != 0).to(at::kLong));
+  d.set_tensor("request_seed", at::tensor({11, 22, 33, 44}, at::kLong));
+  d.set_meta("n", Value(int64_t{2}));
+  d.set_meta("temperature", Value(1.0));
+  return d;
+}
+
+// The log-prob tolerance for the sequences of `batch` (input_ids, attention_mask):
+// the terms behind a log-prob at the largest |logit| the fixture gives them.
+Tolerance log_prob_tolerance(const DataProto& batch) {
+  engine::HfModel hf = engine::load_hf_model(kModel);
+  engine::Transformer model(hf.config, engine::ParallelState::single());
+  model.load_state_dict(engine::hf_to_shard(hf.weights, hf.config, model.shard_spec()));
+  const at::Tensor ids = batch.tensor("input_ids"), mask = batch.tensor("attention_mask");
+  std::vector<std::vector<int64_t>> seqs;
+  for (int64_t r = 0; r < ids.size(0); ++r) {
+    std::vector<int64_t> s;
+    for (int64_t c = 0; c < ids.size(1); ++c)
+      if (mask[r][c].item<int64_t>() != 0) s.push_back(ids[r][c].item<int64_t>());
+    seqs.push_back(s);
+  }
+  return Tolerance::fp32(engine::test::log_prob_terms(hf.config, ids.size(1)),
+                         engine::test::max_abs_logit(model, seqs));
+}
+
+TEST(ActorRolloutRefWorker, GeneratesNSamplesPerPromptInTheTrainingLayout) {
+  WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+  DataProto out = g.call("generate_sequences", {prompts()}).get().as<DataProto>();
+  ASSERT_EQ(out.size(), 8);
+  EXPECT_EQ(out.tensor("prompts").sizes(), (at::IntArrayRef{8, 4}));
+  EXPECT_EQ(out.tensor("responses").sizes(), (at::IntArrayRef{8, 6}));
+  EXPECT_EQ(out.tensor("input_ids").sizes(), (at::IntArrayRef{8, 10}));
+  // Samples of one prompt are adjacent and carry its prompt.
+  EXPECT_TRUE(at::equal(out.tensor("prompts")[0], prompts().tensor("input_ids")[0]));
+  EXPECT_TRUE(at::equal(out.tensor("prompts")[7], prompts().tensor("input_ids")[3]));
+  // Attention = prompt mask then response mask; responses have >= 1 token.
+  const at::Tensor rm = out.tensor("response_mask");
+  EXPECT_TRUE(at::equal(out.tensor("attention_mask").slice(1, 4), rm));
+  EXPECT_TRUE((rm.sum(1) >= 1).all().item<bool>());
+  // The two samples of a prompt come from different streams.
+  EXPECT_FALSE(at::equal(out.tensor("responses")[0], out.tensor("responses")[1]) &&
+               at::equal(out.tensor("responses")[2], out.tensor("responses")[3]) &&
+               at::equal(out.tensor("responses")[4], out.tensor("responses")[5]));
+}
+
+TEST(ActorRolloutRefWorker, TrainingLogProbsMatchTheRolloutsAndAgreeAcrossLayouts) {
+  DataProto batch, greedy;
+  at::Tensor dp2_lp;
+  DataProto greedy_prompts = prompts();
+  greedy_prompts.set_meta("do_sample", Value(false));
+  {
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+    batch = g.call("generate_sequences", {prompts()}).get().as<DataProto>();
+    batch.set_meta("temperature", Value(1.0));
+    greedy = g.call("generate_sequences", {greedy_prompts}).get().as<DataProto>();
+    dp2_lp = g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    const at::Tensor ref = g.call("compute_ref_log_prob", {batch}).get().as<DataProto>().tensor(
+        "ref_log_prob");
+    const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+    test::expect_close(dp2_lp * mask, batch.tensor("rollout_log_probs") * mask,
+                       log_prob_tolerance(batch), "old log-probs vs the rollout's");
+    // Before any update the reference is the actor.
+    test::expect_close(ref * mask, dp2_lp * mask, Tolerance::exact(), "ref vs actor before update");
+  }
+  for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(tp, pp, tp).to_json(),
+                          tp, pp);
+    const at::Tensor lp =
+        g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+    test::expect_close(lp * mask, dp2_lp * mask, log_prob_tolerance(batch),
+                       "log-probs tp" + std::to_string(tp) + " pp" + std::to_string(pp));
+    // The same seeds sample the same sequences in another rollout layout
+    // (greedy, so that a rounding difference cannot flip a draw).
+    DataProto here = g.call("generate_sequences", {greedy_prompts}).get().as<DataProto>();
+    EXPECT_TRUE(at::equal(here.tensor("responses"), greedy.tensor("responses")))
+        << "tp" << tp << " pp" << pp;
+  }
+}
+
+DataProto with_advantages(DataProto batch) {
+  const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+  // Rows alternate +1 / -1: half the samples are reinforced.
+  at::Tensor adv = at::ones({batch.size(), 1});
+  adv.slice(0, 1, batch.size(), 2).fill_(-1.0);
+  batch.set_tensor("advantages", adv * mask);
+  batch.set_tensor("old_log_probs", batch.tensor("rollout_log_probs"));
+  batch.set_meta("temperature", Value(1.0));
+  return batch;
+}
+
+// The first value of metric `key` in an update's result.
+double metric(const DataProto& result, const std::string& key) {
+  for (const auto& [k, v] : result.meta_value("metrics")->as_dict())
+    if (k == key) return v.as_list().at(0).as_float();
+  ADD_FAILURE() << "no metric " << key;
+  return 0;
+}
+
+TEST(ActorRolloutRefWorker, AnUpdateRaisesReinforcedSamplesAndIsTheSameInEveryLayout) {
+  DataProto batch;
+  at::Tensor before, after_dp2;
+  double grad_norm_dp2 = 0;
+  {
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+    batch = with_advantages(g.call("generate_sequences", {prompts()}).get().as<DataProto>());
+    before = g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    DataProto m = g.call("update_actor", {batch}).get().as<DataProto>();
+    const Value* metrics = m.meta_value("metrics");
+    ASSERT_NE(metrics, nullptr);
+    bool saw_pg_loss = false, saw_grad_norm = false;
+    for (const auto& [k, v] : metrics->as_dict()) {
+      for (const Value& x : v.as_list()) EXPECT_TRUE(std::isfinite(x.as_float())) << k;
+      saw_pg_loss |= k == "actor/pg_loss";
+      saw_grad_norm |= k == "actor/grad_norm";
+    }
+    EXPECT_TRUE(saw_pg_loss && saw_grad_norm);
+    grad_norm_dp2 = metric(m, "actor/grad_norm");
+    after_dp2 = g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+  }
+  const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+  const at::Tensor seq_delta = ((after_dp2 - before) * mask).sum(1);
+  // +1 rows (even) gain log-probability, -1 rows (odd) lose it.
+  EXPECT_GT(seq_delta.slice(0, 0, 8, 2).mean().item<double>(), 0);
+  EXPECT_LT(seq_delta.slice(0, 1, 8, 2).mean().item<double>(), 0);
+
+  for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(tp, pp, tp).to_json(),
+                          tp, pp);
+    DataProto m = g.call("update_actor", {batch}).get().as<DataProto>();
+    // The gradient norm (before clipping) is the same whatever the split:
+    // the loss is normalised by the global token count and DP averages. A
+    // scaling mistake shows here (AdamW's first step would hide it).
+    const auto cfg = engine::ModelConfig::load(kModel);
+    const double terms = engine::test::gradient_terms(cfg, batch.tensor("input_ids").size(1),
+                                                      batch.tensor("response_mask").sum().item<int64_t>());
+    test::expect_near(metric(m, "actor/grad_norm"), grad_norm_dp2,
+                      Tolerance::fp32(terms, grad_norm_dp2),
+                      "grad norm tp" + std::to_string(tp) + " pp" + std::to_string(pp));
+    const at::Tensor after =
+        g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    // One AdamW step from the same weights: the update's first step moves each
+    // parameter by about lr·sign(grad), so layouts agree to the log-prob
+    // tolerance scaled by how far the weights moved (lr 1e-2 on weights of
+    // scale 0.02 is a large relative step; allow the gradient's rounding to
+    // flip signs of near-zero gradients only).
+    const at::Tensor diff = ((after - after_dp2) * mask).abs().max();
+    const at::Tensor moved = ((after_dp2 - before) * mask).abs().max();
+    EXPECT_LT(diff.item<double>(), 0.05 * moved.item<double>() + 1e-4)
+        << "tp" << tp << " pp" << pp;
+  }
+}
+
+TEST(CriticWorker, ValuesComeFromAFreshHeadAndUpdatesFitTheReturns) {
+  CriticOptions o;
+  o.model.path = kModel;
+  o.optim.lr = 5e-3;
+  o.update.mini_batch_size = 8;
+  o.update.micro_batch_size = 4;
+  o.update.epochs = 4;
+  DataProto batch;
+  {
+    WorkerGroup a = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+    batch = a.call("generate_sequences", {prompts()}).get().as<DataProto>();
+  }
+  WorkerGroup g = spawn(critic_worker_class(), o.to_json(), 1, 1);
+  const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+  const at::Tensor v0 = g.call("compute_values", {batch}).get().as<DataProto>().tensor("values");
+  ASSERT_EQ(v0.sizes(), mask.sizes());
+  EXPECT_TRUE(at::equal(v0 * (1 - mask), at::zeros_like(v0)));
+  batch.set_tensor("values", v0);
+  batch.set_tensor("returns", mask * 1.0);
+  const auto err = [&](const at::Tensor& v) {
+    return (((v - 1.0) * mask).pow(2).sum() / mask.sum()).item<double>();
+  };
+  const double before = err(v0);
+  g.call("update_critic", {batch}).get();
+  const at::Tensor v1 = g.call("compute_values", {batch}).get().as<DataProto>().tensor("values");
+  EXPECT_LT(err(v1), 0.5 * before);
+}
+
+}  // namespace
+}  // namespace baton::workers
