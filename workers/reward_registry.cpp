@@ -6,6 +6,7 @@
 
 #include "workers/exact_match_reward.h"
 #include "workers/gsm8k_reward.h"
+#include "workers/math_dapo_reward.h"
 #include "workers/math_reward.h"
 
 namespace baton::rewards {
@@ -26,6 +27,9 @@ struct Registry {
     functions["math"] = [](const RewardInput& in) {
       return math_score(in.response, in.ground_truth);
     };
+    functions["math_dapo"] = [](const RewardInput& in) {
+      return math_dapo_score(in.response, in.ground_truth);
+    };
     functions["exact_match"] = [](const RewardInput& in) {
       return exact_match_score(in.response, parse_ground_truths(in.ground_truth));
     };
@@ -33,6 +37,8 @@ struct Registry {
     for (const char* s :
          {"lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"})
       sources[s] = "math";
+    sources["math_dapo"] = "math_dapo";
+    sources["aime*"] = "math_dapo";
     for (const char* s : {"searchR1_nq", "searchR1_triviaqa", "searchR1_popqa", "searchR1_hotpotqa",
                           "searchR1_2wikimultihopqa", "searchR1_musique", "searchR1_bamboogle"})
       sources[s] = "exact_match";

@@ -6,10 +6,12 @@
 // Built-in functions (workers/*_reward.h):
 //   gsm8k           GSM8K, strict `#### n`        gsm8k_flexible  the last number
 //   math            \boxed{} with MATH normalisation
+//   math_dapo       DAPO's `Answer: x`, Minerva normalisation, 1 or -1
 //   exact_match     <answer>...</answer> against one or more ground truths
 // Built-in data sources (verl's names):
 //   openai/gsm8k → gsm8k
 //   lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500 → math
+//   math_dapo, aime* (every source starting with "aime") → math_dapo
 //   searchR1_nq, searchR1_triviaqa, searchR1_popqa, searchR1_hotpotqa,
 //   searchR1_2wikimultihopqa, searchR1_musique, searchR1_bamboogle → exact_match
 //
