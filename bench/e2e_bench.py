@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""End-to-end GRPO benchmark on the toy task: baton's grpo driver, and with
+--with-trl HF TRL's GRPOTrainer on the same model, data and hyperparameters.
+
+    build/examples/toy_task --out toy && build/examples/sft --config configs/sft_toy.yaml
+    /opt/baton-venv/bin/python bench/e2e_bench.py [--with-trl] [--steps 30] \
+        [--model toy/sft/model] [--train toy/data/train.jsonl] [--val toy/data/val.jsonl] \
+        [-- key=value ...]
+
+Runs `build/examples/grpo --config configs/grpo_toy.yaml` with
+trainer.default_local_dir set to a fresh directory (plus --steps, --val-every,
+the model and data paths, and every key=value after `--`), reads the
+metrics.jsonl it writes there, then (--with-trl) runs bench/trl_grpo_toy.py
+(scripts/setup_bench.sh installs TRL) on the same model and data. With
+--baton-metrics FILE it reads an existing metrics.jsonl instead of running
+baton. Nothing else should run on the machine meanwhile: both sides use its
+cores.
+
+Prints one JSON object:
+  {"baton": {seconds_per_step, tokens_per_s, phases, validation_s,
+             val_accuracy, seconds_to_90pct, total_seconds, steps, metrics_file},
+   "trl": {... bench/trl_grpo_toy.py's object ...},
+   "machine": {cores, cpu_model, python, torch_version},
+   "settings": {...}}
+
+Definitions (the same for both tools; bench/trl_grpo_toy.py measures TRL's):
+  - seconds_per_step: mean training-step wall time over steps 2..N (step 1
+    carries warm-up). baton: timing_s/step, which covers batch loading,
+    generation, reward, old log-probs, advantages and the update, and not
+    validation, logging or checkpoints.
+  - tokens_per_s: prompt + response tokens (padding excluded; verl's
+    perf/total_num_tokens) summed over steps 2..N, over their summed step
+    seconds. It is the whole run's rate, not verl's perf/throughput, which
+    divides by the number of workers as well.
+  - phases: means of timing_s/<phase> over steps 2..N (baton); TRL's split is
+    gen / score_and_old_log_prob / update_actor (see its header).
+  - val_accuracy: [[step, greedy accuracy on val.jsonl]], step 0 = before
+    training. baton: val-core/<data source>/reward/mean@1 (mean over the data
+    sources if there are several).
+  - seconds_to_90pct: the summed step seconds of steps 1..k, k the first
+    validation step with accuracy >= 0.9 (0 if the base is already there,
+    null if never). Validation time is left out on both sides: the two
+    validate differently (baton on its workers, TRL's side in a plain HF
+    generate loop), and it is the training speed that is compared.
+  - total_seconds: wall time of the whole command (process start, model load,
+    validations included).
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fail(message):
+    sys.exit(f"e2e_bench: {message}")
+
+
+def read_metrics(path):
+    """{step: {metric: value}} from baton's metrics.jsonl.
+
+    A line is one JSON object: the step's metrics at the top level with a
+    "step" key, or nested under "data"/"metrics" (verl's file logger)."""
+    if not os.path.exists(path):
+        fail(f"{path} does not exist: baton's grpo wrote no metrics file there (is "
+             f"'file' in trainer.logger, and did the run finish? see its log)")
+    steps = {}
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                fail(f"{path}:{i}: not JSON ({e})")
+            data = row.get("data") or row.get("metrics") or row
+            step = row.get("step", data.get("training/global_step"))
+            if step is None:
+                fail(f"{path}:{i}: no step (neither 'step' nor 'training/global_step')")
+            steps.setdefault(int(step), {}).update(
+                {k: v for k, v in data.items() if isinstance(v, (int, float))})
+    if not steps:
+        fail(f"{path}: no metrics")
+    return steps
+
+
+def val_of(metrics):
+    keys = [k for k in metrics if k.startswith("val-core/") and k.endswith("/reward/mean@1")]
+    return sum(metrics[k] for k in keys) / len(keys) if keys else None
+
+
+def summarize_baton(steps):
+    train = sorted(s for s, m in steps.items() if s > 0 and "timing_s/step" in m)
+    if not train:
+        fail("baton's metrics hold no step with timing_s/step")
+    timed = train[1:] if len(train) > 1 else train
+    seconds = sum(steps[s]["timing_s/step"] for s in timed)
+    tokens = [steps[s].get("perf/total_num_tokens") for s in timed]
+    phases = {}
+    for s in timed:
+        for k, v in steps[s].items():
+            if k.startswith("timing_s/") and k not in ("timing_s/step", "timing_s/testing"):
+                phases.setdefault(k[len("timing_s/"):], []).append(v)
+    tests = [steps[s]["timing_s/testing"] for s in train if "timing_s/testing" in steps[s]]
+    val = [[s, val_of(m)] for s, m in sorted(steps.items()) if val_of(m) is not None]
+    to_90 = None
+    for s, acc in val:
+        if acc >= 0.9:
+            to_90 = sum(steps[t]["timing_s/step"] for t in train if t <= s)
+            break
+    return {
+        "steps": len(train),
+        "seconds_per_step": seconds / len(timed),
+        "tokens_per_s": sum(tokens) / seconds if None not in tokens and seconds > 0 else None,
+        "phases": {k: sum(v) / len(v) for k, v in sorted(phases.items())},
+        "validation_s": sum(tests) / len(tests) if tests else None,
+        "val_accuracy": val,
+        "seconds_to_90pct": to_90,
+    }
+
+
+def run(cmd, log_path, what):
+    print(f"e2e_bench: {what}: {' '.join(cmd)} (log: {log_path})", file=sys.stderr)
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+    seconds = time.perf_counter() - t0
+    with open(log_path, "a") as log:
+        log.write(proc.stdout)
+    if proc.returncode != 0:
+        with open(log_path) as log:
+            tail = log.read()[-3000:]
+        fail(f"{what} exited with status {proc.returncode}; the end of {log_path}:\n{tail}")
+    return proc.stdout, seconds
+
+
+def machine():
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info = {"cores": os.cpu_count(), "cpu_model": model or platform.processor(),
+            "python": platform.python_version()}
+    try:
+        import torch
+        info["torch_version"] = torch.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def main():
+    argv = sys.argv[1:]
+    overrides = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, overrides = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--grpo", default="build/examples/grpo", help="baton's GRPO driver")
+    p.add_argument("--config", default="configs/grpo_toy.yaml")
+    p.add_argument("--model", default="toy/sft/model")
+    p.add_argument("--train", default="toy/data/train.jsonl")
+    p.add_argument("--val", default="toy/data/val.jsonl")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--val-every", type=int, default=5)
+    p.add_argument("--out", default=None, help="directory for both runs' outputs and logs (default: a new temporary one)")
+    p.add_argument("--baton-metrics", default=None, help="read this metrics.jsonl instead of running baton")
+    p.add_argument("--with-trl", action="store_true")
+    p.add_argument("--trl-python", default=sys.executable, help="the Python that has TRL")
+    p.add_argument("--trl-threads", type=int, default=2)
+    args = p.parse_args(argv)
+
+    out = os.path.abspath(args.out or tempfile.mkdtemp(prefix="e2e_bench."))
+    os.makedirs(out, exist_ok=True)
+    for path in (args.model, args.train, args.val):
+        if not os.path.exists(os.path.join(ROOT, path)):
+            fail(f"{path} does not exist (run build/examples/toy_task --out toy and "
+                 f"build/examples/sft --config configs/sft_toy.yaml first)")
+    result = {}
+
+    if args.baton_metrics:
+        metrics_file = args.baton_metrics
+        baton_seconds = None
+    else:
+        grpo = os.path.join(ROOT, args.grpo)
+        if not os.access(grpo, os.X_OK):
+            fail(f"{args.grpo} is not built (cmake --build build --target grpo)")
+        baton_dir = os.path.join(out, "baton")
+        cmd = [grpo, "--config", args.config,
+               f"trainer.default_local_dir={baton_dir}",
+               f"trainer.total_training_steps={args.steps}",
+               f"trainer.test_freq={args.val_every}",
+               f"actor_rollout_ref.model.path={args.model}",
+               f"data.train_files=[{args.train}]",
+               f"data.val_files=[{args.val}]"] + overrides
+        _, baton_seconds = run(cmd, os.path.join(out, "baton.log"), "baton grpo")
+        metrics_file = os.path.join(baton_dir, "metrics.jsonl")
+    baton = summarize_baton(read_metrics(metrics_file))
+    baton["total_seconds"] = baton_seconds
+    baton["metrics_file"] = os.path.abspath(metrics_file)
+    result["baton"] = baton
+
+    if args.with_trl:
+        cmd = [args.trl_python, os.path.join(ROOT, "bench", "trl_grpo_toy.py"),
+               "--model", args.model, "--train", args.train, "--val", args.val,
+               "--steps", str(args.steps), "--val-every", str(args.val_every),
+               "--threads", str(args.trl_threads)]
+        stdout, _ = run(cmd, os.path.join(out, "trl.log"), "TRL GRPO")
+        lines = [l for l in stdout.splitlines() if l.startswith("{")]
+        if not lines:
+            fail(f"bench/trl_grpo_toy.py printed no JSON (see {out}/trl.log)")
+        result["trl"] = json.loads(lines[-1])
+
+    result["machine"] = machine()
+    result["settings"] = {"config": args.config, "model": args.model, "steps": args.steps,
+                          "val_every": args.val_every, "overrides": overrides, "out": out}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
