@@ -46,6 +46,10 @@ What differs, and why:
   - generation: TRL uses transformers' generate (dynamic KV cache, SDPA); baton
     uses its own rollout engine. That is a difference the comparison measures.
   - eps of the advantage: TRL 1e-4, verl/baton 1e-6 (TRL hard-codes it).
+  - verl's policy loss has dual clip (clip_ratio_c 3: a negative-advantage
+    token's loss is capped at 3|A|); TRL has none. It acts only where the
+    ratio exceeds 3, which one update between the two mini-batches rarely
+    reaches.
   - mini-batch composition: TRL shuffles the 256 samples before cutting them
     into the 2 mini-batches (groups are split across them); verl keeps the
     order (actor.shuffle false), so each mini-batch holds 16 whole groups.
@@ -74,6 +78,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -291,6 +296,7 @@ def main():
     )
     trainer.train()
     sys.stdout = real_stdout
+    shutil.rmtree(out_dir, ignore_errors=True)  # save_strategy "no": only TRL's empty run dir
     total_seconds = time.perf_counter() - t_start
 
     timed = steps[1:] if len(steps) > 1 else steps
