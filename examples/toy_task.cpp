@@ -1,7 +1,7 @@
 // toy_task: the project's own RL toy task, small enough to learn on 2 CPU cores.
 //
 //   toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]
-//            [--hidden H] [--layers L] [--heads A]
+//            [--carry-noise P] [--hidden H] [--layers L] [--heads A]
 //
 // The task is addition: the prompt "a+b=" (0 <= a, b < N), the answer in
 // GSM8K's strict form "#### c". DIR receives
@@ -11,7 +11,12 @@
 //                                     val holds V problems, train the rest
 //   data/sft.jsonl                    {"prompt": "a+b=", "response": "#### c"}
 //                                     for every train problem (the SFT driver
-//                                     appends the eos token)
+//                                     appends the eos token); with probability
+//                                     P a problem whose units digits carry gets
+//                                     the answer without that carry (c - 10),
+//                                     so a model fitted to it is right about
+//                                     the carry only some of the time: a base
+//                                     that is close, for RL to correct
 //   model/                            a tiny Qwen2ForCausalLM with seeded random
 //                                     weights (config.json, model.safetensors)
 //                                     and a character-level WordLevel tokenizer
@@ -47,7 +52,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]\n"
-    "                [--hidden H] [--layers L] [--heads A]\n";
+    "                [--carry-noise P] [--hidden H] [--layers L] [--heads A]\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -58,6 +63,7 @@ struct Options {
   uint64_t seed = 1;
   int64_t max_operand = 100;  // operands in [0, max_operand)
   int64_t val_size = 256;
+  double carry_noise = 0.5;  // share of carrying SFT answers that drop the carry
   int64_t hidden = 64;
   int64_t layers = 2;
   int64_t heads = 4;
@@ -69,6 +75,19 @@ int64_t parse_int(const std::string& text, const std::string& flag, int64_t min)
   if (ec != std::errc() || end != text.data() + text.size() || text.empty())
     throw UsageError(flag + " expects an integer, got \"" + text + "\"");
   if (v < min) throw UsageError(flag + " must be at least " + std::to_string(min));
+  return v;
+}
+
+double parse_probability(const std::string& text, const std::string& flag) {
+  std::size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(v >= 0.0 && v <= 1.0))
+    throw UsageError(flag + " expects a number in [0, 1], got \"" + text + "\"");
   return v;
 }
 
@@ -89,6 +108,8 @@ Options parse_args(int argc, char** argv) {
       o.max_operand = parse_int(value, flag, 2);
     } else if (flag == "--val-size") {
       o.val_size = parse_int(value, flag, 1);
+    } else if (flag == "--carry-noise") {
+      o.carry_noise = parse_probability(value, flag);
     } else if (flag == "--hidden") {
       o.hidden = parse_int(value, flag, 1);
     } else if (flag == "--layers") {
@@ -233,6 +254,8 @@ void write_data(const Options& o) {
   const fs::path dir = o.out / "data";
   fs::create_directories(dir);
   const auto problems = shuffled_problems(o);
+  // A stream of its own, so that the noise does not change the problems' order.
+  std::mt19937_64 noise(o.seed ^ 0x9e3779b97f4a7c15ULL);
   std::string train, val, sft;
   for (std::size_t i = 0; i < problems.size(); ++i) {
     const Problem& p = problems[i];
@@ -245,7 +268,13 @@ void write_data(const Options& o) {
         {"reward_model", {{"style", "rule"}, {"ground_truth", answer}}},
         {"extra_info", {{"split", is_val ? "val" : "train"}, {"a", p.a}, {"b", p.b}}}};
     (is_val ? val : train) += row.dump() + "\n";
-    if (!is_val) sft += json{{"prompt", prompt_of(p)}, {"response", "#### " + answer}}.dump() + "\n";
+    if (is_val) continue;
+    // 53 random bits → [0, 1), drawn for every train row so the stream does not
+    // depend on which rows carry.
+    const double u = static_cast<double>(noise() >> 11) * 0x1.0p-53;
+    const bool carries = p.a % 10 + p.b % 10 >= 10;
+    const std::string target = carries && u < o.carry_noise ? std::to_string(p.a + p.b - 10) : answer;
+    sft += json{{"prompt", prompt_of(p)}, {"response", "#### " + target}}.dump() + "\n";
   }
   write_text(dir / "train.jsonl", train);
   write_text(dir / "val.jsonl", val);

@@ -1,7 +1,7 @@
 // examples/toy_task, run as a program: its dataset, tokenizer and model load with
 // baton's own readers, every dataset string round-trips through the tokenizer,
-// the SFT answers score 1 under the registry's GSM8K reward, and a seed fixes
-// every byte.
+// the SFT answers score 1 under the registry's GSM8K reward (but for the carries the
+// noise drops, and only those), and a seed fixes every byte.
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
@@ -105,19 +105,50 @@ TEST_F(ToyTask, TokenizerRoundTripsEveryDatasetStringOneTokenPerCharacter) {
   }
 }
 
-TEST_F(ToyTask, SftResponsesScoreOneUnderTheGsm8kReward) {
-  const auto sft = read_jsonl(task() / "data" / "sft.jsonl");
-  const auto train = read_jsonl(task() / "data" / "train.jsonl");
+double sft_score(const nlohmann::json& sft_row, const nlohmann::json& train_row) {
+  const std::string response = sft_row["response"];
+  const std::string truth = train_row["reward_model"]["ground_truth"];
+  return baton::rewards::compute_score(
+      {.data_source = "openai/gsm8k", .response = response, .ground_truth = truth});
+}
+
+TEST_F(ToyTask, SftResponsesScoreOneUnderTheGsm8kRewardWithoutNoise) {
+  TempDir clean;
+  ASSERT_EQ(run_toy_task("--out '" + clean.path().string() +
+                         "' --seed 3 --max-operand 20 --val-size 40 --carry-noise 0"),
+            0);
+  const auto sft = read_jsonl(clean / "data/sft.jsonl");
+  const auto train = read_jsonl(clean / "data/train.jsonl");
   ASSERT_EQ(sft.size(), train.size());
   for (std::size_t i = 0; i < sft.size(); ++i) {
     ASSERT_EQ(sft[i]["prompt"], train[i]["prompt"]);
-    const std::string response = sft[i]["response"];
-    const std::string truth = train[i]["reward_model"]["ground_truth"];
-    EXPECT_EQ(baton::rewards::compute_score(
-                  {.data_source = "openai/gsm8k", .response = response, .ground_truth = truth}),
-              1.0)
-        << response;
+    EXPECT_EQ(sft_score(sft[i], train[i]), 1.0) << sft[i]["response"];
   }
+}
+
+TEST_F(ToyTask, CarryNoiseDropsTheCarryOfAboutThatShareOfCarryingAnswersOnly) {
+  // The shared task has the default noise, 0.5.
+  const auto sft = read_jsonl(task() / "data" / "sft.jsonl");
+  const auto train = read_jsonl(task() / "data" / "train.jsonl");
+  ASSERT_EQ(sft.size(), train.size());
+  int carrying = 0, dropped = 0;
+  for (std::size_t i = 0; i < sft.size(); ++i) {
+    const int64_t a = train[i]["extra_info"]["a"], b = train[i]["extra_info"]["b"];
+    const std::string response = sft[i]["response"];
+    if (a % 10 + b % 10 < 10) {
+      EXPECT_EQ(sft_score(sft[i], train[i]), 1.0) << response;
+      continue;
+    }
+    ++carrying;
+    if (sft_score(sft[i], train[i]) == 1.0) continue;
+    ++dropped;
+    EXPECT_EQ(response, "#### " + std::to_string(a + b - 10));
+  }
+  // 0..19 + 0..19: 45 % of the pairs carry, ~160 of the 360 train rows. The
+  // draws are fixed by the seed; a binomial(160, 0.5) lands within ±5
+  // standard deviations (±32) of 80 but for a broken rule.
+  EXPECT_GT(carrying, 100);
+  EXPECT_NEAR(dropped, carrying / 2, 32);
 }
 
 TEST_F(ToyTask, PromptDatasetLoadsTrainAndVal) {
@@ -171,6 +202,7 @@ TEST(ToyTaskUsage, RefusesMissingOutAndUnknownOptions) {
   TempDir dir;
   EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --bogus 1"), 2);
   EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --max-operand 2 --val-size 4"), 2);
+  EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --carry-noise 1.5"), 2);
 }
 
 }  // namespace
