@@ -226,7 +226,7 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
   if (po.use_kl_loss) mb_extra.push_back("ref_log_prob");
 
   std::vector<DataProto> minis =
-      local_mini_batches(batch.select(keys), options_.update, ps.config().dp, updates_++,
+      local_mini_batches(batch.select(keys), options_.update, ps.config().dp, updates_,
                          "update_actor");
   MetricLists metrics;
   for (const DataProto& mini : minis) {
@@ -260,7 +260,7 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
           at::Tensor loss = pl.loss;
           sums[0] += pl.loss.item<double>();
           if (mask.sum().item<double>() > 0) {
-            for (const auto& [k, v] : pl.metrics) micro_metrics["actor/" + k].push_back(v);
+            for (const auto& [k, v] : pl.metrics) micro_metrics[k].push_back(v);  // keys carry "actor/"
           }
           sums[2] += (s.entropy.detach() * mask).sum().item<double>();
           if (po.entropy_coeff != 0) {

@@ -65,7 +65,7 @@ class ActorRolloutRefWorker : public Worker {
   std::unique_ptr<RoleModel> actor_;
   std::unique_ptr<RoleModel> ref_;
   std::unique_ptr<engine::HybridEngine> hybrid_;
-  int64_t updates_ = 0;  // update_actor calls so far (shuffle seeds)
+  int64_t updates_ = 0;  // update_actor calls so far (shuffle seeds without a step)
 };
 
 // The name the class is registered under; calling it also makes sure the

@@ -50,7 +50,7 @@ DataProto CriticWorker::update_critic(const DataProto& batch) {
   const algos::LossAggMode agg = algos::parse_loss_agg_mode(options_.update.loss_agg_mode);
   MetricLists metrics;
   for (const DataProto& mini : local_mini_batches(batch.select(keys), options_.update,
-                                                  ps.config().dp, updates_++, "update_critic")) {
+                                                  ps.config().dp, updates_, "update_critic")) {
     const algos::GlobalBatchInfo global = global_batch_info(mini, ps);
     std::vector<double> sums(3, 0.0);  // vf_loss, clipfrac·tokens, vpred·mask
     c.optimizer().zero_grad();

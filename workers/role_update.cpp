@@ -8,7 +8,10 @@
 namespace baton::workers {
 
 std::vector<DataProto> local_mini_batches(const DataProto& batch, const UpdateOptions& options,
-                                          int64_t dp, int64_t call, const std::string& method) {
+                                          int64_t dp, int64_t& calls, const std::string& method) {
+  const Value* step = batch.meta_value("global_steps");
+  const int64_t call = step != nullptr && !step->is_none() ? step->as_int() : calls;
+  ++calls;
   if (options.mini_batch_size < 1 || options.mini_batch_size % dp != 0) {
     throw Error(method + ": mini-batch size " + std::to_string(options.mini_batch_size) +
                 " rows does not split over " + std::to_string(dp) + " data-parallel ranks");

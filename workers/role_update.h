@@ -21,11 +21,13 @@ using MetricLists = std::map<std::string, std::vector<double>>;
 
 // This DP rank's mini-batches of its chunk `batch`: options.mini_batch_size
 // rows over all `dp` ranks (which must divide it; capped at the rows there
-// are), options.epochs passes, shuffled with options.seed + call when asked —
+// are), options.epochs passes, shuffled when asked with options.seed plus the
+// batch's meta "global_steps" (the trainer's step, so that a resumed run
+// shuffles as an uninterrupted one), or else plus `calls` (counted here) —
 // the same order on every TP/PP rank of a replica. Errors name `method` and
 // the sizes.
 std::vector<DataProto> local_mini_batches(const DataProto& batch, const UpdateOptions& options,
-                                          int64_t dp, int64_t call, const std::string& method);
+                                          int64_t dp, int64_t& calls, const std::string& method);
 
 // dp size, valid response tokens and rows of `mini` summed over the DP group
 // (collective over it).

@@ -1,0 +1,138 @@
+// The RL loop written out by hand: no trainer, just workers, a custom reward
+// worker and a custom advantage estimator, all in this file.
+//
+//   build/examples/custom_driver [toy_dir] [steps]
+//
+// toy_dir is a toy task directory (build/examples/toy_task --out toy, with its
+// SFT base in toy/sft/model from build/examples/sft); default "toy".
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <string>
+
+#include "data/prompt_dataset.h"
+#include "data/prompt_loader.h"
+#include "data/tokenizer.h"
+#include "dispatch/dispatch_modes.h"
+#include "runtime/baton.h"
+#include "workers/actor_rollout_ref_worker.h"
+#include "workers/algo_registry.h"
+#include "workers/reward_manager.h"
+
+using baton::DataProto;
+
+// A reward worker of our own: the registry's GSM8K score, minus a small
+// penalty per response token past the fourth. Its batch is split over the
+// workers (DP_COMPUTE_PROTO), each decodes and scores its share.
+class ShortAnswerReward : public baton::Worker {
+ public:
+  explicit ShortAnswerReward(const baton::List& args)
+      : tokenizer_(baton::data::Tokenizer::load(args.at(0).as_string())), manager_(tokenizer_) {}
+
+  DataProto score(const DataProto& batch) {
+    DataProto out = manager_.with_token_level_scores(batch);
+    const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+    const at::Tensor extra = (mask.sum(1, true) - 4).clamp_min(0) * 0.05;
+    const at::Tensor last = mask.cumsum(1).eq(mask.sum(1, true)) * mask;  // last valid token
+    out.set_tensor("token_level_scores", out.tensor("token_level_scores") - extra * last);
+    return out.select({"token_level_scores"});
+  }
+  static void register_methods(baton::MethodTable<ShortAnswerReward>& t) {
+    t.def("score", &ShortAnswerReward::score,
+          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
+  }
+
+ private:
+  baton::data::Tokenizer tokenizer_;
+  baton::rewards::RewardManager manager_;
+};
+BATON_WORKER(ShortAnswerReward);
+
+// A custom advantage estimator: each sample's score minus the best score of
+// its group (so only the group's best answers are not pushed down), spread
+// over the response tokens.
+baton::algos::AdvantageResult best_of_group(const baton::algos::AdvantageInputs& in,
+                                            const baton::algos::AdvantageOptions&) {
+  const at::Tensor scores = in.token_level_rewards.sum(1);
+  at::Tensor best = scores.clone();
+  for (size_t i = 0; i < in.uids.size(); ++i)
+    for (size_t j = 0; j < in.uids.size(); ++j)
+      if (in.uids[i] == in.uids[j] && scores[j].item<double>() > best[i].item<double>())
+        best[i] = scores[j];
+  const at::Tensor adv = (scores - best + 0.5).unsqueeze(1) * in.response_mask;
+  return {adv, adv};
+}
+
+int main(int argc, char** argv) {
+  baton::init(argc, argv);  // in a worker process this runs the worker and never returns
+  const std::string toy = argc > 1 ? argv[1] : "toy";
+  const int steps = argc > 2 ? std::stoi(argv[2]) : 10;
+  baton::algos::register_advantage_estimator("best_of_group", best_of_group);
+
+  // Data: the toy task's prompts, 16 per step.
+  auto tokenizer = baton::data::Tokenizer::load(toy + "/sft/model");
+  auto dataset = baton::data::PromptDataset::load(
+      {toy + "/data/train.jsonl"}, tokenizer,
+      baton::data::PromptDatasetOptions().max_prompt_length(8));
+  baton::data::PromptLoader loader(dataset, baton::data::PromptLoaderOptions().batch_size(16));
+
+  // Workers: the actor (with its rollout) on 2 processes, the reward worker on 2 more.
+  baton::workers::ActorRolloutRefOptions opt;
+  opt.model.path = toy + "/sft/model";
+  opt.optim.lr = 1e-4;
+  opt.update.mini_batch_size = 64;
+  opt.update.micro_batch_size = 32;
+  opt.rollout.response_length = 8;
+  baton::ResourcePool actor_pool = baton::ResourcePool::cpu(2), reward_pool = baton::ResourcePool::cpu(2);
+  auto actor = baton::WorkerGroup::spawn(baton::workers::actor_rollout_ref_worker_class(),
+                                         actor_pool, {opt.to_json()});
+  auto reward = baton::WorkerGroup::spawn("ShortAnswerReward", reward_pool, {toy + "/sft/model"});
+  actor.call("init_model", {}).get();
+
+  for (int step = 1; step <= steps; ++step) {
+    baton::data::PromptBatch pb = loader.next();
+    const auto as_tensor = [&](std::vector<int32_t>& v) {
+      return at::from_blob(v.data(), {pb.size, pb.seq_len}, at::kInt).to(at::kLong);
+    };
+    DataProto prompts;
+    prompts.set_tensor("input_ids", as_tensor(pb.input_ids));
+    prompts.set_tensor("attention_mask", as_tensor(pb.attention_mask));
+    prompts.set_meta("n", baton::Value(int64_t{8}));
+    prompts.set_meta("pad_token_id", baton::Value(static_cast<int64_t>(dataset.pad_id())));
+
+    // Generate 8 answers per prompt; columns for the reward and the groups.
+    DataProto batch = actor.call("generate_sequences", {prompts}).get().as<DataProto>();
+    baton::List sources, truths, uids;
+    for (int64_t i = 0; i < batch.size(); ++i) {
+      const auto row = static_cast<size_t>(i / 8);
+      sources.emplace_back(pb.data_sources[row]);
+      truths.emplace_back(pb.ground_truths[row]);
+      uids.emplace_back(std::to_string(pb.indices[row]));
+    }
+    batch.set_column("data_source", sources);
+    batch.set_column("ground_truth", truths);
+    batch.set_column("uid", uids);
+
+    // Reward (our worker), old log-probs (the actor), advantages (our estimator), update.
+    batch.set_tensor("token_level_scores",
+                     reward.call("score", {batch}).get().as<DataProto>().tensor("token_level_scores"));
+    batch.set_tensor("old_log_probs", actor.call("compute_log_prob", {batch})
+                                          .get().as<DataProto>().tensor("old_log_probs"));
+    baton::algos::AdvantageInputs in;
+    in.token_level_rewards = batch.tensor("token_level_scores");
+    in.response_mask = batch.tensor("response_mask").to(at::kFloat);
+    for (const auto& u : batch.column("uid")) in.uids.push_back(u.as_string());
+    batch.set_tensor("advantages",
+                     baton::algos::compute_advantage("best_of_group", in).advantages);
+    DataProto m = actor.call("update_actor", {batch}).get().as<DataProto>();
+
+    const double score = in.token_level_rewards.sum(1).mean().item<double>();
+    const double correct = (in.token_level_rewards.sum(1) > 0.5).to(at::kFloat).mean().item<double>();
+    double grad_norm = 0;  // the update's metrics: lists by name, one entry per mini-batch
+    for (const auto& [key, values] : m.meta_value("metrics")->as_dict())
+      if (key == "actor/grad_norm") grad_norm = values.as_list().at(0).as_float();
+    std::printf("step %2d  score %+.3f  correct %5.1f %%  grad norm %.3f\n", step, score,
+                100 * correct, grad_norm);
+  }
+  return 0;
+}
