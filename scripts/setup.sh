@@ -18,6 +18,8 @@ packages=(
   # Unicode regexes of tokenizer pre-tokenizers (data/).
   libpcre2-dev
   nlohmann-json3-dev
+  # Training curves (trainer/metrics.h: MetricsLogger::plot runs gnuplot).
+  gnuplot-nox
   googletest libgtest-dev libgmock-dev
   libbenchmark-dev
 )
