@@ -71,9 +71,11 @@ class SftWorker : public baton::Worker {
  public:
   // Collective: builds the ParallelState (pure DP) over the group's rendezvous
   // store, loads `model_path` and makes the optimizer. `optim`: lr,
-  // weight_decay, clip_grad, warmup_steps, total_steps, min_lr (cosine when
-  // total_steps > 0), seed.
-  int64_t init_model(const std::string& model_path, const std::map<std::string, double>& optim) {
+  // weight_decay, clip_grad, warmup_steps, total_steps, min_lr, seed;
+  // `scheduler`: "constant" or "cosine" (to min_lr at total_steps). Returns
+  // the parameter count (padded vocabulary rows included).
+  int64_t init_model(const std::string& model_path, const std::map<std::string, double>& optim,
+                     const std::string& scheduler) {
     model_path_ = model_path;
     at::manual_seed(static_cast<uint64_t>(optim.at("seed")));
     baton::engine::ParallelConfig pc;
@@ -91,7 +93,7 @@ class SftWorker : public baton::Worker {
     o.clip_grad = optim.at("clip_grad");
     const auto total = static_cast<int64_t>(optim.at("total_steps"));
     const auto warmup = static_cast<int64_t>(optim.at("warmup_steps"));
-    if (optim.at("cosine") != 0.0) {
+    if (scheduler == "cosine") {
       o.set_warmup_cosine(warmup, total, optim.at("min_lr"));
     } else {
       o.warmup_steps = warmup;
@@ -147,10 +149,12 @@ class SftWorker : public baton::Worker {
     params.log_probs = false;
     const at::Tensor ids = prompts.tensor("input_ids").to(at::kLong).contiguous();
     const at::Tensor mask = prompts.tensor("attention_mask").to(at::kLong).contiguous();
+    const auto ids_a = ids.accessor<int64_t, 2>();
+    const auto mask_a = mask.accessor<int64_t, 2>();
     std::vector<std::vector<int64_t>> rows(ids.size(0));
     for (int64_t i = 0; i < ids.size(0); ++i) {
       for (int64_t j = 0; j < ids.size(1); ++j) {
-        if (mask[i][j].item<int64_t>() != 0) rows[i].push_back(ids[i][j].item<int64_t>());
+        if (mask_a[i][j] != 0) rows[i].push_back(ids_a[i][j]);
       }
     }
     baton::engine::GenerationEngine engine(
@@ -158,10 +162,10 @@ class SftWorker : public baton::Worker {
     const auto seqs = engine.generate(rows, params);
     // max_new_tokens columns on every rank, so that the ranks' results concatenate.
     at::Tensor responses = at::full({ids.size(0), params.max_new_tokens}, pad, at::kLong);
-    for (std::size_t i = 0; i < seqs.size(); ++i) {
-      for (std::size_t t = 0; t < seqs[i].response.size(); ++t) {
-        responses[static_cast<int64_t>(seqs[i].request)][static_cast<int64_t>(t)] =
-            seqs[i].response[t];
+    auto out = responses.accessor<int64_t, 2>();
+    for (const auto& seq : seqs) {
+      for (std::size_t t = 0; t < seq.response.size(); ++t) {
+        out[seq.request][static_cast<int64_t>(t)] = seq.response[t];
       }
     }
     return baton::DataProto({{"responses", responses}});
@@ -380,6 +384,12 @@ int run(int argc, char** argv) {
               static_cast<long long>(batch_size), static_cast<long long>(workers),
               static_cast<long long>(steps_per_epoch));
 
+  const std::string scheduler = config.get<std::string>("optim.lr_scheduler");
+  if (scheduler != "cosine" && scheduler != "constant") {
+    throw baton::trainer::ConfigError("optim.lr_scheduler: '" + scheduler +
+                                      "' (expected constant or cosine)");
+  }
+
   const auto t0 = std::chrono::steady_clock::now();
   baton::ResourcePool pool = baton::ResourcePool::cpu(static_cast<int>(workers));
   baton::WorkerGroup group = baton::WorkerGroup::spawn("SftWorker", pool);
@@ -389,15 +399,10 @@ int run(int argc, char** argv) {
       {"clip_grad", config.get<double>("optim.clip_grad")},
       {"warmup_steps", static_cast<double>(config.get<int64_t>("optim.warmup_steps"))},
       {"total_steps", static_cast<double>(total_steps)},
-      {"cosine", config.get<std::string>("optim.lr_scheduler") == "cosine" ? 1.0 : 0.0},
       {"min_lr", config.get<double>("optim.lr") * config.get<double>("optim.min_lr_ratio")},
       {"seed", static_cast<double>(seed)}};
-  const std::string scheduler = config.get<std::string>("optim.lr_scheduler");
-  if (scheduler != "cosine" && scheduler != "constant") {
-    throw baton::trainer::ConfigError("optim.lr_scheduler: '" + scheduler +
-                                      "' (expected constant or cosine)");
-  }
-  const auto params = group.call("init_model", {model_path, optim}).get().as_list().at(0).as_int();
+  const auto params =
+      group.call("init_model", {model_path, optim, scheduler}).get().as_list().at(0).as_int();
   std::printf("sft: model %s, %lld parameters (padded vocabulary rows included)\n", model_path.c_str(),
               static_cast<long long>(params));
 
