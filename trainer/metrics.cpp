@@ -158,7 +158,10 @@ fs::path MetricsLogger::jsonl_path() const { return options_.dir / "metrics.json
 void MetricsLogger::log(int64_t step, const Metrics& metrics) {
   if (!first_log_done_) {
     first_log_done_ = true;
-    std::erase_if(history_, [step](const auto& h) { return h.first >= step; });
+    const auto kept = [&](int64_t s) {
+      return options_.resume_step ? s <= *options_.resume_step : s < step;
+    };
+    std::erase_if(history_, [&](const auto& h) { return !kept(h.first); });
     if (file_) {
       // Rewrite the kept lines through a temporary file, so that a crash here
       // leaves the old file or the new one, never half of one.
@@ -167,7 +170,7 @@ void MetricsLogger::log(int64_t step, const Metrics& metrics) {
       {
         std::ofstream out(tmp, std::ios::trunc);
         for (const auto& [s, line] : previous_lines_) {
-          if (s < step) out << line << '\n';
+          if (kept(s)) out << line << '\n';
         }
         out.flush();
         if (!out) throw Error("MetricsLogger: cannot write " + tmp.string());

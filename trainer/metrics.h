@@ -17,6 +17,10 @@
 // called, every line with step >= S is dropped (those steps are being run
 // again) and the rest stay, in their order; unparsable lines (a line torn by
 // a crash) are dropped too. Nothing is changed on disk before that first log().
+// With options.resume_step set (the step of the checkpoint resumed from), the
+// lines kept are those with step <= resume_step instead, whatever step comes
+// first: validation before training logs the checkpoint's step again, and
+// that must not drop the step's training line.
 //
 // plot() draws the curves with gnuplot (Debian's gnuplot-nox) from every step
 // logged, those kept from an earlier run included.
@@ -35,6 +39,7 @@
 #include <fstream>
 #include <iosfwd>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +61,10 @@ struct MetricsLoggerOptions {
   bool verbose = false;
   // Where the console writes; nullptr: std::cout. Not owned.
   std::ostream* console = nullptr;
+  // Resuming from the checkpoint of this step: keep the existing lines of
+  // metrics.jsonl with step <= resume_step (see above). Unset: keep those
+  // before the first step logged.
+  std::optional<int64_t> resume_step;
   // The gnuplot executable plot() runs (looked up on PATH).
   std::string gnuplot = "gnuplot";
 
@@ -68,6 +77,7 @@ struct MetricsLoggerOptions {
   }
   MetricsLoggerOptions& set_verbose(bool v) { verbose = v; return *this; }
   MetricsLoggerOptions& set_console(std::ostream* out) { console = out; return *this; }
+  MetricsLoggerOptions& set_resume_step(int64_t step) { resume_step = step; return *this; }
 };
 
 class MetricsLogger {

@@ -110,6 +110,22 @@ TEST_F(MetricsLoggerTest, ResumeKeepsTheStepsBeforeTheFirstStepLogged) {
   EXPECT_FALSE(fs::exists(dir_ / "metrics.jsonl.tmp"));
 }
 
+TEST_F(MetricsLoggerTest, ResumeStepKeepsTheCheckpointsStepWhenItIsLoggedAgain) {
+  {
+    MetricsLogger first(file_only());
+    for (int64_t s = 1; s <= 5; ++s) first.log(s, {{"x", static_cast<double>(s)}});
+  }
+  // Resumed from the checkpoint of step 3: validation logs step 3 again.
+  MetricsLogger resumed(file_only().set_resume_step(3));
+  resumed.log(3, {{"val", 0.5}});
+  resumed.log(4, {{"x", 40.0}});
+  std::vector<int64_t> steps;
+  for (const std::string& l : lines()) steps.push_back(json::parse(l)["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 3, 4}));
+  EXPECT_EQ(json::parse(lines()[2])["x"].get<double>(), 3.0);  // step 3's training line
+  EXPECT_EQ(resumed.history().size(), 5u);
+}
+
 TEST_F(MetricsLoggerTest, ResumeReadsNullBackAsNaN) {
   {
     MetricsLogger first(file_only());
