@@ -8,7 +8,9 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "data/prompt_dataset.h"
 #include "data/prompt_loader.h"
@@ -22,7 +24,7 @@
 using baton::DataProto;
 
 // A reward worker of our own: the registry's GSM8K score, minus a small
-// penalty per response token past the fourth. Its batch is split over the
+// penalty per response token past the eighth. Its batch is split over the
 // workers (DP_COMPUTE_PROTO), each decodes and scores its share.
 class ShortAnswerReward : public baton::Worker {
  public:
@@ -32,7 +34,7 @@ class ShortAnswerReward : public baton::Worker {
   DataProto score(const DataProto& batch) {
     DataProto out = manager_.with_token_level_scores(batch);
     const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
-    const at::Tensor extra = (mask.sum(1, true) - 4).clamp_min(0) * 0.05;
+    const at::Tensor extra = (mask.sum(1, true) - 8).clamp_min(0) * 0.05;
     const at::Tensor last = mask.cumsum(1).eq(mask.sum(1, true)) * mask;  // last valid token
     out.set_tensor("token_level_scores", out.tensor("token_level_scores") - extra * last);
     return out.select({"token_level_scores"});
@@ -48,26 +50,30 @@ class ShortAnswerReward : public baton::Worker {
 };
 BATON_WORKER(ShortAnswerReward);
 
-// A custom advantage estimator: each sample's score minus the best score of
-// its group (so only the group's best answers are not pushed down), spread
-// over the response tokens.
-baton::algos::AdvantageResult best_of_group(const baton::algos::AdvantageInputs& in,
-                                            const baton::algos::AdvantageOptions&) {
+// A custom advantage estimator: each sample's score minus its group's mean,
+// divided by the group's range (max - min) rather than GRPO's deviation, and
+// spread over the response tokens. A group whose samples all score the same
+// gets 0.
+baton::algos::AdvantageResult range_normalised(const baton::algos::AdvantageInputs& in,
+                                               const baton::algos::AdvantageOptions&) {
   const at::Tensor scores = in.token_level_rewards.sum(1);
-  at::Tensor best = scores.clone();
-  for (size_t i = 0; i < in.uids.size(); ++i)
-    for (size_t j = 0; j < in.uids.size(); ++j)
-      if (in.uids[i] == in.uids[j] && scores[j].item<double>() > best[i].item<double>())
-        best[i] = scores[j];
-  const at::Tensor adv = (scores - best + 0.5).unsqueeze(1) * in.response_mask;
-  return {adv, adv};
+  at::Tensor adv = at::zeros_like(scores);
+  std::map<std::string, std::vector<int64_t>> groups;
+  for (size_t i = 0; i < in.uids.size(); ++i) groups[in.uids[i]].push_back(static_cast<int64_t>(i));
+  for (const auto& [uid, rows] : groups) {
+    const at::Tensor g = scores.index_select(0, at::tensor(rows, at::kLong));
+    const double range = (g.max() - g.min()).item<double>();
+    if (range > 0) adv.index_put_({at::tensor(rows, at::kLong)}, (g - g.mean()) / range);
+  }
+  const at::Tensor per_token = adv.unsqueeze(1) * in.response_mask;
+  return {per_token, per_token};
 }
 
 int main(int argc, char** argv) {
   baton::init(argc, argv);  // in a worker process this runs the worker and never returns
   const std::string toy = argc > 1 ? argv[1] : "toy";
   const int steps = argc > 2 ? std::stoi(argv[2]) : 10;
-  baton::algos::register_advantage_estimator("best_of_group", best_of_group);
+  baton::algos::register_advantage_estimator("range_normalised", range_normalised);
 
   // Data: the toy task's prompts, 16 per step.
   auto tokenizer = baton::data::Tokenizer::load(toy + "/sft/model");
@@ -123,7 +129,7 @@ int main(int argc, char** argv) {
     in.response_mask = batch.tensor("response_mask").to(at::kFloat);
     for (const auto& u : batch.column("uid")) in.uids.push_back(u.as_string());
     batch.set_tensor("advantages",
-                     baton::algos::compute_advantage("best_of_group", in).advantages);
+                     baton::algos::compute_advantage("range_normalised", in).advantages);
     DataProto m = actor.call("update_actor", {batch}).get().as<DataProto>();
 
     const double score = in.token_level_rewards.sum(1).mean().item<double>();
