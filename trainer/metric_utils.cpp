@@ -114,12 +114,11 @@ std::map<std::string, double> compute_data_metrics(const DataProto& batch, bool 
   }
 
   const int64_t r = batch.tensor("responses").size(1);
-  const at::Tensor valid =
-      (batch.has_tensor("response_mask")
-           ? batch.tensor("response_mask")
-           : batch.tensor("attention_mask").narrow(1, len.prompt_width, r))
-          .to(at::kCPU)
-          .ne(0);
+  const at::Tensor valid = (batch.has_tensor("response_mask")
+                                ? batch.tensor("response_mask")
+                                : batch.tensor("attention_mask").narrow(1, len.prompt_width, r))
+                               .to(at::kCPU)
+                               .ne(0);
   if (batch.has_tensor("advantages")) {
     add_stats(m, "critic/advantages", valid_elements(batch, "advantages", valid));
   }
@@ -152,9 +151,8 @@ std::map<std::string, double> compute_timing_metrics(
   const double response_tokens = total(len.response);
   const double overall_tokens = total(len.prompt) + response_tokens;
   const std::map<std::string, double> tokens_of_phase = {
-      {"gen", response_tokens},           {"ref", overall_tokens},
-      {"values", overall_tokens},         {"adv", overall_tokens},
-      {"update_critic", overall_tokens},  {"update_actor", overall_tokens},
+      {"gen", response_tokens}, {"ref", overall_tokens},           {"values", overall_tokens},
+      {"adv", overall_tokens},  {"update_critic", overall_tokens}, {"update_actor", overall_tokens},
   };
   std::map<std::string, double> m;
   for (const auto& [name, seconds] : timing_s) {

@@ -27,14 +27,10 @@ struct Column {
 };
 
 constexpr Column kColumns[] = {
-    {"score", "critic/score/mean"},
-    {"val", nullptr},
-    {"pg_loss", "actor/pg_loss"},
-    {"entropy", "actor/entropy"},
-    {"ppo_kl", "actor/ppo_kl"},
-    {"grad_norm", "actor/grad_norm"},
-    {"resp_len", "response_length/mean"},
-    {"step_s", "timing_s/step"},
+    {"score", "critic/score/mean"},       {"val", nullptr},
+    {"pg_loss", "actor/pg_loss"},         {"entropy", "actor/entropy"},
+    {"ppo_kl", "actor/ppo_kl"},           {"grad_norm", "actor/grad_norm"},
+    {"resp_len", "response_length/mean"}, {"step_s", "timing_s/step"},
 };
 constexpr int kStepWidth = 7;
 constexpr int kColumnWidth = 11;  // "%.4g" is at most 10 characters: -1.235e+05
@@ -57,8 +53,7 @@ std::string format_number(double x) {
 }
 
 std::string pad_left(const std::string& s, int width) {
-  return s.size() >= static_cast<size_t>(width) ? " " + s
-                                                 : std::string(width - s.size(), ' ') + s;
+  return s.size() >= static_cast<size_t>(width) ? " " + s : std::string(width - s.size(), ' ') + s;
 }
 
 // Quoted for /bin/sh.
@@ -199,8 +194,7 @@ void MetricsLogger::log_file(int64_t step, const Metrics& metrics) {
 
 void MetricsLogger::log_console(int64_t step, const Metrics& metrics) {
   std::ostream& out = options_.console != nullptr ? *options_.console : std::cout;
-  if (rows_printed_ == 0 &&
-      !(options_.project_name.empty() && options_.experiment_name.empty())) {
+  if (rows_printed_ == 0 && !(options_.project_name.empty() && options_.experiment_name.empty())) {
     out << "# " << options_.project_name << "/" << options_.experiment_name << "\n";
   }
   if (rows_printed_ % options_.header_every == 0) out << metrics_table_header() << "\n";
@@ -268,9 +262,10 @@ void MetricsLogger::plot(const fs::path& png) const {
           << plot_cmd << "\n";
   }
   if (panels == 0) {
-    throw Error("MetricsLogger::plot: no step has critic/score/mean, val-core/*, actor/ppo_kl, "
-                "critic/kl, actor/entropy or response_length/mean; nothing to draw in " +
-                png.string());
+    throw Error(
+        "MetricsLogger::plot: no step has critic/score/mean, val-core/*, actor/ppo_kl, "
+        "critic/kl, actor/entropy or response_length/mean; nothing to draw in " +
+        png.string());
   }
 
   const int cols = panels == 1 ? 1 : 2;
@@ -313,12 +308,11 @@ void MetricsLogger::plot(const fs::path& png) const {
   const int status = ::pclose(pipe);
   const bool ok = status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   if (!ok || !fs::exists(png) || fs::file_size(png) == 0) {
-    std::string why = status == -1                ? "could not be waited for"
-                      : !WIFEXITED(status)        ? "was killed by signal " +
-                                                 std::to_string(WTERMSIG(status))
-                      : WEXITSTATUS(status) != 0 ? "exited with status " +
-                                                       std::to_string(WEXITSTATUS(status))
-                                                 : "exited 0 but wrote no " + png.string();
+    std::string why =
+        status == -1               ? "could not be waited for"
+        : !WIFEXITED(status)       ? "was killed by signal " + std::to_string(WTERMSIG(status))
+        : WEXITSTATUS(status) != 0 ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                   : "exited 0 but wrote no " + png.string();
     throw Error("MetricsLogger::plot: `" + command + "` " + why +
                 (output.empty() ? std::string() : ": " + output) +
                 (WIFEXITED(status) && WEXITSTATUS(status) == 127

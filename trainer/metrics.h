@@ -68,16 +68,31 @@ struct MetricsLoggerOptions {
   // The gnuplot executable plot() runs (looked up on PATH).
   std::string gnuplot = "gnuplot";
 
-  MetricsLoggerOptions& set_dir(std::filesystem::path d) { dir = std::move(d); return *this; }
-  MetricsLoggerOptions& set_loggers(std::vector<std::string> l) { loggers = std::move(l); return *this; }
+  MetricsLoggerOptions& set_dir(std::filesystem::path d) {
+    dir = std::move(d);
+    return *this;
+  }
+  MetricsLoggerOptions& set_loggers(std::vector<std::string> l) {
+    loggers = std::move(l);
+    return *this;
+  }
   MetricsLoggerOptions& set_names(std::string project, std::string experiment) {
     project_name = std::move(project);
     experiment_name = std::move(experiment);
     return *this;
   }
-  MetricsLoggerOptions& set_verbose(bool v) { verbose = v; return *this; }
-  MetricsLoggerOptions& set_console(std::ostream* out) { console = out; return *this; }
-  MetricsLoggerOptions& set_resume_step(int64_t step) { resume_step = step; return *this; }
+  MetricsLoggerOptions& set_verbose(bool v) {
+    verbose = v;
+    return *this;
+  }
+  MetricsLoggerOptions& set_console(std::ostream* out) {
+    console = out;
+    return *this;
+  }
+  MetricsLoggerOptions& set_resume_step(int64_t step) {
+    resume_step = step;
+    return *this;
+  }
 };
 
 class MetricsLogger {

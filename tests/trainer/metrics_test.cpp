@@ -3,8 +3,8 @@
 #include "trainer/metrics.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdlib>
@@ -157,11 +157,11 @@ TEST_F(MetricsLoggerTest, ConsolePrintsTheChosenColumnsWithDashesForMissingValue
   std::istringstream in(out.str());
   for (std::string l; std::getline(in, l);) rows.push_back(l);
   ASSERT_EQ(rows.size(), 2u) << out.str();
-  EXPECT_EQ(words(rows[0]), (std::vector<std::string>{"step", "score", "val", "pg_loss", "entropy",
-                                                      "ppo_kl", "grad_norm", "resp_len",
-                                                      "step_s"}));
-  EXPECT_EQ(words(rows[1]), (std::vector<std::string>{"12", "0.625", "0.5", "-0.03125", "1.25",
-                                                      "-", "-", "87.5", "3.5"}));
+  EXPECT_EQ(words(rows[0]),
+            (std::vector<std::string>{"step", "score", "val", "pg_loss", "entropy", "ppo_kl",
+                                      "grad_norm", "resp_len", "step_s"}));
+  EXPECT_EQ(words(rows[1]), (std::vector<std::string>{"12", "0.625", "0.5", "-0.03125", "1.25", "-",
+                                                      "-", "87.5", "3.5"}));
   // Right-aligned under their headers: each value ends where its header ends.
   for (const char* h : {"score", "entropy", "step_s"}) {
     const size_t end = rows[0].find(h) + std::string(h).size();
