@@ -22,6 +22,7 @@
 #include "trainer/config_validation.h"
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
+#include "trainer/progress_line.h"
 #include "workers/actor_rollout_ref_worker.h"
 #include "workers/algo_registry.h"
 #include "workers/critic_worker.h"
@@ -236,18 +237,16 @@ algos::Uids uids_of(const DataProto& d) {
 void merge_metrics(Metrics& into, const DataProto& result) {
   const Value* m = result.meta_value("metrics");
   if (m == nullptr) return;
+  std::map<std::string, std::vector<double>> lists;
   for (const auto& [k, v] : m->as_dict()) {
-    std::vector<double> xs;
+    std::vector<double>& xs = lists[k];
     if (v.kind() == ValueKind::kList) {
       for (const Value& x : v.as_list()) xs.push_back(x.as_float());
     } else {
       xs.push_back(v.as_float());
     }
-    if (xs.empty()) continue;
-    double total = 0;
-    for (double x : xs) total += x;
-    into[k] = total / static_cast<double>(xs.size());
   }
+  for (const auto& [k, v] : reduce_metrics(lists)) into[k] = v;
 }
 
 const char* kLatestFile = "latest_checkpointed_iteration.txt";
@@ -331,11 +330,6 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   st.actor->call("init_model", {}).get();
   if (s.use_critic) (st.critic ? *st.critic : *st.critic_group).call("init_model", {}).get();
 
-  MetricsLoggerOptions lopts;
-  lopts.dir = s.out_dir;
-  lopts.loggers = s.loggers;
-  lopts.set_names(c.get<std::string>("trainer.project_name"), c.get<std::string>("trainer.experiment_name"));
-  st.logger = std::make_unique<MetricsLogger>(lopts);
 }
 
 PpoTrainer::~PpoTrainer() = default;
@@ -469,7 +463,15 @@ FitResult PpoTrainer::fit() {
   WorkerGroup& actor = *st.actor;
   WorkerGroup* critic = s.use_critic ? &critic_group(st) : nullptr;
 
-  resume_trainer_checkpoint(st);
+  const bool resumed = resume_trainer_checkpoint(st);
+  MetricsLoggerOptions lopts;
+  lopts.dir = s.out_dir;
+  lopts.loggers = s.loggers;
+  lopts.set_names(c.get<std::string>("trainer.project_name"), c.get<std::string>("trainer.experiment_name"));
+  // A resumed run keeps the metrics of the steps it resumed from.
+  if (resumed) lopts.set_resume_step(st.global_step);
+  st.logger = std::make_unique<MetricsLogger>(lopts);
+  ProgressLine progress("training", s.total_steps);
   if (s.val_before_train && st.val_data) {
     Metrics v = validate();
     result.first_validation = v;
@@ -477,12 +479,14 @@ FitResult PpoTrainer::fit() {
     st.logger->log(st.global_step, v);
   }
   const std::string r = "actor_rollout_ref.rollout";
+  const int64_t replicas = s.world / s.actor.rollout.tp;
   const double temperature = c.get<double>(r + ".temperature");
   while (st.global_step < s.total_steps) {
     ++st.global_step;
     const auto step_start = Clock::now();
     Metrics m, timing;
     auto timed = [&](const char* name, auto&& fn) {
+      progress.update(st.global_step - 1, "step " + std::to_string(st.global_step) + ": " + name);
       const auto t0 = Clock::now();
       fn();
       timing[name] = seconds_since(t0);
@@ -491,7 +495,11 @@ FitResult PpoTrainer::fit() {
     DataProto batch = prompt_proto(st.loader->next(), std::to_string(st.global_step) + "-");
     DataProto out;
     timed("gen", [&] {
-      DataProto gen = batch.select({"input_ids", "attention_mask"});
+      // Each rollout replica generates for its share of the prompts; a batch
+      // that does not split is padded with copies of its last prompt, whose
+      // samples are dropped.
+      auto [padded, pad] = batch.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
+      DataProto gen = padded;
       std::vector<int64_t> seeds;
       for (int64_t i = 0; i < gen.size(); ++i) {
         seeds.push_back(static_cast<int64_t>(s.rollout_seed * 1000003ULL +
@@ -505,7 +513,7 @@ FitResult PpoTrainer::fit() {
       gen.set_meta("top_k", Value(c.get<int64_t>(r + ".top_k")));
       gen.set_meta("top_p", Value(c.get<double>(r + ".top_p")));
       gen.set_meta("pad_token_id", Value(static_cast<int64_t>(st.train_data->pad_id())));
-      out = actor.call("generate_sequences", {gen}).get().as<DataProto>();
+      out = actor.call("generate_sequences", {gen}).get().as<DataProto>().unpad(pad * s.n);
     });
     batch = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
                 .repeat(s.n, true)
@@ -587,6 +595,7 @@ FitResult PpoTrainer::fit() {
          compute_throughput_metrics(batch, timing, static_cast<int>(s.world)))
       m[k] = v;
     m["training/global_step"] = static_cast<double>(st.global_step);
+    progress.clear();
     st.logger->log(st.global_step, m);
     result.last_metrics = m;
     if (s.save_freq > 0 && (st.global_step % s.save_freq == 0 || st.global_step == s.total_steps)) {
@@ -594,6 +603,7 @@ FitResult PpoTrainer::fit() {
     }
   }
   result.steps = st.global_step;
+  progress.clear();
 
   result.hf_dir = (fs::path(s.out_dir) / "actor_hf").string();
   actor.call("export_hf", {result.hf_dir}).get();

@@ -52,6 +52,14 @@ void ProgressLine::finish(const std::string& note) {
   write(text(done_, note), true);
 }
 
+void ProgressLine::clear() {
+  if (!tty_ || finished_ || last_width_ == 0) return;
+  std::ostream& out = options_.out != nullptr ? *options_.out : std::cerr;
+  out << '\r' << std::string(last_width_, ' ') << '\r';
+  out.flush();
+  last_width_ = 0;
+}
+
 void ProgressLine::write(const std::string& line, bool final_line) {
   std::ostream& out = options_.out != nullptr ? *options_.out : std::cerr;
   if (tty_) {

@@ -41,6 +41,9 @@ class ProgressLine {
   void update(int64_t done, const std::string& note = "");
   // The final state on its own line (ended with a newline). Later calls do nothing.
   void finish(const std::string& note = "");
+  // On a terminal, erases the line so that other output can take its place
+  // (the next update() writes it again); elsewhere nothing.
+  void clear();
 
   // "label done/total 1.2s note": what update() shows.
   std::string text(int64_t done, const std::string& note) const;

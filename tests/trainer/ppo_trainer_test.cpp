@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "engine/hf_model.h"
@@ -138,6 +139,12 @@ TEST_F(PpoTrainerTest, AResumedRunTakesTheSameNextStepAsAnUninterruptedOne) {
   c.apply_overrides({"trainer.total_training_steps=3", "trainer.test_freq=-1"});
   const FitResult resumed = PpoTrainer(c).fit();
   ASSERT_EQ(resumed.steps, 3);
+  // metrics.jsonl keeps the first run's steps and goes on with the resumed one's.
+  std::ifstream jsonl(split / "metrics.jsonl");
+  std::set<std::string> steps;
+  for (std::string line; std::getline(jsonl, line);) steps.insert(line.substr(0, line.find(',')));
+  for (const char* step : {"{\"step\":1", "{\"step\":2", "{\"step\":3"})
+    EXPECT_TRUE(steps.count(step)) << step << " missing from metrics.jsonl";
   // Same processes, same kernels, same data order, seeds and optimizer state:
   // the step is computed identically, so its metrics are equal exactly.
   for (const char* k : {"critic/score/mean", "response_length/mean", "actor/pg_loss",

@@ -61,3 +61,33 @@ TEST(ProgressLine, OnATerminalRewritesOneLine) {
 
 }  // namespace
 }  // namespace baton::trainer
+
+namespace baton::trainer {
+namespace {
+
+TEST(ProgressLine, ClearErasesTheLineOnATerminalAndNothingElsewhere) {
+  std::ostringstream tty_out;
+  ProgressLineOptions o;
+  o.out = &tty_out;
+  o.tty = true;
+  ProgressLine p("gen", 4, o);
+  p.update(1, "x");
+  const std::string shown = tty_out.str();
+  const size_t width = shown.size() - 1;  // after the leading '\r'
+  p.clear();
+  EXPECT_EQ(tty_out.str(), shown + "\r" + std::string(width, ' ') + "\r");
+  p.clear();  // nothing more to erase
+  EXPECT_EQ(tty_out.str(), shown + "\r" + std::string(width, ' ') + "\r");
+
+  std::ostringstream file_out;
+  o.out = &file_out;
+  o.tty = false;
+  ProgressLine q("gen", 4, o);
+  q.update(1, "x");
+  const std::string written = file_out.str();
+  q.clear();
+  EXPECT_EQ(file_out.str(), written);
+}
+
+}  // namespace
+}  // namespace baton::trainer

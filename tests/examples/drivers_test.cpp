@@ -1,0 +1,91 @@
+// The RL drivers run as programs on a toy task with its untrained model: the
+// GRPO driver's summary and outputs, its config errors, and the hand-written
+// loop of examples/custom_driver.
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/engine/temp_dir.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using baton::engine::testing::TempDir;
+
+struct Outcome {
+  int status = -1;
+  std::string output;
+};
+
+Outcome run(const std::string& cmd, const fs::path& log) {
+  const int raw = std::system((cmd + " >'" + log.string() + "' 2>&1").c_str());
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, text.str()};
+}
+
+class DriversTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Outcome r = run(std::string("'") + TOY_TASK_EXE + "' --out '" + toy_.path().string() +
+                          "' --val-size 8",
+                      toy_ / "toy_task.log");
+    ASSERT_EQ(r.status, 0) << r.output;
+    // The drivers start from toy/sft/model; the untrained model stands in.
+    fs::create_directories(toy_ / "sft");
+    fs::create_directory_symlink(toy_ / "model", toy_ / "sft" / "model");
+  }
+  std::string grpo(const std::string& overrides) const {
+    const std::string t = toy_.path().string();
+    return std::string("cd '") + SOURCE_DIR + "' && '" + GRPO_EXE +
+           "' --config configs/grpo_toy.yaml 'data.train_files=[" + t +
+           "/data/train.jsonl]' 'data.val_files=[" + t + "/data/val.jsonl]' " +
+           "actor_rollout_ref.model.path=" + t + "/sft/model trainer.default_local_dir=" + t +
+           "/grpo " + overrides;
+  }
+  TempDir toy_;
+};
+
+TEST_F(DriversTest, GrpoPrintsTheTableAndTheSummaryAndWritesItsOutputs) {
+  const Outcome r = run(grpo("trainer.total_training_steps=2 trainer.test_freq=2"), toy_ / "grpo.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("pg_loss"), std::string::npos) << r.output;  // the table's header
+  EXPECT_NE(r.output.find("validation before training: val-core/openai/gsm8k/reward/mean@1 = "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("validation after training:  val-core/openai/gsm8k/reward/mean@1 = "),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(toy_ / "grpo" / "actor_hf" / "config.json"));
+  EXPECT_TRUE(fs::exists(toy_ / "grpo" / "metrics.jsonl"));
+  EXPECT_TRUE(fs::exists(toy_ / "grpo" / "config.yaml"));
+  EXPECT_GT(fs::file_size(toy_ / "grpo" / "curves.png"), 0u);
+}
+
+TEST_F(DriversTest, GrpoRefusesABadConfigNamingTheKeyAndStartsNothing) {
+  Outcome r = run(grpo("actor_rollout_ref.rollout.nn=4"), toy_ / "bad_key.log");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("actor_rollout_ref.rollout.nn"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("actor_rollout_ref.rollout.n"), std::string::npos) << r.output;
+  r = run(grpo("data.train_batch_size=0"), toy_ / "bad_size.log");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("data.train_batch_size"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(toy_ / "grpo" / "metrics.jsonl"));
+}
+
+TEST_F(DriversTest, TheCustomDriverRunsItsLoop) {
+  const Outcome r = run(std::string("'") + CUSTOM_DRIVER_EXE + "' '" + toy_.path().string() + "' 2",
+                    toy_ / "custom.log");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("step  1  score"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step  2  score"), std::string::npos) << r.output;
+}
+
+}  // namespace
