@@ -1,5 +1,6 @@
 // A driver outside baton's tree: a custom worker, a DataProto split over two
-// worker processes by DP dispatch, and an engine model built in each worker.
+// worker processes by DP dispatch, an engine model config read in each worker,
+// and the RL layer (a trainer config, the actor worker's class, an estimator).
 // Prints "external driver ok" and exits 0 when every check holds.
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
@@ -12,6 +13,9 @@
 #include "dispatch/dispatch_modes.h"
 #include "engine/model_config.h"
 #include "runtime/baton.h"
+#include "trainer/config.h"
+#include "workers/actor_rollout_ref_worker.h"
+#include "workers/algo_registry.h"
 
 class Doubler : public baton::Worker {
  public:
@@ -52,6 +56,16 @@ int main(int argc, char** argv) {
                    static_cast<long long>(h.as_int()));
       return 1;
     }
+  }
+  // The RL layer: a config with overrides, the worker role's registration,
+  // an advantage estimator by name.
+  baton::trainer::Config config = baton::trainer::Config::from_yaml("trainer:\n  steps: 1\n");
+  config.apply_override("trainer.steps=3");
+  if (config.get<int64_t>("trainer.steps") != 3 ||
+      std::string(baton::workers::actor_rollout_ref_worker_class()) != "ActorRolloutRefWorker" ||
+      !baton::algos::find_advantage_estimator("grpo")) {
+    std::fprintf(stderr, "external driver: the RL layer is not usable\n");
+    return 1;
   }
   std::printf("external driver ok\n");
   return 0;
