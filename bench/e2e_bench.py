@@ -202,7 +202,9 @@ def main():
                f"trainer.test_freq={args.val_every}",
                f"actor_rollout_ref.model.path={args.model}",
                f"data.train_files=[{args.train}]",
-               f"data.val_files=[{args.val}]"] + overrides
+               f"data.val_files=[{args.val}]",
+               # TRL's side runs a constant learning rate (grpo_toy.yaml decays it).
+               "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"] + overrides
         _, baton_seconds = run(cmd, os.path.join(out, "baton.log"), "baton grpo")
         metrics_file = os.path.join(baton_dir, "metrics.jsonl")
     baton = summarize_baton(read_metrics(metrics_file))

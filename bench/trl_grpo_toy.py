@@ -24,7 +24,7 @@ What matches configs/grpo_toy.yaml (+ ppo_trainer.yaml defaults):
     implements it (last 300 code points, the last "#### (-?[0-9.,]+)", commas
     and "$" removed, string-equal to the ground truth: 1.0, else 0.0);
   - 32 prompts x n=8 per step, sampling at temperature 1.0 (top-k/top-p off),
-    at most 8 response tokens, eos ends a response (and is part of it);
+    at most 10 response tokens, eos ends a response (and is part of it);
   - GRPO advantages: (r - group mean) / (group std + eps), unbiased std;
   - the update: PPO clip 0.2 both sides, no KL (beta 0), no entropy bonus,
     1 PPO epoch, mini-batches of 16 prompts (128 samples) -> 2 optimizer steps
@@ -35,7 +35,7 @@ What matches configs/grpo_toy.yaml (+ ppo_trainer.yaml defaults):
     generation batch's tokens instead);
   - AdamW lr 1e-4 constant, no warm-up, weight decay 0.01 (not on norms and
     biases, in both), betas (0.9, 0.999), gradient clip 1.0;
-  - validation: greedy (temperature 0), 8 new tokens, on every val prompt,
+  - validation: greedy (temperature 0), 10 new tokens, on every val prompt,
     before training, every --val-every steps and after the last one.
 
 What differs, and why:
@@ -83,7 +83,7 @@ import sys
 import tempfile
 import time
 
-RESPONSE_LENGTH = 8
+RESPONSE_LENGTH = 10  # data.max_response_length of configs/grpo_toy.yaml
 PROMPTS_PER_STEP = 32
 N_SAMPLES = 8
 MINI_BATCH_PROMPTS = 16

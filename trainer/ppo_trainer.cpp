@@ -603,7 +603,8 @@ FitResult PpoTrainer::fit() {
     }
   }
   result.steps = st.global_step;
-  progress.clear();
+  progress.update(st.global_step);
+  progress.finish();
 
   result.hf_dir = (fs::path(s.out_dir) / "actor_hf").string();
   actor.call("export_hf", {result.hf_dir}).get();
