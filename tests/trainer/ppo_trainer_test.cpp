@@ -15,6 +15,7 @@
 
 #include "engine/hf_model.h"
 #include "tests/engine/temp_dir.h"
+#include "tests/tolerance.h"
 #include "trainer/config.h"
 #include "trainer/ppo_trainer.h"
 
@@ -145,11 +146,19 @@ TEST_F(PpoTrainerTest, AResumedRunTakesTheSameNextStepAsAnUninterruptedOne) {
   for (std::string line; std::getline(jsonl, line);) steps.insert(line.substr(0, line.find(',')));
   for (const char* step : {"{\"step\":1", "{\"step\":2", "{\"step\":3"})
     EXPECT_TRUE(steps.count(step)) << step << " missing from metrics.jsonl";
-  // Same processes, same kernels, same data order, seeds and optimizer state:
-  // the step is computed identically, so its metrics are equal exactly.
-  for (const char* k : {"critic/score/mean", "response_length/mean", "actor/pg_loss",
-                        "actor/grad_norm", "actor/entropy", "critic/advantages/mean"}) {
+  // Same data order, seeds, weights and optimizer state: the same tokens are
+  // sampled and scored, so the discrete outcomes are equal exactly. The
+  // losses, norms and entropy are the same computation on the same inputs,
+  // but MKL may pick kernels by buffer alignment, which a restarted process
+  // does not reproduce: they agree to fp32 rounding over the chain behind a
+  // log-prob (Tolerance::fp32 with the tiny model's ~10^3 terms).
+  for (const char* k : {"critic/score/mean", "response_length/mean", "critic/advantages/mean"}) {
     EXPECT_EQ(resumed.last_metrics.at(k), expected.last_metrics.at(k)) << k;
+  }
+  for (const char* k : {"actor/pg_loss", "actor/grad_norm", "actor/entropy"}) {
+    const double want = expected.last_metrics.at(k);
+    test::expect_near(resumed.last_metrics.at(k), want, test::Tolerance::fp32(1000, std::abs(want)),
+                      k);
   }
 }
 
