@@ -29,6 +29,7 @@
 #include "workers/kl.h"
 #include "workers/masked_reductions.h"
 #include "workers/reward_manager.h"
+#include "workers/reward_model_worker.h"
 #include "workers/role_options.h"
 
 namespace baton::trainer {
@@ -58,6 +59,8 @@ struct Settings {
   std::vector<std::string> loggers;
   workers::ActorRolloutRefOptions actor;
   workers::CriticOptions critic;
+  bool use_rm = false;
+  workers::RewardModelOptions rm;
   algos::AdvantageOptions adv;
   algos::KLControlOptions kl_ctrl;
   std::string loss_agg_mode;
@@ -97,6 +100,10 @@ struct PpoTrainer::State {
   std::optional<WorkerGroup> critic_group;  // a critic with a layout of its own
   std::optional<WorkerGroup> actor;         // views: the actor role of `group`,
   std::optional<WorkerGroup> critic;        // the critic's role or critic_group
+  std::optional<WorkerGroup> rm_group;      // a reward model with a layout of its own
+  std::optional<WorkerGroup> rm;            // the reward model's role (colocated)
+
+  WorkerGroup& reward_model() { return rm ? *rm : *rm_group; }
   std::unique_ptr<MetricsLogger> logger;
   int64_t global_step = 0;
 };
@@ -181,6 +188,18 @@ void fill_role_options(const Config& c, Settings& s, int64_t steps) {
   o.rollout.log_prob_micro_batch_size =
       c.get_optional<int64_t>(r + ".log_prob_micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
   o.ref = s.use_ref;
+
+  s.use_rm = c.get<bool>("reward_model.enable");
+  if (s.use_rm) {
+    const auto path = c.get_optional<std::string>("reward_model.model.path");
+    if (!path) throw ConfigError("reward_model.enable = true needs reward_model.model.path");
+    s.rm.model.path = *path;
+    s.rm.model.value_model = true;
+    s.rm.model.tp = c.get<int64_t>("reward_model.megatron.tensor_model_parallel_size");
+    s.rm.model.pp = c.get<int64_t>("reward_model.megatron.pipeline_model_parallel_size");
+    s.rm.micro_batch_size =
+        c.get_optional<int64_t>("reward_model.micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
+  }
 
   if (!s.use_critic) return;
   workers::CriticOptions& k = s.critic;
@@ -314,6 +333,9 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   std::vector<RoleSpec> roles = {
       {"actor", workers::actor_rollout_ref_worker_class(), {s.actor.to_json()}}};
   if (colocate_critic) roles.push_back({"critic", workers::critic_worker_class(), {s.critic.to_json()}});
+  const bool colocate_rm =
+      s.use_rm && s.rm.model.tp == s.actor.model.tp && s.rm.model.pp == s.actor.model.pp;
+  if (colocate_rm) roles.push_back({"rm", workers::reward_model_worker_class(), {s.rm.to_json()}});
   st.group.emplace(WorkerGroup::spawn_colocated(
       roles, *st.pool, WorkerGroupOptions().set_layout(layout).set_name("actor_rollout_ref")));
   if (s.use_critic && !colocate_critic) {
@@ -325,10 +347,21 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
                                                {s.critic.to_json()},
                                                WorkerGroupOptions().set_layout(cl).set_name("critic")));
   }
+  if (s.use_rm && !colocate_rm) {
+    ParallelLayout rl;
+    rl.tp = static_cast<int>(s.rm.model.tp);
+    rl.pp = static_cast<int>(s.rm.model.pp);
+    rl.dp = static_cast<int>(s.world / (s.rm.model.tp * s.rm.model.pp));
+    st.rm_group.emplace(WorkerGroup::spawn(workers::reward_model_worker_class(), *st.pool,
+                                           {s.rm.to_json()},
+                                           WorkerGroupOptions().set_layout(rl).set_name("reward_model")));
+  }
+  if (colocate_rm) st.rm.emplace(st.group->role("rm"));
   st.actor.emplace(st.group->role("actor"));
   if (colocate_critic) st.critic.emplace(st.group->role("critic"));
   st.actor->call("init_model", {}).get();
   if (s.use_critic) (st.critic ? *st.critic : *st.critic_group).call("init_model", {}).get();
+  if (s.use_rm) st.reward_model().call("init_model", {}).get();
 
 }
 
@@ -366,9 +399,26 @@ std::map<std::string, double> PpoTrainer::validate() {
     DataProto rows = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
                          .repeat(n, true)
                          .union_with(out);
-    rewards::RewardResult r = st.reward->compute(rows);
+    std::vector<double> scores;
+    if (st.s.use_rm) {
+      // Rows padded to the reward model's DP size for its dispatch, then dropped.
+      const int64_t rm_dp = st.s.world / (st.s.rm.model.tp * st.s.rm.model.pp);
+      auto [scored, rm_pad] = rows.select({"input_ids", "attention_mask", "position_ids",
+                                           "responses", "response_mask"})
+                                  .pad_to_multiple(rm_dp);
+      const at::Tensor rm = st.reward_model()
+                                .call("compute_rm_score", {scored})
+                                .get()
+                                .as<DataProto>()
+                                .unpad(rm_pad)
+                                .tensor("rm_scores")
+                                .sum(1);
+      for (int64_t i = 0; i < rm.size(0); ++i) scores.push_back(rm[i].item<double>());
+    } else {
+      scores = st.reward->compute(rows).scores;
+    }
     const List& sources = rows.column("data_source");
-    for (size_t i = 0; i < r.scores.size(); ++i) by_source[sources[i].as_string()].push_back(r.scores[i]);
+    for (size_t i = 0; i < scores.size(); ++i) by_source[sources[i].as_string()].push_back(scores[i]);
   }
   Metrics m;
   for (const auto& [source, scores] : by_source) {
@@ -521,7 +571,21 @@ FitResult PpoTrainer::fit() {
     batch.set_meta("temperature", Value(temperature));
     batch.set_meta("global_steps", Value(st.global_step));
 
-    timed("reward", [&] { batch = st.reward->with_token_level_scores(batch); });
+    timed("reward", [&] {
+      if (s.use_rm) {
+        // As verl's naive manager: a reward model's scores replace the rule rewards.
+        const int64_t rm_dp = s.world / (s.rm.model.tp * s.rm.model.pp);
+        auto [scored, rm_pad] = batch.pad_to_multiple(rm_dp);
+        batch.set_tensor("token_level_scores", st.reward_model()
+                                                   .call("compute_rm_score", {scored})
+                                                   .get()
+                                                   .as<DataProto>()
+                                                   .unpad(rm_pad)
+                                                   .tensor("rm_scores"));
+      } else {
+        batch = st.reward->with_token_level_scores(batch);
+      }
+    });
     timed("old_log_prob", [&] {
       DataProto lp = actor.call("compute_log_prob", {batch}).get().as<DataProto>();
       const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);

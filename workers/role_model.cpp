@@ -105,13 +105,15 @@ at::Tensor RoleModel::response_log_probs(const DataProto& batch, int64_t micro_b
   return at::cat(outs, 0);
 }
 
-at::Tensor RoleModel::response_values(const DataProto& batch, int64_t micro_batch) {
+at::Tensor RoleModel::response_values(const DataProto& batch, int64_t micro_batch,
+                                     bool at_tokens) {
   const int64_t R = response_width(batch);
+  const int64_t shift = at_tokens ? 0 : 1;
   auto outs = engine::forward_only(*model_, make_micro_batches(batch, micro_batch, {}),
                                    [&](const at::Tensor& values, const engine::MicroBatch&) {
                                      const int64_t S = values.size(1);
                                      return values.squeeze(-1)
-                                         .slice(1, S - R - 1, S - 1)
+                                         .slice(1, S - R - shift, S - shift)
                                          .to(at::kFloat)
                                          .cpu();
                                    });

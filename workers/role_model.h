@@ -63,9 +63,11 @@ class RoleModel {
   // `entropy` is non-null). Elsewhere: undefined tensors.
   at::Tensor response_log_probs(const DataProto& batch, int64_t micro_batch, double temperature,
                                 at::Tensor* entropy = nullptr);
-  // The value model's values at the response tokens (position P + t - 1),
-  // [N, R] fp32 on the last stage; undefined elsewhere.
-  at::Tensor response_values(const DataProto& batch, int64_t micro_batch);
+  // The value model's values for the response tokens, [N, R] fp32 on the
+  // last stage (undefined elsewhere): at the position before each token
+  // (P + t - 1, the critic's V(s_t)) or, `at_tokens`, at the token itself
+  // (P + t, where a reward model scores the sequence so far).
+  at::Tensor response_values(const DataProto& batch, int64_t micro_batch, bool at_tokens = false);
 
   // Whether this rank's results are the ones a MEGATRON_COMPUTE* collect
   // keeps (tp 0, cp 0, the last stage).

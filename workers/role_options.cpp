@@ -170,4 +170,18 @@ CriticOptions CriticOptions::from_json(const std::string& text) {
   return o;
 }
 
+std::string RewardModelOptions::to_json() const {
+  json j = {{"model", to_j(model)}, {"micro_batch_size", micro_batch_size}};
+  return j.dump();
+}
+
+RewardModelOptions RewardModelOptions::from_json(const std::string& text) {
+  const std::string w = "RewardModelOptions";
+  json j = parse(text, w.c_str());
+  RewardModelOptions o;
+  from_j(section(j, "model", w), o.model, w + ".model");
+  read(j, "micro_batch_size", o.micro_batch_size, w);
+  return o;
+}
+
 }  // namespace baton::workers

@@ -94,4 +94,12 @@ struct CriticOptions {
   static CriticOptions from_json(const std::string& text);
 };
 
+struct RewardModelOptions {
+  ModelOptions model;                  // a value model (value_model is forced on)
+  int64_t micro_batch_size = 8;        // rows per scoring forward on one rank
+
+  std::string to_json() const;
+  static RewardModelOptions from_json(const std::string& text);
+};
+
 }  // namespace baton::workers

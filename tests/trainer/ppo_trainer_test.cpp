@@ -82,11 +82,14 @@ const std::vector<std::string> kActorMetrics = {
     "perf/throughput",     "val-core/openai/gsm8k/reward/mean@1"};
 
 TEST_F(PpoTrainerTest, GrpoStepsInEveryLayoutReportFiniteMetricsAndExportTheActor) {
-  for (const auto& [tp, pp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+  // DP2, TP2, PP2 on 2 workers; TP2 x PP2 on 4 (more processes than cores,
+  // which only slows it down).
+  for (const auto& [tp, pp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
     SCOPED_TRACE("tp" + std::to_string(tp) + " pp" + std::to_string(pp));
     TempDir out;
     Config c = config("grpo_toy", out.path());
     c.apply_overrides({
+        "trainer.n_gpus_per_node=" + std::to_string(tp * pp == 4 ? 4 : 2),
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=" + std::to_string(tp),
         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=" + std::to_string(pp),
         "actor_rollout_ref.rollout.tensor_model_parallel_size=" + std::to_string(tp),
@@ -119,6 +122,22 @@ TEST_F(PpoTrainerTest, PpoWithACriticAndKlInTheRewardReportsCriticMetrics) {
                         "timing_s/values", "timing_s/update_critic"})
     keys.push_back(k);
   expect_finite_metrics(r, keys);
+}
+
+TEST_F(PpoTrainerTest, AValueModelRewardReplacesTheRuleRewardInTrainingAndValidation) {
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  // The toy LM as the reward model: its value head is fresh (seeded), so the
+  // scores are arbitrary but finite and nonzero, unlike the rule reward's
+  // 0/1 on an untrained model.
+  c.apply_overrides({"reward_model.enable=true",
+                     "reward_model.model.path=" + toy_->path().string() + "/model"});
+  const FitResult r = PpoTrainer(c).fit();
+  expect_finite_metrics(r, kActorMetrics);
+  const double score = r.last_metrics.at("critic/score/mean");
+  EXPECT_NE(score, 0.0);
+  EXPECT_NE(score, 1.0);
+  EXPECT_NE(r.last_validation.at("val-core/openai/gsm8k/reward/mean@1"), 0.0);
 }
 
 TEST_F(PpoTrainerTest, AResumedRunTakesTheSameNextStepAsAnUninterruptedOne) {

@@ -24,6 +24,7 @@
 #include "tests/tolerance.h"
 #include "workers/actor_rollout_ref_worker.h"
 #include "workers/critic_worker.h"
+#include "workers/reward_model_worker.h"
 
 namespace baton::workers {
 namespace {
@@ -245,6 +246,65 @@ TEST(CriticWorker, ValuesComeFromAFreshHeadAndUpdatesFitTheReturns) {
   g.call("update_critic", {batch}).get();
   const at::Tensor v1 = g.call("compute_values", {batch}).get().as<DataProto>().tensor("values");
   EXPECT_LT(err(v1), 0.5 * before);
+}
+
+}  // namespace
+}  // namespace baton::workers
+
+namespace baton::workers {
+namespace {
+
+TEST(RewardModelWorker, ScoresEachResponseAtItsLastTokenInEveryLayout) {
+  const std::string value_model = std::string(BATON_FIXTURES_DIR) + "/tiny-qwen2-value";
+  DataProto batch;
+  {
+    WorkerGroup a = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+    batch = a.call("generate_sequences", {prompts()}).get().as<DataProto>();
+  }
+  // The reference: the whole value model in this process, each row's value at
+  // its last valid token (position P + length - 1).
+  engine::HfModel hf = engine::load_hf_model(value_model);
+  engine::Transformer model(hf.config, engine::ParallelState::single(),
+                            engine::TransformerOptions().set_value_model(true));
+  model.load_state_dict(engine::hf_to_shard(hf.weights, hf.config, model.shard_spec()));
+  at::Tensor values;
+  {
+    at::NoGradGuard no_grad;
+    values = model.forward(batch.tensor("input_ids"), batch.tensor("position_ids"),
+                           batch.tensor("attention_mask")).squeeze(-1);
+  }
+  const at::Tensor mask = batch.tensor("response_mask");
+  const int64_t P = batch.tensor("prompts").size(1), R = mask.size(1);
+  at::Tensor expected = at::zeros({batch.size(), R});
+  for (int64_t i = 0; i < batch.size(); ++i) {
+    const int64_t len = mask[i].sum().item<int64_t>();
+    if (len > 0) expected[i][len - 1] = values[i][P + len - 1];
+  }
+  const Tolerance tol = Tolerance::fp32(
+      engine::test::logit_terms(hf.config, batch.tensor("input_ids").size(1)),
+      std::max(1.0, values.abs().max().item<double>()));
+
+  RewardModelOptions o;
+  o.model.path = value_model;
+  o.micro_batch_size = 3;
+  for (auto [tp, pp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+    o.model.tp = tp;
+    o.model.pp = pp;
+    WorkerGroup g = spawn(reward_model_worker_class(), o.to_json(), tp, pp);
+    const at::Tensor scores =
+        g.call("compute_rm_score", {batch}).get().as<DataProto>().tensor("rm_scores");
+    test::expect_close(scores, expected, tol,
+                       "rm_scores tp" + std::to_string(tp) + " pp" + std::to_string(pp));
+    // Nothing but the last token carries a score.
+    EXPECT_EQ((scores != 0).sum(1).le(1).all().item<bool>(), true);
+  }
+}
+
+TEST(RewardModelWorker, LastTokenScoresSkipEmptyResponses) {
+  const at::Tensor values = at::tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}).view({2, 3});
+  const at::Tensor mask = at::tensor({1, 1, 0, 0, 0, 0}, at::kLong).view({2, 3});
+  EXPECT_TRUE(at::equal(last_token_scores(values, mask),
+                        at::tensor({0.f, 2.f, 0.f, 0.f, 0.f, 0.f}).view({2, 3})));
 }
 
 }  // namespace
