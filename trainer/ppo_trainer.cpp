@@ -420,12 +420,26 @@ std::map<std::string, double> PpoTrainer::validate() {
     const List& sources = rows.column("data_source");
     for (size_t i = 0; i < scores.size(); ++i) by_source[sources[i].as_string()].push_back(scores[i]);
   }
+  // Each prompt's n samples are consecutive: mean@n over every sample; with
+  // n > 1 also the mean over prompts of the best and the worst of their n
+  // (verl's best@n; worst@n).
   Metrics m;
+  const std::string at_n = "@" + std::to_string(n);
   for (const auto& [source, scores] : by_source) {
-    double total = 0;
-    for (double x : scores) total += x;
-    m["val-core/" + source + "/reward/mean@" + std::to_string(n)] =
-        total / static_cast<double>(scores.size());
+    double total = 0, best = 0, worst = 0;
+    for (size_t g = 0; g < scores.size(); g += static_cast<size_t>(n)) {
+      const auto first = scores.begin() + static_cast<std::ptrdiff_t>(g);
+      const auto last = first + n;
+      for (auto it = first; it != last; ++it) total += *it;
+      best += *std::max_element(first, last);
+      worst += *std::min_element(first, last);
+    }
+    const double prompts = static_cast<double>(scores.size()) / static_cast<double>(n);
+    m["val-core/" + source + "/reward/mean" + at_n] = total / static_cast<double>(scores.size());
+    if (n > 1) {
+      m["val-core/" + source + "/reward/best" + at_n] = best / prompts;
+      m["val-aux/" + source + "/reward/worst" + at_n] = worst / prompts;
+    }
   }
   return m;
 }

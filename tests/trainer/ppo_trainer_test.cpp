@@ -113,14 +113,22 @@ TEST_F(PpoTrainerTest, GrpoStepsInEveryLayoutReportFiniteMetricsAndExportTheActo
 TEST_F(PpoTrainerTest, PpoWithACriticAndKlInTheRewardReportsCriticMetrics) {
   TempDir out;
   Config c = config("ppo_toy", out.path());
-  c.apply_overrides({"algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"});
+  c.apply_overrides({"algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+                     "actor_rollout_ref.rollout.val_kwargs.n=3",
+                     "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                     "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"});
   PpoTrainer trainer(c);
   const FitResult r = trainer.fit();
+  // Validation with 3 samples per prompt: worst <= mean <= best.
+  const double mean = r.last_validation.at("val-core/openai/gsm8k/reward/mean@3");
+  EXPECT_LE(r.last_validation.at("val-aux/openai/gsm8k/reward/worst@3"), mean);
+  EXPECT_GE(r.last_validation.at("val-core/openai/gsm8k/reward/best@3"), mean);
   std::vector<std::string> keys = kActorMetrics;
   for (const char* k : {"critic/values/mean", "critic/vf_loss", "critic/vf_clipfrac",
                         "critic/grad_norm", "critic/kl", "critic/kl_coef", "timing_s/ref",
                         "timing_s/values", "timing_s/update_critic"})
     keys.push_back(k);
+  std::erase(keys, "val-core/openai/gsm8k/reward/mean@1");
   expect_finite_metrics(r, keys);
 }
 
