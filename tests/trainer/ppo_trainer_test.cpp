@@ -98,6 +98,9 @@ TEST_F(PpoTrainerTest, GrpoStepsInEveryLayoutReportFiniteMetricsAndExportTheActo
     const FitResult r = trainer.fit();
     EXPECT_EQ(r.steps, 2);
     expect_finite_metrics(r, kActorMetrics);
+    // No KL: no reference policy is built or asked, no critic either.
+    EXPECT_EQ(r.last_metrics.count("timing_s/ref"), 0u);
+    EXPECT_EQ(r.last_metrics.count("timing_s/values"), 0u);
     EXPECT_FALSE(r.first_validation.empty());
     // The resolved config, the metrics of every step, and a loadable HF actor.
     EXPECT_TRUE(fs::exists(out / "config.yaml"));
