@@ -11,9 +11,12 @@
 //   prefill_tokens_per_s  prompt tokens / time in prefill steps
 //   decode_tokens_per_s   tokens decoded one step at a time / time in decode steps
 //   cached_tokens_per_s   generated tokens / wall time of the whole generate()
+//                         (the engine's default steps: packed CPU kernels)
+//   padded_tokens_per_s   the same with GenerationOptions::packed_cpu_steps off
+//                         (padded steps of LibTorch operations)
 //   uncached_tokens_per_s generated tokens / wall time without a cache
 //   speedup               cached / uncached
-//   same_tokens           both produced the same sequences (greedy, fp32)
+//   same_tokens           all three produced the same sequences (greedy, fp32)
 // Intra-op threads: all cores (one process) unless --threads. --profile FILE:
 // after timing, one more cached generation at the first batch size under
 // LibTorch's autograd profiler, written as a Chrome trace.
@@ -135,6 +138,7 @@ int main(int argc, char** argv) {
   options.max_batch = *std::max_element(args.batches.begin(), args.batches.end());
   options.cache.budget_bytes = 256 << 20;
   GenerationEngine engine(model, options);
+  GenerationEngine padded_engine(model, GenerationOptions(options).set_packed_cpu_steps(false));
 
   json results = json::array();
   for (int64_t b : args.batches) {
@@ -144,8 +148,9 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < b; ++i)
       prompts.emplace_back(ids[i].data_ptr<int64_t>(), ids[i].data_ptr<int64_t>() + args.prompt);
     engine.generate(prompts, greedy);  // warm-up
-    std::vector<double> prefill, decode, cached, uncached;
-    std::vector<GeneratedSequence> with_cache, without_cache;
+    padded_engine.generate(prompts, greedy);
+    std::vector<double> prefill, decode, cached, padded, uncached;
+    std::vector<GeneratedSequence> with_cache, with_padding, without_cache;
     for (int64_t r = 0; r < args.repeats; ++r) {
       auto t = Clock::now();
       with_cache = engine.generate(prompts, greedy);
@@ -154,16 +159,21 @@ int main(int argc, char** argv) {
       prefill.push_back(st.prefill_tokens / st.prefill_seconds);
       decode.push_back(st.decode_tokens > 0 ? st.decode_tokens / st.decode_seconds : 0.0);
       t = Clock::now();
+      with_padding = padded_engine.generate(prompts, greedy);
+      padded.push_back(b * args.new_tokens / seconds_since(t));
+      t = Clock::now();
       without_cache = generate_without_cache(*model, prompts, greedy);
       uncached.push_back(b * args.new_tokens / seconds_since(t));
     }
     bool same = true;
     for (size_t i = 0; i < with_cache.size(); ++i)
-      same = same && with_cache[i].response == without_cache[i].response;
+      same = same && with_cache[i].response == without_cache[i].response &&
+             with_cache[i].response == with_padding[i].response;
     json row = {{"batch", b},
                 {"prefill_tokens_per_s", median(prefill)},
                 {"decode_tokens_per_s", median(decode)},
                 {"cached_tokens_per_s", median(cached)},
+                {"padded_tokens_per_s", median(padded)},
                 {"uncached_tokens_per_s", median(uncached)},
                 {"speedup", median(cached) / median(uncached)},
                 {"same_tokens", same}};
@@ -191,6 +201,7 @@ int main(int argc, char** argv) {
               {"new_tokens", args.new_tokens},
               {"repeats", args.repeats},
               {"threads", threads},
+              {"packed_steps", engine.packed_steps()},
               {"kv_cache_bytes_per_token", engine.cache().bytes_per_token()},
               {"kv_cache_block_size", engine.cache().block_size()},
               {"results", results}};

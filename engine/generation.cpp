@@ -1,5 +1,7 @@
 #include "engine/generation.h"
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -89,6 +91,7 @@ GenerationEngine::GenerationEngine(std::shared_ptr<Transformer> model, Generatio
                options_.max_batch);
   cache_ = model_->make_kv_cache(options_.cache);
   tensors_ = model_->named_params().front().second.options();
+  packed_ = options_.packed_cpu_steps && model_->supports_paged_step();
 }
 
 void GenerationEngine::sleep() { cache_->sleep(); }
@@ -207,13 +210,74 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
 void GenerationEngine::step(std::vector<Sequence*>& batch, const SamplingParams& params,
                             const std::set<int64_t>& stop, bool prefill) {
   auto start = Clock::now();
+  int64_t real = 0;
+  for (Sequence* s : batch) real += static_cast<int64_t>(s->tokens.size()) - s->cached;
+  auto logits = packed_ ? forward_packed(batch) : forward_padded(batch);
+  std::vector<SequenceRng*> rngs;
+  rngs.reserve(batch.size());
+  for (Sequence* s : batch) rngs.push_back(&s->rng);
+  std::vector<Sampled> sampled;
+  {
+    RECORD_FUNCTION("baton::sample_tokens", std::vector<c10::IValue>());
+    sampled = sample_tokens(logits, params, rngs);
+  }
+  for (size_t r = 0; r < batch.size(); ++r) {
+    Sequence* s = batch[r];
+    s->cached = static_cast<int64_t>(s->tokens.size());
+    s->finished = append(s->out, s->tokens, sampled[r], params, stop);
+  }
+  ++stats_.steps;
+  if (prefill) {
+    stats_.prefill_tokens += real;
+    stats_.prefill_seconds += seconds_since(start);
+  } else {
+    stats_.decode_tokens += real;
+    stats_.decode_seconds += seconds_since(start);
+  }
+}
+
+at::Tensor GenerationEngine::forward_packed(const std::vector<Sequence*>& batch) {
+  int64_t b = static_cast<int64_t>(batch.size()), t = 0, width = 0;
+  for (Sequence* s : batch) {
+    t += static_cast<int64_t>(s->tokens.size()) - s->cached;
+    width = std::max<int64_t>(width, s->table.size());
+  }
+  RECORD_FUNCTION("baton::forward_packed", std::vector<c10::IValue>());
+  PagedStep st;
+  st.ids = at::empty({t}, at::kLong);
+  st.positions = at::empty({t}, at::kLong);
+  st.write_slots = at::empty({t}, at::kLong);
+  st.rows = at::empty({t}, at::kLong);
+  st.block_tables = at::zeros({b, width}, at::kLong);
+  st.last = at::empty({b}, at::kLong);
+  int64_t* ids = st.ids.data_ptr<int64_t>();
+  int64_t* pos = st.positions.data_ptr<int64_t>();
+  int64_t* write = st.write_slots.data_ptr<int64_t>();
+  int64_t* rows = st.rows.data_ptr<int64_t>();
+  int64_t* tables = st.block_tables.data_ptr<int64_t>();
+  int64_t* last = st.last.data_ptr<int64_t>();
+  int64_t i = 0;
+  for (int64_t r = 0; r < b; ++r) {
+    const Sequence* s = batch[r];
+    std::copy(s->table.begin(), s->table.end(), tables + r * width);
+    for (int64_t p = s->cached; p < static_cast<int64_t>(s->tokens.size()); ++p, ++i) {
+      ids[i] = s->tokens[p];
+      pos[i] = p;
+      write[i] = cache_->slot(s->table, p);
+      rows[i] = r;
+    }
+    last[r] = i - 1;
+  }
+  return model_->forward_paged(st, *cache_);
+}
+
+at::Tensor GenerationEngine::forward_padded(const std::vector<Sequence*>& batch) {
   int64_t b = static_cast<int64_t>(batch.size());
-  int64_t q = 0, l = 0, real = 0;
+  int64_t q = 0, l = 0;
   for (Sequence* s : batch) {
     int64_t len = static_cast<int64_t>(s->tokens.size());
     q = std::max(q, len - s->cached);
     l = std::max(l, len);
-    real += len - s->cached;
   }
   auto ids = at::zeros({b, q}, at::kLong);
   auto pos = at::zeros({b, q}, at::kLong);
@@ -246,21 +310,7 @@ void GenerationEngine::step(std::vector<Sequence*>& batch, const SamplingParams&
                   .masked_fill(allowed.logical_not(), masked_score(dtype))
                   .unsqueeze(1);
   CacheStep cs{write.to(device), read.to(device), bias.to(device)};
-  auto logits = model_->forward_cached(ids.to(device), pos.to(device), cs, *cache_, last.to(device))
-                    .to(at::kCPU, at::kFloat);
-  for (int64_t r = 0; r < b; ++r) {
-    Sequence* s = batch[r];
-    s->cached = static_cast<int64_t>(s->tokens.size());
-    s->finished = append(s->out, s->tokens, sample_token(logits[r], params, s->rng), params, stop);
-  }
-  ++stats_.steps;
-  if (prefill) {
-    stats_.prefill_tokens += real;
-    stats_.prefill_seconds += seconds_since(start);
-  } else {
-    stats_.decode_tokens += real;
-    stats_.decode_seconds += seconds_since(start);
-  }
+  return model_->forward_cached(ids.to(device), pos.to(device), cs, *cache_, last.to(device));
 }
 
 std::vector<GeneratedSequence> generate_without_cache(
@@ -311,10 +361,12 @@ std::vector<GeneratedSequence> generate_without_cache(
     auto logits = gather_from_tp_region(shard, model.parallel().tp())
                       .narrow(1, 0, model.config().vocab_size)  // without the padding columns
                       .to(at::kCPU, at::kFloat);
+    std::vector<SequenceRng*> rngs;
+    for (Row* r : active) rngs.push_back(&r->rng);
+    auto sampled = sample_tokens(logits, params, rngs);
     for (int64_t i = 0; i < b; ++i) {
       Row* r = active[i];
-      r->finished =
-          append(r->out, r->tokens, sample_token(logits[i], params, r->rng), params, stop);
+      r->finished = append(r->out, r->tokens, sampled[i], params, stop);
     }
   }
   std::vector<GeneratedSequence> out;

@@ -49,6 +49,12 @@ struct GenerationOptions {
   int64_t max_batch = 64;             // running sequences at most
   int64_t max_prefill_tokens = 4096;  // padded tokens per prefill step (one
                                       // sequence is always admitted)
+  // On the CPU with fp32 weights: packed steps (no padding) through
+  // engine/decode_kernels.h, keys and values read in place from the cache.
+  // Off, or on other devices and dtypes: padded steps of LibTorch operations
+  // (Transformer::forward_cached). Both give the same tokens up to fp32
+  // rounding.
+  bool packed_cpu_steps = true;
 
   GenerationOptions& set_cache_bytes(int64_t bytes) {
     cache.budget_bytes = bytes;
@@ -56,6 +62,10 @@ struct GenerationOptions {
   }
   GenerationOptions& set_max_batch(int64_t n) {
     max_batch = n;
+    return *this;
+  }
+  GenerationOptions& set_packed_cpu_steps(bool on) {
+    packed_cpu_steps = on;
     return *this;
   }
 };
@@ -105,6 +115,9 @@ class GenerationEngine {
 
   const GenerationStats& last_stats() const { return stats_; }
   const KvCache& cache() const { return *cache_; }
+  // Whether steps run packed on the CPU kernels (GenerationOptions::packed_cpu_steps
+  // and a model that supports them).
+  bool packed_steps() const { return packed_; }
   Transformer& model() { return *model_; }
 
  private:
@@ -113,11 +126,15 @@ class GenerationEngine {
   // token ids that finish a sequence.
   void step(std::vector<Sequence*>& batch, const SamplingParams& params,
             const std::set<int64_t>& stop, bool prefill);
+  // The step's logits [B, V] for each sequence's next token.
+  at::Tensor forward_packed(const std::vector<Sequence*>& batch);
+  at::Tensor forward_padded(const std::vector<Sequence*>& batch);
 
   std::shared_ptr<Transformer> model_;
   GenerationOptions options_;
   std::unique_ptr<KvCache> cache_;
   at::TensorOptions tensors_;  // the model's dtype and device
+  bool packed_ = false;
   GenerationStats stats_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "engine/decode_kernels.h"
 #include "engine/errors.h"
 
 namespace baton::engine {
@@ -76,6 +77,16 @@ Truncated truncate(const at::Tensor& logits, const SamplingParams& p) {
   return {ids, probs};
 }
 
+// The draw: the first candidate whose cumulative probability c[i] exceeds
+// u · c[k - 1], never one of zero probability (underflow).
+int64_t walk_cdf(const double* c, int64_t k, double u) {
+  u *= c[k - 1];
+  int64_t pick = 0;
+  while (pick < k - 1 && c[pick] <= u) ++pick;
+  while (pick > 0 && c[pick] == c[pick - 1]) --pick;
+  return pick;
+}
+
 void check_logits(const at::Tensor& logits) {
   ENGINE_CHECK(logits.dim() == 1 && logits.size(0) > 0, "sampling: logits must be [V], got ",
                logits.sizes());
@@ -96,15 +107,44 @@ Sampled sample_token(const at::Tensor& logits, const SamplingParams& p, Sequence
   auto cand = truncate(row, p);
   auto cdf = cand.probs.cumsum(0);
   auto cdf_data = cdf.contiguous();
-  const double* c = cdf_data.data_ptr<double>();
-  int64_t k = cdf_data.size(0);
-  double u = rng.uniform() * c[k - 1];
-  int64_t pick = 0;
-  while (pick < k - 1 && c[pick] <= u) ++pick;
-  // A candidate of zero probability (underflow) is never picked.
-  while (pick > 0 && c[pick] == c[pick - 1]) --pick;
+  int64_t pick = walk_cdf(cdf_data.data_ptr<double>(), cdf_data.size(0), rng.uniform());
   out.token = cand.ids[pick].item<int64_t>();
   if (p.log_probs) out.log_prob = at::log_softmax(row / p.temperature, 0)[out.token].item<double>();
+  return out;
+}
+
+std::vector<Sampled> sample_tokens(const at::Tensor& logits, const SamplingParams& p,
+                                   const std::vector<SequenceRng*>& rngs) {
+  if (logits.dim() != 2 || logits.size(1) == 0 ||
+      logits.size(0) != static_cast<int64_t>(rngs.size()))
+    throw EngineError(
+        detail::cat("sampling: logits must be [B, V] with one random stream per row, got ",
+                    logits.sizes(), " and ", rngs.size(), " streams"));
+  auto rows = logits.to(at::kCPU, at::kFloat).contiguous();
+  const int64_t b = rows.size(0), v = rows.size(1);
+  std::vector<Sampled> out(b);
+  if (p.temperature > 0 && ((p.top_k > 0 && p.top_k < v) || p.top_p < 1)) {
+    for (int64_t i = 0; i < b; ++i) out[i] = sample_token(rows[i], p, *rngs[i]);
+    return out;
+  }
+  // Each row's first maximum and log-sum-exp at the temperature, in one pass.
+  const double t = p.temperature > 0 ? p.temperature : 1.0;
+  std::vector<int64_t> best(b);
+  std::vector<float> lse(b);
+  const float* x = rows.data_ptr<float>();
+  cpu::argmax_log_sum_exp(x, b, v, t, best.data(), lse.data());
+  if (p.temperature > 0) {
+    // Without truncation the candidates are the whole vocabulary in order:
+    // walk each row's CDF as sample_token does.
+    auto cdf = at::softmax(rows.to(at::kDouble) / p.temperature, 1).cumsum(1).contiguous();
+    const double* c = cdf.data_ptr<double>();
+    for (int64_t i = 0; i < b; ++i) out[i].token = walk_cdf(c + i * v, v, rngs[i]->uniform());
+  } else {
+    for (int64_t i = 0; i < b; ++i) out[i].token = best[i];
+  }
+  if (p.log_probs)  // log_softmax(x / T) at the drawn token
+    for (int64_t i = 0; i < b; ++i)
+      out[i].log_prob = static_cast<float>(x[i * v + out[i].token] / t) - lse[i];
   return out;
 }
 

@@ -70,6 +70,14 @@ struct Sampled {
 // random number.
 Sampled sample_token(const at::Tensor& logits, const SamplingParams& params, SequenceRng& rng);
 
+// sample_token on each row of `logits` [B, V], row i drawing from *rngs[i]:
+// the same tokens, computed for the whole batch at once: one copy to the
+// host, one pass over the logits for the argmax and the log-sum-exp
+// (cpu::argmax_log_sum_exp) and, without top-k / top-p, one softmax and one
+// cumulative sum. Log-probs equal sample_token's up to fp32 rounding.
+std::vector<Sampled> sample_tokens(const at::Tensor& logits, const SamplingParams& params,
+                                   const std::vector<SequenceRng*>& rngs);
+
 // The distribution sample_token draws from (after temperature, top-k, top-p),
 // as probabilities [V] in fp64 on the host; greedy is one-hot at the argmax.
 // For tests and diagnostics.

@@ -4,7 +4,9 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -116,7 +118,8 @@ at::Device Transformer::device() const {
 
 ShardSpec Transformer::shard_spec() const {
   const ParallelConfig& pc = state_->config();
-  auto split = pc.layer_split.empty() ? even_layer_split(config_.num_layers, pc.pp) : pc.layer_split;
+  auto split =
+      pc.layer_split.empty() ? even_layer_split(config_.num_layers, pc.pp) : pc.layer_split;
   auto spec = ShardSpec::for_rank(config_, state_->coords().tp, pc.tp, state_->coords().pp, split,
                                   options_.value_model);
   spec.make_vocab_size_divisible_by = pc.make_vocab_size_divisible_by;
@@ -225,6 +228,118 @@ at::Tensor Transformer::forward_cached(const at::Tensor& ids, const at::Tensor& 
   h = h.reshape({b * q, h.size(2)}).index_select(0, flat);  // [B, H]: the sampled-from tokens
   h = rms_norm(h, final_norm_, config_.rms_norm_eps);
   auto logits = gather_from_tp_region(lm_head(h), state_->tp());
+  return padded_vocab_ == config_.vocab_size ? logits : logits.narrow(1, 0, config_.vocab_size);
+}
+
+bool Transformer::supports_paged_step() const {
+  if (!first_stage() || !last_stage() || options_.value_model || options_.sequence_parallel)
+    return false;
+  for (const auto& [name, t] : named_params())
+    if (!t.device().is_cpu() || t.scalar_type() != at::kFloat) return false;
+  return true;
+}
+
+at::Tensor Transformer::forward_paged(const PagedStep& step, KvCache& cache) {
+  const char* who = "Transformer::forward_paged";
+  if (!first_stage() || !last_stage() || options_.value_model || options_.sequence_parallel ||
+      !final_norm_.device().is_cpu() || final_norm_.scalar_type() != at::kFloat)
+    throw EngineError(std::string(who) +
+                      ": the packed step needs the whole LM on one stage, without sequence "
+                      "parallelism, with fp32 parameters on the CPU");
+  ENGINE_CHECK(cache.awake(), who, ": the KV cache is asleep");
+  auto host_long = [](const at::Tensor& x, int64_t dim) {
+    return x.defined() && x.dim() == dim && x.scalar_type() == at::kLong && x.device().is_cpu() &&
+           x.is_contiguous();
+  };
+  const int64_t t = step.ids.defined() ? step.ids.numel() : 0;
+  const int64_t b = step.last.defined() ? step.last.numel() : 0;
+  for (const at::Tensor* x : {&step.ids, &step.positions, &step.write_slots, &step.rows})
+    if (!host_long(*x, 1) || x->numel() != t)
+      throw EngineError(detail::cat(who, ": ids, positions, write_slots and rows must be int64 [",
+                                    t, "] on the host, got ", shape_of(*x)));
+  if (!host_long(step.last, 1) || !host_long(step.block_tables, 2) ||
+      step.block_tables.size(0) != b || t == 0 || b == 0)
+    throw EngineError(detail::cat(who, ": for ", t, " tokens of ", b,
+                                  " sequences the step needs last [B] and block_tables [B, M] "
+                                  "(int64, host, B >= 1); got ",
+                                  shape_of(step.last), " and ", shape_of(step.block_tables)));
+  const at::Tensor& k0 = cache.keys(0);
+  ENGINE_CHECK(k0.scalar_type() == at::kFloat && k0.device().is_cpu(), who,
+               ": the KV cache must be fp32 on the host");
+  const int64_t slots = k0.size(0), bs = cache.block_size(), blocks = slots / bs;
+  const int64_t width = step.block_tables.size(1);
+  const int64_t* ids = step.ids.data_ptr<int64_t>();
+  const int64_t* pos = step.positions.data_ptr<int64_t>();
+  const int64_t* write = step.write_slots.data_ptr<int64_t>();
+  const int64_t* rows = step.rows.data_ptr<int64_t>();
+  const int64_t* tables = step.block_tables.data_ptr<int64_t>();
+  const int64_t* last = step.last.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t i = 0; i < t; ++i) {
+    if (ids[i] < 0 || ids[i] >= config_.vocab_size)
+      throw EngineError(detail::cat(who, ": token id ", ids[i], " is outside the vocabulary [0, ",
+                                    config_.vocab_size, ")"));
+    if (pos[i] < 0 || pos[i] >= width * bs || rows[i] < 0 || rows[i] >= b || write[i] < 0 ||
+        write[i] >= slots)
+      throw EngineError(detail::cat(who, ": token ", i, " has position ", pos[i], ", row ", rows[i],
+                                    " and write slot ", write[i], "; positions must be in [0, ",
+                                    width * bs, "), rows in [0, ", b, "), slots in [0, ", slots,
+                                    ")"));
+    longest = std::max(longest, pos[i] + 1);
+  }
+  for (int64_t i = 0; i < b * width; ++i)
+    if (tables[i] < 0 || tables[i] >= blocks)
+      throw EngineError(detail::cat(who, ": block id ", tables[i], " outside [0, ", blocks, ")"));
+  for (int64_t i = 0; i < b; ++i)
+    if (last[i] < 0 || last[i] >= t)
+      throw EngineError(detail::cat(who, ": last token index ", last[i], " outside [0, ", t, ")"));
+
+  at::NoGradGuard no_grad;
+  const int64_t d = config_.head_dim;
+  if (!paged_rotary_.cos.defined() || paged_rotary_.cos.size(0) < longest) {
+    int64_t n = std::max<int64_t>(
+        {longest, 256, paged_rotary_.cos.defined() ? 2 * paged_rotary_.cos.size(0) : 0});
+    auto r =
+        rotary_tables(at::arange(n, at::kLong).view({1, n}), d, config_.rope_theta, at::kFloat);
+    paged_rotary_ = {r.cos.view({n, d}).contiguous(), r.sin.view({n, d}).contiguous()};
+  }
+  for (const auto& layer : layers_) layer->reserve(paged_ws_, t);
+  // The residual stream, in a reused buffer; with one TP rank the embedding
+  // is a copy of rows (LibTorch's index_select of a few thousand rows costs
+  // milliseconds), otherwise the vocabulary-parallel lookup and its all-reduce.
+  const int64_t hidden = config_.hidden_size;
+  if (!paged_hidden_.defined() || paged_hidden_.size(0) < t)
+    paged_hidden_ = at::empty(
+        {std::max<int64_t>(t, 2 * (paged_hidden_.defined() ? paged_hidden_.size(0) : 0)), hidden},
+        at::kFloat);
+  auto h = paged_hidden_.narrow(0, 0, t);
+  if (state_->tp().size == 1) {
+    const float* table = embedding_->weight.data_ptr<float>();
+    float* out = h.data_ptr<float>();
+    for (int64_t i = 0; i < t; ++i)
+      std::memcpy(out + i * hidden, table + ids[i] * hidden, hidden * sizeof(float));
+  } else {
+    h.copy_(embedding_->forward(step.ids.view({1, t})).view({t, hidden}));
+  }
+  cpu::PagedAttention a;
+  a.groups = layers_.front()->local_kv_heads();
+  a.ratio = config_.num_heads / config_.num_kv_heads;
+  a.head_dim = d;
+  a.block_size = bs;
+  a.cos = paged_rotary_.cos.data_ptr<float>();
+  a.sin = paged_rotary_.sin.data_ptr<float>();
+  a.positions = pos;
+  a.write_slots = write;
+  a.rows = rows;
+  a.block_tables = tables;
+  a.table_stride = width;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    a.k_cache = cache.keys(static_cast<int64_t>(i)).data_ptr<float>();
+    a.v_cache = cache.values(static_cast<int64_t>(i)).data_ptr<float>();
+    layers_[i]->forward_paged(h, a, paged_ws_);
+  }
+  auto hl = rms_norm(h.index_select(0, step.last), final_norm_, config_.rms_norm_eps);
+  auto logits = gather_from_tp_region(lm_head(hl), state_->tp());
   return padded_vocab_ == config_.vocab_size ? logits : logits.narrow(1, 0, config_.vocab_size);
 }
 

@@ -94,6 +94,14 @@ class Transformer : public torch::nn::Module {
   // Collective over the TP group.
   at::Tensor forward_cached(const at::Tensor& ids, const at::Tensor& position_ids,
                             const CacheStep& step, KvCache& cache, const at::Tensor& last);
+  // The same step in packed form on the CPU (PagedStep: no padding, keys and
+  // values read through the block tables by engine/decode_kernels.h), with
+  // the same result: logits [B, V] of each sequence's last new token.
+  // REQUIRES supports_paged_step(). Checks the step's shapes and ranges on
+  // the host (EngineError). Collective over the TP group.
+  at::Tensor forward_paged(const PagedStep& step, KvCache& cache);
+  // forward_cached's conditions, and fp32 parameters on the CPU.
+  bool supports_paged_step() const;
   // A KV cache fitting this rank's layers, kv heads, dtype and device.
   std::unique_ptr<KvCache> make_kv_cache(const KvCacheOptions& options) const;
 
@@ -149,6 +157,11 @@ class Transformer : public torch::nn::Module {
   at::Tensor output_weight_;  // [Vp/tp, H]; undefined when tied to the embedding
   at::Tensor value_head_;     // [1, H]
   at::Tensor value_bias_;     // [1]
+  // forward_paged's reused step buffers, residual stream and rotary rows
+  // [positions, d] (fp32, grown on demand).
+  PagedWorkspace paged_ws_;
+  at::Tensor paged_hidden_;  // the residual stream [capacity, H]
+  Rotary paged_rotary_;
 };
 
 // Log-probabilities of each next token: position t scores input_ids[:, t+1]

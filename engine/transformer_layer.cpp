@@ -1,9 +1,13 @@
 #include "engine/transformer_layer.h"
 
+#include <ATen/record_function.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "engine/errors.h"
+#include "engine/tensor_parallel.h"
 
 namespace baton::engine {
 
@@ -157,6 +161,78 @@ at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& r
   auto v = v_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
   auto h = x + proj_->forward(attend(q, k, v, step.bias));
   return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
+}
+
+namespace {
+
+// out = x · Wᵀ (+ bias) of a column-parallel layer's local shard, into a
+// preallocated buffer (no TP communication: the input is replicated).
+void linear_into(at::Tensor out, const at::Tensor& x, const ColumnParallelLinear& layer) {
+  if (layer->bias.defined())
+    at::addmm_out(out, layer->bias, x, layer->weight.t());
+  else
+    at::mm_out(out, x, layer->weight.t());
+}
+
+// h += reduce_tp(x · Wᵀ) + bias of a row-parallel layer; with one TP rank the
+// product accumulates straight into h (BLAS beta = 1).
+void add_row_parallel(at::Tensor& h, const at::Tensor& x, const RowParallelLinear& layer) {
+  if (layer->tp().size == 1)
+    h.addmm_(x, layer->weight.t());
+  else
+    h.add_(reduce_from_tp_region(at::mm(x, layer->weight.t()), layer->tp()));
+  if (layer->bias.defined()) h.add_(layer->bias);
+}
+
+}  // namespace
+
+void TransformerLayer::forward_paged(at::Tensor& h, const cpu::PagedAttention& attention,
+                                     PagedWorkspace& ws) {
+  const int64_t t = h.size(0), hidden = h.size(1);
+  auto normed = ws.normed.narrow(0, 0, t);
+  auto qkv = ws.qkv.narrow(0, 0, t);
+  auto ctx = ws.ctx.narrow(0, 0, t);
+  auto gate_up = ws.gate_up.narrow(0, 0, t);
+  auto act = ws.act.narrow(0, 0, t);
+  // The kernels show in LibTorch's profiler traces under these names.
+  {
+    RECORD_FUNCTION("baton::rms_norm", std::vector<c10::IValue>());
+    cpu::rms_norm(h.data_ptr<float>(), input_norm_.data_ptr<float>(), normed.data_ptr<float>(), t,
+                  hidden, config_.rms_norm_eps);
+  }
+  linear_into(qkv, normed, qkv_);
+  {
+    RECORD_FUNCTION("baton::paged_attention", std::vector<c10::IValue>());
+    attention.rotate_and_store(qkv.data_ptr<float>(), t);
+    attention.attend(qkv.data_ptr<float>(), t, ctx.data_ptr<float>());
+  }
+  add_row_parallel(h, ctx, proj_);
+  {
+    RECORD_FUNCTION("baton::rms_norm", std::vector<c10::IValue>());
+    cpu::rms_norm(h.data_ptr<float>(), post_norm_.data_ptr<float>(), normed.data_ptr<float>(), t,
+                  hidden, config_.rms_norm_eps);
+  }
+  linear_into(gate_up, normed, fc1_);
+  {
+    RECORD_FUNCTION("baton::silu_mul", std::vector<c10::IValue>());
+    cpu::silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), t, act.size(1));
+  }
+  add_row_parallel(h, act, fc2_);
+}
+
+void TransformerLayer::reserve(PagedWorkspace& ws, int64_t tokens) const {
+  const int64_t g = local_groups_, r = config_.num_heads / config_.num_kv_heads;
+  const int64_t d = config_.head_dim, fc1 = fc1_->weight.size(0);
+  auto fit = [tokens](at::Tensor& buf, int64_t width) {
+    if (buf.defined() && buf.size(0) >= tokens && buf.size(1) == width) return;
+    buf = at::empty({std::max<int64_t>(tokens, buf.defined() ? 2 * buf.size(0) : 0), width},
+                    at::kFloat);
+  };
+  fit(ws.normed, config_.hidden_size);
+  fit(ws.qkv, g * (r + 2) * d);
+  fit(ws.ctx, g * r * d);
+  fit(ws.gate_up, fc1);
+  fit(ws.act, fc1 / 2);
 }
 
 at::Tensor TransformerLayer::mlp(const at::Tensor& x) {

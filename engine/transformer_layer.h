@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/decode_kernels.h"
 #include "engine/model_config.h"
 #include "engine/parallel_linear.h"
 #include "engine/parallel_state.h"
@@ -50,6 +51,25 @@ struct CacheStep {
   at::Tensor bias;         // [B, 1, Q, L] additive: 0 where query may see key
 };
 
+// One generation step in packed form (the CPU fp32 path of the generation
+// engine, Transformer::forward_paged): the step's T new tokens of B
+// sequences back to back, without padding. Keys and values are read from the
+// cache through each sequence's block table. All int64 on the host.
+struct PagedStep {
+  at::Tensor ids;           // [T] token ids
+  at::Tensor positions;     // [T] each token's position in its sequence
+  at::Tensor write_slots;   // [T] the cache slot of that position
+  at::Tensor rows;          // [T] the token's sequence: a row of block_tables
+  at::Tensor block_tables;  // [B, max blocks] cache block ids (unused entries 0)
+  at::Tensor last;          // [B] the index in [0, T) of each sequence's last new token
+};
+
+// Step buffers of forward_paged, reused from step to step (grown on demand)
+// so that a decode step allocates nothing per layer.
+struct PagedWorkspace {
+  at::Tensor normed, qkv, ctx, gate_up, act;  // [capacity, width] fp32
+};
+
 class TransformerLayer : public torch::nn::Module {
  public:
   // `layer_id` is the global layer index (names and nothing else).
@@ -65,6 +85,14 @@ class TransformerLayer : public torch::nn::Module {
   // sees itself. Collective over the TP group like forward().
   at::Tensor forward_cached(const at::Tensor& x, const Rotary& rotary, const CacheStep& step,
                             at::Tensor& k_cache, at::Tensor& v_cache);
+
+  // The packed CPU step (fp32, no autograd): `h` [T, H] is updated in place
+  // (both residual adds); the new tokens' keys and values go into the
+  // layer's cache, whose pointers, with the step's, are in `attention`.
+  // `ws` holds at least T rows. Collective over the TP group.
+  void forward_paged(at::Tensor& h, const cpu::PagedAttention& attention, PagedWorkspace& ws);
+  // Grows `ws` to hold `tokens` rows of this layer's buffers.
+  void reserve(PagedWorkspace& ws, int64_t tokens) const;
 
   // Kv heads this rank holds (num_key_value_heads / tp).
   int64_t local_kv_heads() const { return local_groups_; }

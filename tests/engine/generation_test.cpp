@@ -142,6 +142,45 @@ TEST_P(Generation, ContinuousBatchingEqualsOneByOne) {
   }
 }
 
+// The packed CPU step (engine/decode_kernels.h) against the padded step of
+// LibTorch operations: the same tokens, greedy and sampled (the same draws
+// from probabilities equal up to fp32 rounding), and log-probs within the
+// chain of a log-prob over up to 23 tokens. Prefills of several sequences
+// and decode steps of sequences of different lengths are both exercised.
+TEST_P(Generation, PackedStepsEqualPaddedSteps) {
+  auto model = load_model(GetParam());
+  auto ps = prompts(6, model->config().vocab_size, 13);
+  GenerationEngine packed(model, GenerationOptions().set_cache_bytes(1 << 20));
+  GenerationEngine padded(model,
+                          GenerationOptions().set_cache_bytes(1 << 20).set_packed_cpu_steps(false));
+  ASSERT_TRUE(packed.packed_steps());
+  ASSERT_FALSE(padded.packed_steps());
+  SamplingParams sampled;
+  sampled.temperature = 1.0;
+  sampled.max_new_tokens = 10;
+  sampled.ignore_eos = true;
+  sampled.n = 2;
+  sampled.seed = 5;
+  for (const auto& params : {greedy(10), sampled}) {
+    SCOPED_TRACE(params.to_string());
+    auto a = packed.generate(ps, params);
+    auto b = padded.generate(ps, params);
+    ASSERT_EQ(a.size(), b.size());
+    std::vector<std::vector<int64_t>> whole;
+    for (const auto& s : a) {
+      whole.push_back(s.prompt);
+      whole.back().insert(whole.back().end(), s.response.begin(), s.response.end());
+    }
+    const Tolerance tol = Tolerance::fp32(test::log_prob_terms(model->config(), 13 + 10),
+                                          test::max_abs_logit(*model, whole));
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].response, b[i].response) << "sequence " << i;
+      expect_close(a[i].log_probs, b[i].log_probs, tol, "sequence " + std::to_string(i));
+    }
+    EXPECT_EQ(packed.cache().free_blocks(), packed.cache().usable_blocks());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Generation, ::testing::Values("tiny-llama", "tiny-qwen2"));
 
 TEST(Generation, SameSeedSameOutputAndSamplesDiffer) {
@@ -279,6 +318,38 @@ TEST(Generation, ForwardCachedChecksItsStep) {
                 at::zeros({2, 1, 3, 4})};
   expect_error([&] { model->forward_cached(ids, ids, far, *cache, at::zeros({2}, at::kLong)); },
                {"cache slot outside"});
+}
+
+TEST(Generation, ForwardPagedChecksItsStep) {
+  auto model = load_model("tiny-llama");
+  ASSERT_TRUE(model->supports_paged_step());
+  auto cache = model->make_kv_cache({});
+  auto longs = [](std::vector<int64_t> v) { return at::tensor(v, at::kLong); };
+  // Two tokens of one sequence in block 0.
+  PagedStep ok{longs({5, 6}), longs({0, 1}),           longs({0, 1}),
+               longs({0, 0}), longs({0}).view({1, 1}), longs({1})};
+  auto logits = model->forward_paged(ok, *cache);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{1, model->config().vocab_size}));
+  EXPECT_TRUE(logits.isfinite().all().item<bool>());
+
+  PagedStep bad = ok;
+  bad.positions = longs({0, 1, 2});
+  expect_error([&] { model->forward_paged(bad, *cache); }, {"forward_paged", "int64 [2]", "[3]"});
+  bad = ok;
+  bad.ids = longs({5, 1 << 20});
+  expect_error([&] { model->forward_paged(bad, *cache); }, {"token id 1048576", "vocabulary"});
+  bad = ok;
+  bad.positions = longs({0, 1 << 20});
+  expect_error([&] { model->forward_paged(bad, *cache); }, {"token 1", "position 1048576"});
+  bad = ok;
+  bad.block_tables = longs({1 << 30}).view({1, 1});
+  expect_error([&] { model->forward_paged(bad, *cache); }, {"block id 1073741824"});
+  bad = ok;
+  bad.last = longs({2});
+  expect_error([&] { model->forward_paged(bad, *cache); }, {"last token index 2"});
+  bad = ok;
+  bad.block_tables = longs({0, 0}).view({2, 1});
+  expect_error([&] { model->forward_paged(bad, *cache); }, {"1 sequences", "[2, 1]"});
 }
 
 TEST(Generation, RolloutLogProbsMatchTrainingLogProbs) {

@@ -127,6 +127,39 @@ TEST(Sampling, SameSeedSameTokensAndLogProbOfTheTemperatureScaledDistribution) {
               Tolerance::fp32(50 + 3, max_abs(l)), "greedy");
 }
 
+// sample_tokens over a batch draws, row by row, what sample_token draws from
+// that row with the same random stream: the tokens are the promise (the same
+// CDF walk over the same fp64 probabilities); the log-probs come from a
+// batched fp32 log-softmax over the 50 logits.
+TEST(Sampling, ABatchDrawsWhatEachRowDrawsAlone) {
+  auto l = at::randn({6, 50}, at::make_generator<at::CPUGeneratorImpl>(5)) * 3;
+  for (const auto& p :
+       {params(0, 0, 1), params(0.7, 0, 1), params(1.0, 10, 1), params(0.9, 0, 0.8)}) {
+    SCOPED_TRACE(p.to_string());
+    const double t = p.temperature > 0 ? p.temperature : 1.0;
+    const Tolerance lp_tol = Tolerance::fp32(50 + 3, max_abs(l) / t);
+    for (int draw = 0; draw < 20; ++draw) {
+      std::vector<SequenceRng> batch_rngs, row_rngs;
+      for (int64_t i = 0; i < 6; ++i) {
+        batch_rngs.push_back(SequenceRng::for_sample(SequenceRng::request_seed(draw, i), 0));
+        row_rngs.push_back(batch_rngs.back());
+      }
+      std::vector<SequenceRng*> streams;
+      for (auto& r : batch_rngs) streams.push_back(&r);
+      auto together = sample_tokens(l, p, streams);
+      ASSERT_EQ(together.size(), 6u);
+      for (int64_t i = 0; i < 6; ++i) {
+        auto alone = sample_token(l[i], p, row_rngs[i]);
+        EXPECT_EQ(together[i].token, alone.token) << "draw " << draw << " row " << i;
+        expect_near(together[i].log_prob, alone.log_prob, lp_tol,
+                    "draw " + std::to_string(draw) + " row " + std::to_string(i));
+      }
+    }
+  }
+  std::vector<SequenceRng> one{SequenceRng(1)};
+  expect_error([&] { sample_tokens(l, params(1, 0, 1), {&one[0]}); }, {"[6, 50]", "1 streams"});
+}
+
 // A row on the GPU is sampled on the host: the same tokens and log-probs as
 // the same row on the CPU, bit for bit (the same copy of the same values).
 TEST(Sampling, AGpuRowDrawsWhatTheSameRowDrawsOnTheCpu_CUDA) {
