@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Optional: installs the peers bench/e2e_bench.py --with-trl compares baton
-# with (HF TRL's GRPOTrainer, bench/trl_grpo_toy.py) into the venv that
-# scripts/setup_python.sh made. Neither setup.sh nor test.sh calls it; no
+# Optional: installs the peers baton's benchmarks compare with into the venv
+# that scripts/setup_python.sh made: HF TRL's GRPOTrainer (bench/e2e_bench.py
+# --with-trl, bench/trl_grpo_toy.py) and Ray (bench/ray_compare.py). Neither setup.sh nor test.sh calls it; no
 # build or test needs it.
 #
 # Idempotent: pip runs only when an installed version differs from the pins.
@@ -19,6 +19,7 @@ pip_pins=(
   trl==1.16.0
   accelerate==1.15.0
   datasets==5.2.0
+  ray==2.60.0
 )
 
 if [[ ! -x "$venv/bin/python" ]]; then
@@ -57,4 +58,4 @@ PY
 echo "setup_bench: pip installing $(echo $stale)" >&2
 PIP_DISABLE_PIP_VERSION_CHECK=1 "${sudo_cmd[@]}" "$venv/bin/pip" install -q \
   -c "$constraints" "${pip_pins[@]}" >&2
-"$venv/bin/python" -c 'import trl, torch, transformers; print(f"setup_bench: trl {trl.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")' >&2
+"$venv/bin/python" -c 'import ray, trl, torch, transformers; print(f"setup_bench: ray {ray.__version__}, trl {trl.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")' >&2
