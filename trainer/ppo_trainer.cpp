@@ -185,6 +185,7 @@ void fill_role_options(const Config& c, Settings& s, int64_t steps) {
   o.rollout.response_length = s.response_length;
   o.rollout.max_batch = c.get<int64_t>(r + ".max_num_seqs");
   o.rollout.cache_bytes = c.get<int64_t>(r + ".kv_cache_bytes");
+  o.rollout.packed_cpu_steps = c.get<bool>(r + ".packed_cpu_steps");
   o.rollout.log_prob_micro_batch_size =
       c.get_optional<int64_t>(r + ".log_prob_micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
   o.ref = s.use_ref;

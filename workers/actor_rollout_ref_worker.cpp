@@ -99,6 +99,7 @@ void ActorRolloutRefWorker::init_model() {
   h.rollout_tp = options_.rollout.tp;
   h.generation.max_batch = options_.rollout.max_batch;
   h.generation.cache.budget_bytes = options_.rollout.cache_bytes;
+  h.generation.packed_cpu_steps = options_.rollout.packed_cpu_steps;
   hybrid_ = std::make_unique<engine::HybridEngine>(actor_->model_ptr(),
                                                    rendezvous_store(info(), "hybrid"), h);
   if (hybrid_->rollout_replica() != rank() / options_.rollout.tp) {

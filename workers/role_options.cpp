@@ -106,6 +106,7 @@ json to_j(const RolloutOptions& r) {
           {"response_length", r.response_length},
           {"max_batch", r.max_batch},
           {"cache_bytes", r.cache_bytes},
+          {"packed_cpu_steps", r.packed_cpu_steps},
           {"log_prob_micro_batch_size", r.log_prob_micro_batch_size}};
 }
 void from_j(const json& j, RolloutOptions& r, const std::string& w) {
@@ -113,6 +114,7 @@ void from_j(const json& j, RolloutOptions& r, const std::string& w) {
   read(j, "response_length", r.response_length, w);
   read(j, "max_batch", r.max_batch, w);
   read(j, "cache_bytes", r.cache_bytes, w);
+  read(j, "packed_cpu_steps", r.packed_cpu_steps, w);
   read(j, "log_prob_micro_batch_size", r.log_prob_micro_batch_size, w);
 }
 

@@ -66,6 +66,7 @@ struct RolloutOptions {
   int64_t response_length = 64;    // max new tokens; responses are padded to it
   int64_t max_batch = 64;          // running sequences per replica
   int64_t cache_bytes = 64 << 20;  // KV cache budget per rank
+  bool packed_cpu_steps = true;    // GenerationOptions::packed_cpu_steps
   int64_t log_prob_micro_batch_size = 8;
 };
 
