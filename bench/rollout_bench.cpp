@@ -5,7 +5,7 @@
 // step recomputes the full forward over every sequence so far).
 //
 //   ./build/bench/rollout_bench [--batches 1,16,64] [--prompt 32] [--new 32] [--repeats 3]
-//                               [--threads N] [--profile FILE]
+//                               [--n 1] [--no-prefix-sharing] [--threads N] [--profile FILE]
 //
 // The last line of stdout is JSON. Per batch size (medians over --repeats):
 //   prefill_tokens_per_s  prompt tokens / time in prefill steps
@@ -17,6 +17,11 @@
 //   uncached_tokens_per_s generated tokens / wall time without a cache
 //   speedup               cached / uncached
 //   same_tokens           all three produced the same sequences (greedy, fp32)
+//   prefill_computed      prompt tokens the packed engine prefilled, and
+//   prefill_shared        those its samples took from another's prefill
+// --n N: N samples of each of B prompts (B · N sequences; greedy, so they
+// are equal: this measures prefix sharing's effect, not diversity);
+// --no-prefix-sharing: every sample prefills its prompt (both engines).
 // Intra-op threads: all cores (one process) unless --threads. --profile FILE:
 // after timing, one more cached generation at the first batch size under
 // LibTorch's autograd profiler, written as a Chrome trace.
@@ -50,6 +55,8 @@ struct Args {
   int64_t prompt = 32;
   int64_t new_tokens = 32;
   int64_t repeats = 3;
+  int64_t n = 1;  // samples per prompt
+  bool share = true;
   int64_t threads = 0;  // 0: all cores
   std::string profile;
 };
@@ -57,34 +64,40 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "rollout_bench: %s\nusage: rollout_bench [--batches 1,16,64] [--prompt N] "
-               "[--new N] [--repeats N] [--threads N] [--profile FILE]\n",
+               "[--new N] [--repeats N] [--n N] [--no-prefix-sharing] [--threads N] "
+               "[--profile FILE]\n",
                why.c_str());
   std::exit(2);
 }
 
 Args parse(int argc, char** argv) try {
   Args a;
-  cli::for_each_option(argc, argv, {}, [&](const std::string& k, const std::string& v) {
-    if (k == "--batches") {
-      a.batches = cli::parse_int_list(v, ',', "batch size");
-    } else if (k == "--prompt") {
-      a.prompt = cli::parse_int(v, k);
-    } else if (k == "--new") {
-      a.new_tokens = cli::parse_int(v, k);
-    } else if (k == "--repeats") {
-      a.repeats = cli::parse_int(v, k);
-    } else if (k == "--threads") {
-      a.threads = cli::parse_int(v, k);
-    } else if (k == "--profile") {
-      a.profile = v;
-    } else {
-      cli::unknown_option(k);
-    }
-  });
+  cli::for_each_option(argc, argv, {"--no-prefix-sharing"},
+                       [&](const std::string& k, const std::string& v) {
+                         if (k == "--no-prefix-sharing") {
+                           a.share = false;
+                         } else if (k == "--batches") {
+                           a.batches = cli::parse_int_list(v, ',', "batch size");
+                         } else if (k == "--prompt") {
+                           a.prompt = cli::parse_int(v, k);
+                         } else if (k == "--new") {
+                           a.new_tokens = cli::parse_int(v, k);
+                         } else if (k == "--repeats") {
+                           a.repeats = cli::parse_int(v, k);
+                         } else if (k == "--n") {
+                           a.n = cli::parse_int(v, k);
+                         } else if (k == "--threads") {
+                           a.threads = cli::parse_int(v, k);
+                         } else if (k == "--profile") {
+                           a.profile = v;
+                         } else {
+                           cli::unknown_option(k);
+                         }
+                       });
   for (int64_t b : a.batches)
     if (b < 1) usage("batch sizes must be positive");
-  if (a.prompt < 1 || a.new_tokens < 1 || a.repeats < 1 || a.threads < 0)
-    usage("--prompt, --new and --repeats must be positive, --threads >= 0");
+  if (a.prompt < 1 || a.new_tokens < 1 || a.repeats < 1 || a.n < 1 || a.threads < 0)
+    usage("--prompt, --new, --repeats and --n must be positive, --threads >= 0");
   return a;
 } catch (const cli::UsageError& e) {
   usage(e.what());
@@ -134,9 +147,11 @@ int main(int argc, char** argv) {
   greedy.temperature = 0;
   greedy.max_new_tokens = args.new_tokens;
   greedy.ignore_eos = true;
+  greedy.n = args.n;
   GenerationOptions options;
-  options.max_batch = *std::max_element(args.batches.begin(), args.batches.end());
+  options.max_batch = *std::max_element(args.batches.begin(), args.batches.end()) * args.n;
   options.cache.budget_bytes = 256 << 20;
+  options.share_prompt_prefill = args.share;
   GenerationEngine engine(model, options);
   GenerationEngine padded_engine(model, GenerationOptions(options).set_packed_cpu_steps(false));
 
@@ -154,16 +169,16 @@ int main(int argc, char** argv) {
     for (int64_t r = 0; r < args.repeats; ++r) {
       auto t = Clock::now();
       with_cache = engine.generate(prompts, greedy);
-      cached.push_back(b * args.new_tokens / seconds_since(t));
+      cached.push_back(b * args.n * args.new_tokens / seconds_since(t));
       const auto& st = engine.last_stats();
       prefill.push_back(st.prefill_tokens / st.prefill_seconds);
       decode.push_back(st.decode_tokens > 0 ? st.decode_tokens / st.decode_seconds : 0.0);
       t = Clock::now();
       with_padding = padded_engine.generate(prompts, greedy);
-      padded.push_back(b * args.new_tokens / seconds_since(t));
+      padded.push_back(b * args.n * args.new_tokens / seconds_since(t));
       t = Clock::now();
       without_cache = generate_without_cache(*model, prompts, greedy);
-      uncached.push_back(b * args.new_tokens / seconds_since(t));
+      uncached.push_back(b * args.n * args.new_tokens / seconds_since(t));
     }
     bool same = true;
     for (size_t i = 0; i < with_cache.size(); ++i)
@@ -176,7 +191,9 @@ int main(int argc, char** argv) {
                 {"padded_tokens_per_s", median(padded)},
                 {"uncached_tokens_per_s", median(uncached)},
                 {"speedup", median(cached) / median(uncached)},
-                {"same_tokens", same}};
+                {"same_tokens", same},
+                {"prefill_computed", engine.last_stats().prefill_tokens},
+                {"prefill_shared", engine.last_stats().shared_prefill_tokens}};
     std::fprintf(stderr, "%s\n", row.dump().c_str());
     results.push_back(row);
   }
@@ -199,6 +216,8 @@ int main(int argc, char** argv) {
                 {"kv_heads", cfg.num_kv_heads}}},
               {"prompt_tokens", args.prompt},
               {"new_tokens", args.new_tokens},
+              {"samples_per_prompt", args.n},
+              {"prefix_sharing", args.share},
               {"repeats", args.repeats},
               {"threads", threads},
               {"packed_steps", engine.packed_steps()},

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
+#include <numeric>
 #include <set>
 
 #include "engine/errors.h"
@@ -154,24 +156,49 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
         std::max(stats_.peak_cache_blocks, cache_->usable_blocks() - cache_->free_blocks());
   };
 
+  // A fresh sample (nothing generated yet) of the same request as a fresh
+  // sequence admitted in this batch takes that one's prefill.
+  auto fresh = [](const Sequence* s) { return s->cached == 0 && s->out.response.empty(); };
   while (!waiting.empty() || !running.empty()) {
     // Admit waiting sequences into one prefill batch.
     std::vector<Sequence*> admitted;
-    int64_t longest = 0;
-    while (!waiting.empty() &&
-           static_cast<int64_t>(running.size() + admitted.size()) < options_.max_batch) {
+    std::vector<Follower> followers;
+    std::map<int64_t, size_t> leader_of;  // request -> its fresh sequence's row
+    int64_t longest = 0, copies = 0;      // copies: followers' partial blocks to come
+    while (!waiting.empty() && static_cast<int64_t>(running.size() + admitted.size() +
+                                                    followers.size()) < options_.max_batch) {
       Sequence* s = waiting.front();
       int64_t len = static_cast<int64_t>(s->tokens.size());
+      auto leader = leader_of.find(s->out.request);
+      if (options_.share_prompt_prefill && fresh(s) && leader != leader_of.end()) {
+        const int64_t copy = len % cache_->block_size() != 0;
+        if (cache_->free_blocks() - copies < copy) break;
+        copies += copy;
+        followers.push_back({s, leader->second});
+        waiting.pop_front();
+        continue;
+      }
       int64_t padded = std::max(longest, len) * static_cast<int64_t>(admitted.size() + 1);
       if (!admitted.empty() && padded > options_.max_prefill_tokens) break;
-      if (!cache_->reserve(s->table, len)) break;
+      if (cache_->free_blocks() - copies < cache_->blocks_for(len) ||
+          !cache_->reserve(s->table, len))
+        break;
       longest = std::max(longest, len);
+      if (fresh(s)) leader_of.emplace(s->out.request, admitted.size());
       admitted.push_back(s);
       waiting.pop_front();
     }
     if (!admitted.empty()) {
       note_peak();
-      step(admitted, params, stop, /*prefill=*/true);
+      step(admitted, params, stop, /*prefill=*/true, followers);
+      for (const Follower& f : followers) {
+        Sequence* lead = admitted[f.leader];
+        // Blocks for the copies were set aside at admission.
+        ENGINE_CHECK(cache_->share_prefix(lead->table, f.seq->cached, f.seq->table),
+                     "GenerationEngine: no block for a shared prompt's copy");
+        admitted.push_back(f.seq);
+      }
+      note_peak();
       for (Sequence* s : admitted)
         if (!s->finished) running.push_back(s);
       finish_done(admitted);
@@ -208,21 +235,34 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
 }
 
 void GenerationEngine::step(std::vector<Sequence*>& batch, const SamplingParams& params,
-                            const std::set<int64_t>& stop, bool prefill) {
+                            const std::set<int64_t>& stop, bool prefill,
+                            const std::vector<Follower>& followers) {
   auto start = Clock::now();
   int64_t real = 0;
   for (Sequence* s : batch) real += static_cast<int64_t>(s->tokens.size()) - s->cached;
   auto logits = packed_ ? forward_packed(batch) : forward_padded(batch);
+  // Every sequence samples from its own row; a follower from its leader's.
+  std::vector<Sequence*> samplers = batch;
   std::vector<SequenceRng*> rngs;
-  rngs.reserve(batch.size());
   for (Sequence* s : batch) rngs.push_back(&s->rng);
+  if (!followers.empty()) {
+    std::vector<int64_t> rows(batch.size());
+    std::iota(rows.begin(), rows.end(), 0);
+    for (const Follower& f : followers) {
+      rows.push_back(static_cast<int64_t>(f.leader));
+      samplers.push_back(f.seq);
+      rngs.push_back(&f.seq->rng);
+      stats_.shared_prefill_tokens += static_cast<int64_t>(f.seq->tokens.size());
+    }
+    logits = logits.index_select(0, at::tensor(rows, at::kLong).to(logits.device()));
+  }
   std::vector<Sampled> sampled;
   {
     RECORD_FUNCTION("baton::sample_tokens", std::vector<c10::IValue>());
     sampled = sample_tokens(logits, params, rngs);
   }
-  for (size_t r = 0; r < batch.size(); ++r) {
-    Sequence* s = batch[r];
+  for (size_t r = 0; r < samplers.size(); ++r) {
+    Sequence* s = samplers[r];
     s->cached = static_cast<int64_t>(s->tokens.size());
     s->finished = append(s->out, s->tokens, sampled[r], params, stop);
   }

@@ -6,6 +6,10 @@
 //     `max_prefill_tokens` allow, prefills them as one batch (their first
 //     token comes from the prefill), then runs one decode step over every
 //     running sequence;
+//   - the samples of one prompt admitted together prefill it once (prefix
+//     sharing): the first computes it, the others share its full cache
+//     blocks (KvCache::share_prefix), copy its partly filled last one, and
+//     draw their first token from its logits with their own random streams;
 //   - a finished sequence (EOS / stop token, or max_new_tokens) leaves at
 //     once and its blocks go to the next waiting prompt;
 //   - when a decode step needs a block and none is free, the most recently
@@ -55,6 +59,9 @@ struct GenerationOptions {
   // (Transformer::forward_cached). Both give the same tokens up to fp32
   // rounding.
   bool packed_cpu_steps = true;
+  // The n samples of a prompt admitted together prefill it once. Off: each
+  // prefills it (the same tokens up to the rounding of the batch's kernels).
+  bool share_prompt_prefill = true;
 
   GenerationOptions& set_cache_bytes(int64_t bytes) {
     cache.budget_bytes = bytes;
@@ -66,6 +73,10 @@ struct GenerationOptions {
   }
   GenerationOptions& set_packed_cpu_steps(bool on) {
     packed_cpu_steps = on;
+    return *this;
+  }
+  GenerationOptions& set_share_prompt_prefill(bool on) {
+    share_prompt_prefill = on;
     return *this;
   }
 };
@@ -80,9 +91,10 @@ struct GeneratedSequence {
 };
 
 struct GenerationStats {
-  int64_t steps = 0;           // forward passes (prefill + decode)
-  int64_t prefill_tokens = 0;  // real tokens prefilled (recomputation included)
-  int64_t decode_tokens = 0;   // tokens decoded one at a time
+  int64_t steps = 0;                  // forward passes (prefill + decode)
+  int64_t prefill_tokens = 0;         // real tokens prefilled (recomputation included)
+  int64_t shared_prefill_tokens = 0;  // prompt tokens a sample took from another's prefill
+  int64_t decode_tokens = 0;          // tokens decoded one at a time
   int64_t preemptions = 0;
   int64_t peak_running = 0;  // most sequences running at once
   int64_t peak_cache_blocks = 0;
@@ -122,10 +134,18 @@ class GenerationEngine {
 
  private:
   struct Sequence;
-  // One forward over `batch` and a sampled token per sequence; `stop` are the
-  // token ids that finish a sequence.
+  // A sample that takes its prompt's prefill from the sequence in row
+  // `leader` of the prefill batch.
+  struct Follower {
+    Sequence* seq;
+    size_t leader;
+  };
+  // One forward over `batch` and a sampled token per sequence (and per
+  // follower, from its leader's logits); `stop` are the token ids that
+  // finish a sequence.
   void step(std::vector<Sequence*>& batch, const SamplingParams& params,
-            const std::set<int64_t>& stop, bool prefill);
+            const std::set<int64_t>& stop, bool prefill,
+            const std::vector<Follower>& followers = {});
   // The step's logits [B, V] for each sequence's next token.
   at::Tensor forward_packed(const std::vector<Sequence*>& batch);
   at::Tensor forward_padded(const std::vector<Sequence*>& batch);

@@ -39,14 +39,42 @@ bool KvCache::reserve(std::vector<int64_t>& table, int64_t tokens) {
   if (need > free_blocks()) return false;
   for (int64_t i = 0; i < need; ++i) {
     table.push_back(free_.back());
+    holders_[free_.back()] = 1;
     free_.pop_back();
   }
   return true;
 }
 
 void KvCache::release(std::vector<int64_t>& table) {
-  for (auto it = table.rbegin(); it != table.rend(); ++it) free_.push_back(*it);
+  for (auto it = table.rbegin(); it != table.rend(); ++it)
+    if (--holders_[*it] == 0) free_.push_back(*it);
   table.clear();
+}
+
+bool KvCache::share_prefix(const std::vector<int64_t>& from, int64_t tokens,
+                           std::vector<int64_t>& table) {
+  const int64_t bs = options_.block_size, full = tokens / bs, rest = tokens % bs;
+  ENGINE_CHECK(awake_ && table.empty() && tokens >= 0 &&
+                   blocks_for(tokens) <= static_cast<int64_t>(from.size()),
+               "KvCache::share_prefix: needs an awake cache, an empty table and a source "
+               "covering ",
+               tokens, " positions (it has ", from.size(), " blocks)");
+  if (rest > 0 && free_.empty()) return false;
+  for (int64_t i = 0; i < full; ++i) {
+    table.push_back(from[i]);
+    ++holders_[from[i]];
+  }
+  if (rest > 0) {
+    const int64_t src = from[full], dst = free_.back();
+    free_.pop_back();
+    holders_[dst] = 1;
+    for (int64_t l = 0; l < num_layers_; ++l) {
+      keys_[l].narrow(0, dst * bs, rest).copy_(keys_[l].narrow(0, src * bs, rest));
+      values_[l].narrow(0, dst * bs, rest).copy_(values_[l].narrow(0, src * bs, rest));
+    }
+    table.push_back(dst);
+  }
+  return true;
 }
 
 void KvCache::sleep() {
@@ -69,6 +97,7 @@ void KvCache::wake() {
   // Low block ids on top of the stack: a fresh cache hands out 1, 2, 3, ...
   free_.clear();
   for (int64_t b = num_blocks_ - 1; b >= 1; --b) free_.push_back(b);
+  holders_.assign(num_blocks_, 0);
   awake_ = true;
 }
 

@@ -6,7 +6,8 @@
 // gives its blocks back for waiting prompts (continuous batching).
 //
 // Block 0 is scratch: padding tokens write there and padded reads point
-// there (masked out). sleep() frees the whole pool between rollouts and
+// there (masked out). Blocks are reference-counted so that sequences can
+// share a prompt's full blocks (share_prefix). sleep() frees the whole pool between rollouts and
 // wake() allocates it again; block tables do not survive a sleep.
 //
 // Example:
@@ -54,8 +55,17 @@ class KvCache {
   // Grows `table` to cover `tokens` positions. False (and `table` unchanged)
   // when there are not enough free blocks.
   bool reserve(std::vector<int64_t>& table, int64_t tokens);
-  // Returns every block of `table` to the pool and clears it.
+  // Drops `table`'s hold on each of its blocks (a block shared by
+  // share_prefix returns to the pool with its last holder) and clears it.
   void release(std::vector<int64_t>& table);
+  // Makes the empty `table` cover the first `tokens` positions of the
+  // sequence whose table is `from` (prefix sharing: the n samples of one
+  // prompt prefill it once). Its full blocks are shared, reference-counted
+  // (nobody writes positions below `tokens` again); the partly filled last
+  // block, if any, is copied into a block of its own, which the new sequence
+  // goes on writing. False (`table` unchanged) when no block is free for the
+  // copy. REQUIRES: `from` covers `tokens` positions.
+  bool share_prefix(const std::vector<int64_t>& from, int64_t tokens, std::vector<int64_t>& table);
   // The cache slot of position `pos` of a sequence; slot 0 is scratch.
   int64_t slot(const std::vector<int64_t>& table, int64_t pos) const {
     return table[pos / options_.block_size] * options_.block_size + pos % options_.block_size;
@@ -79,7 +89,8 @@ class KvCache {
   int64_t bytes_per_token_ = 0;
   int64_t num_blocks_ = 0;
   bool awake_ = false;
-  std::vector<int64_t> free_;  // a stack: the most recently freed block first
+  std::vector<int64_t> free_;     // a stack: the most recently freed block first
+  std::vector<int32_t> holders_;  // per block: tables holding it (0: free)
   std::vector<at::Tensor> keys_, values_;
 };
 

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,54 @@ TEST_P(Generation, PackedStepsEqualPaddedSteps) {
   }
 }
 
+// Prefix sharing: the n samples of a prompt admitted together prefill it
+// once. Against an engine that prefills each sample: the same tokens (the
+// followers draw from the leader's logits, equal to their own prefill's up
+// to the rounding of the batch's kernels) and log-probs within the chain of
+// a log-prob; prompt tokens prefilled once instead of n times. Blocks of 4
+// tokens, so that prompts end both inside a block (copied) and at its end.
+TEST_P(Generation, SamplesOfAPromptShareItsPrefill) {
+  auto model = load_model(GetParam());
+  auto ps = prompts(5, model->config().vocab_size, 17);
+  GenerationOptions options;
+  options.cache.block_size = 4;
+  options.cache.budget_bytes = 1 << 20;
+  GenerationEngine shared(model, options);
+  GenerationEngine alone(model, GenerationOptions(options).set_share_prompt_prefill(false));
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.max_new_tokens = 8;
+  p.ignore_eos = true;
+  p.n = 3;
+  p.seed = 23;
+  auto a = shared.generate(ps, p);
+  auto b = alone.generate(ps, p);
+  int64_t prompt_tokens = 0;
+  for (const auto& x : ps) prompt_tokens += static_cast<int64_t>(x.size());
+  EXPECT_EQ(shared.last_stats().prefill_tokens, prompt_tokens);
+  EXPECT_EQ(shared.last_stats().shared_prefill_tokens, 2 * prompt_tokens);
+  EXPECT_EQ(alone.last_stats().prefill_tokens, 3 * prompt_tokens);
+  EXPECT_EQ(alone.last_stats().shared_prefill_tokens, 0);
+  EXPECT_EQ(shared.cache().free_blocks(), shared.cache().usable_blocks());
+  ASSERT_EQ(a.size(), b.size());
+  std::vector<std::vector<int64_t>> whole;
+  for (const auto& s : a) {
+    whole.push_back(s.prompt);
+    whole.back().insert(whole.back().end(), s.response.begin(), s.response.end());
+  }
+  const Tolerance tol = Tolerance::fp32(test::log_prob_terms(model->config(), 13 + 8),
+                                        test::max_abs_logit(*model, whole));
+  std::set<std::vector<int64_t>> distinct;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].request, b[i].request);
+    EXPECT_EQ(a[i].sample, b[i].sample);
+    EXPECT_EQ(a[i].response, b[i].response) << "sequence " << i;
+    expect_close(a[i].log_probs, b[i].log_probs, tol, "sequence " + std::to_string(i));
+    distinct.insert(a[i].response);
+  }
+  EXPECT_GT(distinct.size(), ps.size()) << "the samples of a prompt were meant to differ";
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Generation, ::testing::Values("tiny-llama", "tiny-qwen2"));
 
 TEST(Generation, SameSeedSameOutputAndSamplesDiffer) {
@@ -350,6 +399,51 @@ TEST(Generation, ForwardPagedChecksItsStep) {
   bad = ok;
   bad.block_tables = longs({0, 0}).view({2, 1});
   expect_error([&] { model->forward_paged(bad, *cache); }, {"1 sequences", "[2, 1]"});
+}
+
+// share_prefix: full blocks are shared and outlive the sequence that wrote
+// them; the partly filled last block is a copy of its own.
+TEST(KvCache, SharedPrefixBlocksAreHeldUntilTheirLastHolderReleasesThem) {
+  auto model = load_model("tiny-llama");
+  KvCache cache(model->config(), model->config().num_layers, model->config().num_kv_heads,
+                at::TensorOptions().dtype(at::kFloat),
+                KvCacheOptions{.budget_bytes = 1 << 20, .block_size = 4});
+  const int64_t usable = cache.usable_blocks();
+  std::vector<int64_t> a, b, c;
+  ASSERT_TRUE(cache.reserve(a, 10));  // blocks 0-3, 4-7 full; 8-9 in the third
+  for (int64_t l = 0; l < model->config().num_layers; ++l) {
+    cache.keys(l).normal_();
+    cache.values(l).normal_();
+  }
+  ASSERT_TRUE(cache.share_prefix(a, 10, b));
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0], a[0]);
+  EXPECT_EQ(b[1], a[1]);
+  EXPECT_NE(b[2], a[2]);
+  for (int64_t l = 0; l < model->config().num_layers; ++l)
+    for (int64_t pos : {8, 9}) {
+      EXPECT_TRUE(at::equal(cache.keys(l)[cache.slot(b, pos)], cache.keys(l)[cache.slot(a, pos)]));
+      EXPECT_TRUE(
+          at::equal(cache.values(l)[cache.slot(b, pos)], cache.values(l)[cache.slot(a, pos)]));
+    }
+  ASSERT_TRUE(cache.share_prefix(a, 8, c));  // ends at a block's end: nothing to copy
+  EXPECT_EQ(c, (std::vector<int64_t>{a[0], a[1]}));
+  EXPECT_EQ(cache.free_blocks(), usable - 4);
+  cache.release(a);  // a's last block goes back; the shared ones stay held
+  EXPECT_EQ(cache.free_blocks(), usable - 3);
+  cache.release(c);
+  EXPECT_EQ(cache.free_blocks(), usable - 3);
+  cache.release(b);
+  EXPECT_EQ(cache.free_blocks(), usable);
+
+  // No free block for the copy: refused, nothing taken.
+  std::vector<int64_t> all, none;
+  ASSERT_TRUE(cache.reserve(all, usable * 4 - 1));
+  EXPECT_FALSE(cache.share_prefix(all, 6, none));
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(cache.free_blocks(), 0);
+  cache.release(all);
+  EXPECT_EQ(cache.free_blocks(), usable);
 }
 
 TEST(Generation, RolloutLogProbsMatchTrainingLogProbs) {
