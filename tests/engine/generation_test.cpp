@@ -70,6 +70,19 @@ std::vector<int64_t> argmax_without_cache(Transformer& model, std::vector<int64_
   return out;
 }
 
+// Log-probs of `out`'s tokens computed by other kernels: the chain of a
+// log-prob over up to `longest` tokens, at the scale of their logits.
+Tolerance log_prob_tolerance(Transformer& model, const std::vector<GeneratedSequence>& out,
+                             int64_t longest) {
+  std::vector<std::vector<int64_t>> whole;
+  for (const auto& s : out) {
+    whole.push_back(s.prompt);
+    whole.back().insert(whole.back().end(), s.response.begin(), s.response.end());
+  }
+  return Tolerance::fp32(test::log_prob_terms(model.config(), longest),
+                         test::max_abs_logit(model, whole));
+}
+
 class Generation : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Generation, GreedyWithCacheEqualsArgmaxOverFullForwards) {
@@ -89,13 +102,7 @@ TEST_P(Generation, GreedyWithCacheEqualsArgmaxOverFullForwards) {
   // Its log-probs come from other kernels (padded batch vs paged cache): the
   // chain of a log-prob over up to 23 tokens, at the scale of their logits.
   auto uncached = generate_without_cache(*model, ps, greedy(10));
-  std::vector<std::vector<int64_t>> whole;
-  for (const auto& s : out) {
-    whole.push_back(s.prompt);
-    whole.back().insert(whole.back().end(), s.response.begin(), s.response.end());
-  }
-  const Tolerance tol = Tolerance::fp32(test::log_prob_terms(model->config(), 13 + 10),
-                                        test::max_abs_logit(*model, whole));
+  const Tolerance tol = log_prob_tolerance(*model, out, 13 + 10);
   for (size_t i = 0; i < ps.size(); ++i) {
     EXPECT_EQ(uncached[i].response, out[i].response) << "prompt " << i;
     expect_close(uncached[i].log_probs, out[i].log_probs, tol, "prompt " + std::to_string(i));
@@ -167,13 +174,7 @@ TEST_P(Generation, PackedStepsEqualPaddedSteps) {
     auto a = packed.generate(ps, params);
     auto b = padded.generate(ps, params);
     ASSERT_EQ(a.size(), b.size());
-    std::vector<std::vector<int64_t>> whole;
-    for (const auto& s : a) {
-      whole.push_back(s.prompt);
-      whole.back().insert(whole.back().end(), s.response.begin(), s.response.end());
-    }
-    const Tolerance tol = Tolerance::fp32(test::log_prob_terms(model->config(), 13 + 10),
-                                          test::max_abs_logit(*model, whole));
+    const Tolerance tol = log_prob_tolerance(*model, a, 13 + 10);
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].response, b[i].response) << "sequence " << i;
       expect_close(a[i].log_probs, b[i].log_probs, tol, "sequence " + std::to_string(i));
@@ -212,13 +213,7 @@ TEST_P(Generation, SamplesOfAPromptShareItsPrefill) {
   EXPECT_EQ(alone.last_stats().shared_prefill_tokens, 0);
   EXPECT_EQ(shared.cache().free_blocks(), shared.cache().usable_blocks());
   ASSERT_EQ(a.size(), b.size());
-  std::vector<std::vector<int64_t>> whole;
-  for (const auto& s : a) {
-    whole.push_back(s.prompt);
-    whole.back().insert(whole.back().end(), s.response.begin(), s.response.end());
-  }
-  const Tolerance tol = Tolerance::fp32(test::log_prob_terms(model->config(), 13 + 8),
-                                        test::max_abs_logit(*model, whole));
+  const Tolerance tol = log_prob_tolerance(*model, a, 13 + 8);
   std::set<std::vector<int64_t>> distinct;
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].request, b[i].request);
