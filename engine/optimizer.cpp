@@ -7,6 +7,7 @@
 #include <set>
 
 #include "engine/errors.h"
+#include "engine/optimizer_kernels.h"
 
 namespace baton::engine {
 namespace {
@@ -118,13 +119,19 @@ double Optimizer::global_grad_norm() {
   // is made on its own device and moved there.
   const at::Device device = ps.device();
   auto total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  double host = 0;  // fp32 host gradients, summed in one pass each
   for (auto& s : slots_) {
     // Count each distinct parameter once: replicated ones on TP rank 0, the
     // tied output layer not at all (the embedding stands for it).
     if (s.tied_copy || (s.tp_replicated && ps.coords().tp != 0)) continue;
-    if (!s.param.grad().defined()) continue;
-    total += s.param.grad().to(at::kDouble).pow(2).sum().to(device);
+    const at::Tensor& g = s.param.grad();
+    if (!g.defined()) continue;
+    if (g.device().is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())
+      host += cpu::sum_of_squares(g.data_ptr<float>(), g.numel());
+    else
+      total += g.to(at::kDouble).pow(2).sum().to(device);
   }
+  total += host;
   all_reduce(total, ps.model_parallel());
   return std::sqrt(total.item<double>());
 }
@@ -151,8 +158,27 @@ StepStats Optimizer::step() {
   for (auto& s : slots_) {
     at::Tensor p = s.master.defined() ? s.master : s.param.detach();
     at::Tensor g = s.param.grad().to(at::kFloat);
+    const bool decays = options_.weight_decay > 0 && p.dim() > 1;
+    if (p.device().is_cpu() && g.device().is_cpu() && p.scalar_type() == at::kFloat &&
+        p.is_contiguous() && s.exp_avg.is_contiguous() && s.exp_avg_sq.is_contiguous()) {
+      // One pass over the tensor's memory (engine/optimizer_kernels.h).
+      g = g.contiguous();
+      cpu::AdamWStep st;
+      st.lr = stats.lr;
+      st.beta1 = options_.beta1;
+      st.beta2 = options_.beta2;
+      st.eps = options_.eps;
+      st.decay = decays ? options_.weight_decay : 0.0;
+      st.bias1 = bc1;
+      st.bias2 = bc2;
+      st.grad_scale = scale;
+      cpu::adamw_update(p.data_ptr<float>(), g.data_ptr<float>(), s.exp_avg.data_ptr<float>(),
+                        s.exp_avg_sq.data_ptr<float>(), p.numel(), st);
+      if (s.master.defined()) s.param.detach().copy_(s.master);
+      continue;
+    }
     if (scale != 1.0) g = g * scale;
-    if (options_.weight_decay > 0 && p.dim() > 1) p.mul_(1.0 - stats.lr * options_.weight_decay);
+    if (decays) p.mul_(1.0 - stats.lr * options_.weight_decay);
     s.exp_avg.mul_(options_.beta1).add_(g, 1.0 - options_.beta1);
     s.exp_avg_sq.mul_(options_.beta2).addcmul_(g, g, 1.0 - options_.beta2);
     auto denom = (s.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(options_.eps);

@@ -1,0 +1,79 @@
+#include "engine/optimizer_kernels.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#define BATON_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+namespace baton::engine::cpu {
+namespace {
+
+// About 64 KiB of each array per task: large enough to amortise a task,
+// small enough to split a 4M-element tensor over the threads.
+constexpr int64_t kGrain = 1 << 14;
+
+// AdamWStep in fp32, each coefficient rounded once from its double value
+// (1 − β2 = 0.001 computed in fp32 from β2 would be off by 1e-5 relative).
+struct Coefficients {
+  float lr_step, keep, b1, c1, b2, c2, inv_sqrt_bias2, eps, scale;
+};
+
+BATON_VECTOR_CLONES
+void adamw_range(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end,
+                 const Coefficients& k) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float gi = g[i] * k.scale;
+    const float mi = m[i] * k.b1 + gi * k.c1;
+    const float vi = v[i] * k.b2 + gi * gi * k.c2;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * k.keep - k.lr_step * (mi / (std::sqrt(vi) * k.inv_sqrt_bias2 + k.eps));
+  }
+}
+
+BATON_VECTOR_CLONES
+double sum_of_squares_range(const float* g, int64_t begin, int64_t end) {
+  constexpr int kLanes = 8;
+  double acc[kLanes] = {};
+  int64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const double x = g[i + l];
+      acc[l] += x * x;
+    }
+  double s = 0;
+  for (; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
+  auto f = [](double x) { return static_cast<float>(x); };
+  const Coefficients k{
+      f(s.lr / s.bias1), f(1.0 - s.lr * s.decay),     f(s.beta1), f(1.0 - s.beta1), f(s.beta2),
+      f(1.0 - s.beta2),  f(1.0 / std::sqrt(s.bias2)), f(s.eps),   f(s.grad_scale)};
+  at::parallel_for(0, n, kGrain,
+                   [&](int64_t begin, int64_t end) { adamw_range(p, g, m, v, begin, end, k); });
+}
+
+double sum_of_squares(const float* g, int64_t n) {
+  // Fixed chunks summed in order: the result does not depend on the thread
+  // count.
+  const int64_t chunks = (n + kGrain - 1) / kGrain;
+  std::vector<double> parts(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      parts[c] = sum_of_squares_range(g, c * kGrain, std::min(n, (c + 1) * kGrain));
+  });
+  double total = 0;
+  for (double x : parts) total += x;
+  return total;
+}
+
+}  // namespace baton::engine::cpu
