@@ -9,9 +9,10 @@
 
 #include "engine/errors.h"
 
-// Each hot function is compiled for the baseline and for x86-64-v3 (AVX2 + FMA); the
-// dynamic loader picks the clone the CPU runs (GCC's ifunc dispatch). The
-// helpers below are force-inlined so that they take their caller's target.
+// Each hot function is compiled for the baseline, x86-64-v3 (AVX2 + FMA) and
+// x86-64-v4 (AVX-512); the dynamic loader picks the clone the CPU runs (GCC's
+// ifunc dispatch). The helpers below are force-inlined so that they take
+// their caller's target.
 #define BATON_VECTOR_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #define BATON_INLINE inline __attribute__((always_inline))

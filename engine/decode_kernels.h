@@ -12,7 +12,8 @@
 //     the block table (no gather of the context into a contiguous copy).
 // Each kernel computes a token from its own inputs only, so a token's result
 // does not depend on which other sequences share the step. Inner loops are
-// compiled twice (baseline x86-64 and x86-64-v3: AVX2 + FMA) and the CPU picks at load time.
+// compiled three times (baseline x86-64, x86-64-v3: AVX2 + FMA, x86-64-v4:
+// AVX-512) and the CPU picks at load time.
 //
 // Example (one layer of a step over T tokens):
 //   cpu::rms_norm(h, w, normed, T, H, eps);
