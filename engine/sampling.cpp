@@ -127,12 +127,14 @@ std::vector<Sampled> sample_tokens(const at::Tensor& logits, const SamplingParam
     for (int64_t i = 0; i < b; ++i) out[i] = sample_token(rows[i], p, *rngs[i]);
     return out;
   }
-  // Each row's first maximum and log-sum-exp at the temperature, in one pass.
+  // Each row's first maximum and log-sum-exp at the temperature, in one pass
+  // (unused when sampling without log-probs).
   const double t = p.temperature > 0 ? p.temperature : 1.0;
   std::vector<int64_t> best(b);
   std::vector<float> lse(b);
   const float* x = rows.data_ptr<float>();
-  cpu::argmax_log_sum_exp(x, b, v, t, best.data(), lse.data());
+  if (p.temperature == 0 || p.log_probs)
+    cpu::argmax_log_sum_exp(x, b, v, t, best.data(), lse.data());
   if (p.temperature > 0) {
     // Without truncation the candidates are the whole vocabulary in order:
     // walk each row's CDF as sample_token does.

@@ -231,9 +231,19 @@ at::Tensor Transformer::forward_cached(const at::Tensor& ids, const at::Tensor& 
   return padded_vocab_ == config_.vocab_size ? logits : logits.narrow(1, 0, config_.vocab_size);
 }
 
+namespace {
+
+// The whole LM on this stage, without sequence parallelism: the layouts a
+// packed step can run (supports_paged_step adds fp32 host parameters).
+bool whole_lm_without_sp(const Transformer& m) {
+  return m.first_stage() && m.last_stage() && !m.options().value_model &&
+         !m.options().sequence_parallel;
+}
+
+}  // namespace
+
 bool Transformer::supports_paged_step() const {
-  if (!first_stage() || !last_stage() || options_.value_model || options_.sequence_parallel)
-    return false;
+  if (!whole_lm_without_sp(*this)) return false;
   for (const auto& [name, t] : named_params())
     if (!t.device().is_cpu() || t.scalar_type() != at::kFloat) return false;
   return true;
@@ -241,8 +251,8 @@ bool Transformer::supports_paged_step() const {
 
 at::Tensor Transformer::forward_paged(const PagedStep& step, KvCache& cache) {
   const char* who = "Transformer::forward_paged";
-  if (!first_stage() || !last_stage() || options_.value_model || options_.sequence_parallel ||
-      !final_norm_.device().is_cpu() || final_norm_.scalar_type() != at::kFloat)
+  if (!whole_lm_without_sp(*this) || !final_norm_.device().is_cpu() ||
+      final_norm_.scalar_type() != at::kFloat)
     throw EngineError(std::string(who) +
                       ": the packed step needs the whole LM on one stage, without sequence "
                       "parallelism, with fp32 parameters on the CPU");

@@ -45,6 +45,17 @@ std::vector<std::vector<int64_t>> prompts(int64_t count, int64_t vocab, uint64_t
   return out;
 }
 
+// Temperature 1 over the whole vocabulary, EOS ignored: n samples per prompt.
+SamplingParams sampled(int64_t max_new, int64_t n, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.max_new_tokens = max_new;
+  p.ignore_eos = true;
+  p.n = n;
+  p.seed = seed;
+  return p;
+}
+
 SamplingParams greedy(int64_t max_new) {
   SamplingParams p;
   p.temperature = 0;
@@ -114,13 +125,9 @@ TEST_P(Generation, ContinuousBatchingEqualsOneByOne) {
   auto ps = prompts(10, model->config().vocab_size, 11);
   std::vector<uint64_t> seeds;
   for (size_t i = 0; i < ps.size(); ++i) seeds.push_back(1000 + i);
-  SamplingParams sampled;
-  sampled.temperature = 1.0;
-  sampled.top_k = 20;
-  sampled.max_new_tokens = 12;
-  sampled.ignore_eos = true;
-  sampled.n = 2;
-  for (const auto& params : {greedy(12), sampled}) {
+  SamplingParams top_k = sampled(12, 2, /*seed=*/0);
+  top_k.top_k = 20;
+  for (const auto& params : {greedy(12), top_k}) {
     SCOPED_TRACE(params.to_string());
     // A cache of 12 blocks of 4 tokens and at most 3 running: prompts wait,
     // join as others finish, and get preempted when blocks run out.
@@ -163,13 +170,7 @@ TEST_P(Generation, PackedStepsEqualPaddedSteps) {
                           GenerationOptions().set_cache_bytes(1 << 20).set_packed_cpu_steps(false));
   ASSERT_TRUE(packed.packed_steps());
   ASSERT_FALSE(padded.packed_steps());
-  SamplingParams sampled;
-  sampled.temperature = 1.0;
-  sampled.max_new_tokens = 10;
-  sampled.ignore_eos = true;
-  sampled.n = 2;
-  sampled.seed = 5;
-  for (const auto& params : {greedy(10), sampled}) {
+  for (const auto& params : {greedy(10), sampled(10, 2, 5)}) {
     SCOPED_TRACE(params.to_string());
     auto a = packed.generate(ps, params);
     auto b = padded.generate(ps, params);
@@ -197,12 +198,7 @@ TEST_P(Generation, SamplesOfAPromptShareItsPrefill) {
   options.cache.budget_bytes = 1 << 20;
   GenerationEngine shared(model, options);
   GenerationEngine alone(model, GenerationOptions(options).set_share_prompt_prefill(false));
-  SamplingParams p;
-  p.temperature = 1.0;
-  p.max_new_tokens = 8;
-  p.ignore_eos = true;
-  p.n = 3;
-  p.seed = 23;
+  const SamplingParams p = sampled(8, 3, 23);
   auto a = shared.generate(ps, p);
   auto b = alone.generate(ps, p);
   int64_t prompt_tokens = 0;
