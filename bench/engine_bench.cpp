@@ -3,7 +3,7 @@
 // (two local processes each, one child world per layout), with each rank's
 // parameter bytes.
 //
-//   ./build/bench/engine_bench [--layouts tp1,tp2,pp2,dp2] [--warmup 1] [--iters 3]
+//   ./build/bench/engine_bench [--layouts tp1,tp2,pp2,dp2,dp2-zero,dp2-zero-gloo] [--warmup 1] [--iters 3]
 //                              [--torch-json FILE] [--profile DIR]
 //
 // The last line of stdout is JSON. FILE holds the JSON line printed by
@@ -17,7 +17,11 @@
 //               The optimizer step and the DP gradient all-reduce are not in
 //               it; train_step is.
 //   train_step  fwd_bwd + Optimizer::step() (gradient reduction over DP,
-//               global-norm clipping, AdamW).
+//               global-norm clipping, AdamW). dp2-zero: the distributed
+//               optimizer (ZeRO-1) with its shared-memory collectives;
+//               dp2-zero-gloo: the same over Gloo's reduce-scatter and
+//               all-gather. optimizer_state_bytes_per_rank: what each rank's
+//               optimizer holds (Optimizer::state_bytes).
 //   logprob     forward_only + next_token_log_probs over the micro-batches.
 // tokens/s = B·S tokens of the whole batch / that time, for the whole world.
 //
@@ -107,14 +111,20 @@ struct BenchConfig {
 struct Layout {
   std::string name;
   int64_t tp = 1, pp = 1, dp = 1;
+  bool distributed = false;    // the distributed optimizer (ZeRO-1)
+  bool shared_memory = true;   // its collectives through shared memory
   int64_t world() const { return tp * pp * dp; }
 };
 
-const std::vector<Layout> kLayouts = {
-    {"tp1", 1, 1, 1}, {"tp2", 2, 1, 1}, {"pp2", 1, 2, 1}, {"dp2", 1, 1, 2}};
+const std::vector<Layout> kLayouts = {{"tp1", 1, 1, 1},
+                                      {"tp2", 2, 1, 1},
+                                      {"pp2", 1, 2, 1},
+                                      {"dp2", 1, 1, 2},
+                                      {"dp2-zero", 1, 1, 2, true, true},
+                                      {"dp2-zero-gloo", 1, 1, 2, true, false}};
 
 struct Args {
-  std::vector<std::string> layouts{"tp1", "tp2", "pp2", "dp2"};
+  std::vector<std::string> layouts{"tp1", "tp2", "pp2", "dp2", "dp2-zero", "dp2-zero-gloo"};
   int warmup = 1;
   int iters = 3;
   std::string torch_json;
@@ -125,7 +135,7 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "engine_bench: %s\nusage: engine_bench [--layouts tp1,tp2,pp2,dp2] [--warmup N] "
+               "engine_bench: %s\nusage: engine_bench [--layouts tp1,tp2,pp2,dp2,dp2-zero,dp2-zero-gloo] [--warmup N] "
                "[--iters N] [--torch-json FILE] [--profile DIR]\n",
                why.c_str());
   std::exit(2);
@@ -253,7 +263,10 @@ json run_layout(const BenchConfig& b, const Layout& l, const Args& args,
   auto model = std::make_shared<Transformer>(cfg, ps);
   auto spec = ShardSpec::for_rank(cfg, ps->coords().tp, l.tp, ps->coords().pp, split);
   model->load_state_dict(hf_to_shard(hf_weights(b, cfg), cfg, spec));
-  Optimizer opt(model, OptimizerOptions().set_lr(1e-5));
+  OptimizerOptions oo = OptimizerOptions().set_lr(1e-5);
+  oo.distributed = l.distributed;
+  oo.shared_memory = l.shared_memory;
+  Optimizer opt(model, oo);
 
   // This DP rank's rows, in micro-batches.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(b.seed + 1);
@@ -330,10 +343,11 @@ json run_layout(const BenchConfig& b, const Layout& l, const Args& args,
   // Per-rank parameter bytes, and the sums of loss and log-probs over the
   // last stages' DP ranks (tp rank 0 only: the values are replicated).
   int64_t n = ps->world().size;
-  auto gathered = at::zeros({n + 2}, at::kDouble);
+  auto gathered = at::zeros({2 * n + 2}, at::kDouble);
   int64_t bytes = 0;
   for (const auto& [name, p] : model->named_params()) bytes += static_cast<int64_t>(p.nbytes());
   gathered[ps->rank()] = static_cast<double>(bytes);
+  gathered[n + 2 + ps->rank()] = static_cast<double>(opt.state_bytes());
   if (ps->is_last_stage() && ps->coords().tp == 0) {
     gathered[n] = first_loss;
     gathered[n + 1] = lp_sum;
@@ -342,8 +356,11 @@ json run_layout(const BenchConfig& b, const Layout& l, const Args& args,
     std::vector<at::Tensor> ts{gathered};
     world.pg->allreduce(ts)->wait();
   }
-  std::vector<int64_t> per_rank;
-  for (int64_t r = 0; r < n; ++r) per_rank.push_back(gathered[r].item<int64_t>());
+  std::vector<int64_t> per_rank, optim_per_rank;
+  for (int64_t r = 0; r < n; ++r) {
+    per_rank.push_back(gathered[r].item<int64_t>());
+    optim_per_rank.push_back(gathered[n + 2 + r].item<int64_t>());
+  }
 
   double tokens = static_cast<double>(b.batch * b.seq);
   json j;
@@ -358,6 +375,11 @@ json run_layout(const BenchConfig& b, const Layout& l, const Args& args,
   j["logprob_s"] = logprob_s;
   j["param_bytes_per_rank"] = per_rank;
   j["param_bytes_max"] = *std::max_element(per_rank.begin(), per_rank.end());
+  j["optimizer_state_bytes_per_rank"] = optim_per_rank;
+  j["optimizer_state_bytes_max"] = *std::max_element(optim_per_rank.begin(), optim_per_rank.end());
+  j["distributed_optimizer"] = l.distributed;
+  j["shared_memory_collectives"] = opt.shared_memory_collectives();
+  j["train_step_over_fwd_bwd"] = median(fwd_bwd_s) / median(step_s);
   j["first_loss"] = gathered[n].item<double>();
   j["mean_log_prob"] = gathered[n + 1].item<double>() / positions;
   return j;
@@ -384,12 +406,14 @@ json run_child_world(const Layout& l, const Args& args, const char* self) {
 
 void print_layout(const std::string& name, const json& j) {
   std::printf(
-      "%-4s world %lld x %d threads: fwd+bwd %8.0f tok/s  train step %8.0f tok/s  "
-      "log-probs %8.0f tok/s  params/rank max %.2f MB  (first loss %.6f, mean log-prob %.6f)\n",
+      "%-13s world %lld x %d threads: fwd+bwd %8.0f tok/s  train step %8.0f tok/s (%.2fx)  "
+      "log-probs %8.0f tok/s  params/rank max %.2f MB  optimizer/rank max %.2f MB  "
+      "(first loss %.6f, mean log-prob %.6f)\n",
       name.c_str(), static_cast<long long>(j["world"].get<int64_t>()),
       j["threads_per_process"].get<int>(), j["fwd_bwd_tokens_per_s"].get<double>(),
-      j["train_step_tokens_per_s"].get<double>(), j["logprob_tokens_per_s"].get<double>(),
-      j["param_bytes_max"].get<double>() / 1e6, j["first_loss"].get<double>(),
+      j["train_step_tokens_per_s"].get<double>(), j["train_step_over_fwd_bwd"].get<double>(),
+      j["logprob_tokens_per_s"].get<double>(), j["param_bytes_max"].get<double>() / 1e6,
+      j["optimizer_state_bytes_max"].get<double>() / 1e6, j["first_loss"].get<double>(),
       j["mean_log_prob"].get<double>());
   std::fflush(stdout);
 }

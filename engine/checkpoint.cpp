@@ -85,10 +85,13 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
   }
   barrier(ps);
   const Coords& c = ps.coords();
+  // The distributed optimizer gathers its state over DP: every rank takes part.
+  std::map<std::string, at::Tensor> optim_state;
+  if (optimizer.options().distributed || (c.dp == 0 && c.cp == 0))
+    optim_state = optimizer.state_dict();
   if (c.dp == 0 && c.cp == 0) {
     write_sharded_rank(partial, c.tp, c.pp, model.state_dict());
-    write_safetensors(partial / ("optim-" + shard_suffix(ps) + ".safetensors"),
-                      optimizer.state_dict());
+    write_safetensors(partial / ("optim-" + shard_suffix(ps) + ".safetensors"), optim_state);
   }
   write_safetensors(partial / detail::cat("rng-", ps.rank(), ".safetensors"),
                     {{"cpu", rng_state()}});

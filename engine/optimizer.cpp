@@ -22,6 +22,41 @@ void all_reduce(at::Tensor& t, const Group& g, c10d::ReduceOp op = c10d::ReduceO
   g.pg->allreduce(ts, opts)->wait();
 }
 
+// One AdamW step of parameter `p` (fp32) with gradient `g`, moments m and v.
+void adam_tensor(const at::Tensor& p, at::Tensor g, const at::Tensor& m, const at::Tensor& v,
+                 bool decays, const OptimizerOptions& o, double lr, double scale, double bc1,
+                 double bc2) {
+  g = g.to(at::kFloat);
+  if (p.device().is_cpu() && g.device().is_cpu() && p.scalar_type() == at::kFloat &&
+      p.is_contiguous() && m.is_contiguous() && v.is_contiguous()) {
+    // One pass over the tensor's memory (engine/optimizer_kernels.h).
+    g = g.contiguous();
+    cpu::AdamWStep st;
+    st.lr = lr;
+    st.beta1 = o.beta1;
+    st.beta2 = o.beta2;
+    st.eps = o.eps;
+    st.decay = decays ? o.weight_decay : 0.0;
+    st.bias1 = bc1;
+    st.bias2 = bc2;
+    st.grad_scale = scale;
+    cpu::adamw_update(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
+                      v.data_ptr<float>(), p.numel(), st);
+    return;
+  }
+  if (scale != 1.0) g = g * scale;
+  if (decays) p.mul_(1.0 - lr * o.weight_decay);
+  m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+  v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+  auto denom = (v.sqrt() / std::sqrt(bc2)).add_(o.eps);
+  p.addcdiv_(m, denom, -lr / bc1);
+}
+
+bool is_view_of(const at::Tensor& t, const at::Tensor& base, int64_t offset) {
+  return t.defined() && t.is_contiguous() && t.scalar_type() == base.scalar_type() &&
+         t.data_ptr() == static_cast<const char*>(base.data_ptr()) + offset * base.element_size();
+}
+
 }  // namespace
 
 double learning_rate(const OptimizerOptions& o, int64_t step) {
@@ -42,17 +77,88 @@ Optimizer::Optimizer(std::shared_ptr<Transformer> model, OptimizerOptions option
     Slot s;
     s.name = name;
     s.param = p;
-    if (p.scalar_type() != at::kFloat) s.master = p.detach().to(at::kFloat).clone();
-    const at::Tensor& ref = s.master.defined() ? s.master : p;
-    s.exp_avg = at::zeros_like(ref);
-    s.exp_avg_sq = at::zeros_like(ref);
+    if (!options_.distributed) {
+      if (p.scalar_type() != at::kFloat) s.master = p.detach().to(at::kFloat).clone();
+      const at::Tensor& ref = s.master.defined() ? s.master : p;
+      s.exp_avg = at::zeros_like(ref);
+      s.exp_avg_sq = at::zeros_like(ref);
+    }
     s.tp_replicated = Transformer::tp_replicated(name);
     s.tied_copy = tied_copy && name == "output_layer.weight";
     slots_.push_back(std::move(s));
   }
+  if (options_.distributed) build_flat();
+}
+
+void Optimizer::build_flat() {
+  at::NoGradGuard no_grad;
+  const Group& dp = model_->parallel().dp_cp();
+  auto f = std::make_unique<Flat>();
+  const at::Tensor& first = slots_.front().param;
+  for (const auto& s : slots_) {
+    if (s.param.scalar_type() != first.scalar_type() || s.param.device() != first.device())
+      throw EngineError(detail::cat("Optimizer (distributed): every parameter must share one dtype "
+                                    "and device; ", s.name, " is ", s.param.toString(), " on ",
+                                    s.param.device(), ", ", slots_.front().name, " is ",
+                                    first.toString(), " on ", first.device()));
+    f->offset.push_back(f->numel);
+    f->numel += s.param.numel();
+  }
+  f->padded = (f->numel + dp.size - 1) / dp.size * dp.size;
+  f->shard = f->padded / dp.size;
+  f->shard_begin = dp.rank * f->shard;
+  const bool fp32_cpu = first.device().is_cpu() && first.scalar_type() == at::kFloat;
+  // Collective over DP; every rank of one DP group has the same dtype/device.
+  if (fp32_cpu && options_.shared_memory) f->shm = ShmGroup::create(dp, f->padded);
+  f->params = at::zeros({f->padded}, first.options());
+  f->grads = f->shm ? f->shm->region() : at::zeros({f->padded}, first.options());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    at::Tensor& p = slots_[i].param;
+    at::Tensor view = f->params.narrow(0, f->offset[i], p.numel()).view(p.sizes());
+    view.copy_(p.detach());
+    p.set_data(view);  // the model's parameter now lives in the flat buffer
+    const int64_t b = std::max(f->offset[i], f->shard_begin);
+    const int64_t e = std::min(f->offset[i] + p.numel(), f->shard_begin + f->shard);
+    if (b < e) f->segments.push_back({i, b, e - b});
+  }
+  auto fp32 = first.options().dtype(at::kFloat);
+  // The reduced shard: in place in the gradient buffer where the reduction
+  // allows it (shared memory, or no other rank), else a buffer of its own.
+  if (first.scalar_type() == at::kFloat && (f->shm || dp.size == 1))
+    f->grad_shard = f->grads.narrow(0, f->shard_begin, f->shard);
+  else
+    f->grad_shard = at::zeros({f->shard}, fp32);
+  f->exp_avg = at::zeros({f->shard}, fp32);
+  f->exp_avg_sq = at::zeros({f->shard}, fp32);
+  if (first.scalar_type() != at::kFloat)
+    f->master = f->params.narrow(0, f->shard_begin, f->shard).to(at::kFloat).clone();
+  flat_ = std::move(f);
+  attach_grads();
+}
+
+void Optimizer::attach_grads() {
+  // Each parameter's gradient must be its view of the flat buffer; one that
+  // was replaced (released, or accumulated before the views existed) is
+  // copied in and replaced by the view.
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    at::Tensor& p = slots_[i].param;
+    if (is_view_of(p.grad(), flat_->grads, flat_->offset[i])) continue;
+    at::Tensor view = flat_->grads.narrow(0, flat_->offset[i], p.numel()).view(p.sizes());
+    if (p.grad().defined())
+      view.copy_(p.grad());
+    else
+      view.zero_();
+    p.mutable_grad() = view;
+  }
 }
 
 void Optimizer::zero_grad() {
+  if (flat_) {
+    attach_grads();
+    flat_->grads.zero_();
+    return;
+  }
   for (auto& s : slots_)
     if (s.param.grad().defined()) s.param.mutable_grad().zero_();
 }
@@ -87,6 +193,7 @@ void Optimizer::all_reduce_buckets(std::vector<at::Tensor> grads, const Group& g
 void Optimizer::reduce_gradients() {
   at::NoGradGuard no_grad;
   const ParallelState& ps = model_->parallel();
+  if (flat_) attach_grads();
   for (auto& s : slots_)
     if (!s.param.grad().defined()) s.param.mutable_grad() = at::zeros_like(s.param);
   // Sequence parallelism: replicated params saw only their rank's tokens.
@@ -104,12 +211,71 @@ void Optimizer::reduce_gradients() {
       if (s.name == "embedding.word_embeddings.weight" || s.name == "output_layer.weight")
         all_reduce(s.param.mutable_grad(), ps.embedding());
   }
+  if (flat_) {
+    reduce_scatter_flat();
+    return;
+  }
   std::vector<at::Tensor> grads;
   for (auto it = slots_.rbegin(); it != slots_.rend(); ++it)
     grads.push_back(it->param.mutable_grad());
   all_reduce_buckets(grads, ps.dp_cp());
   if (options_.average_dp && ps.dp_cp().size > 1)
     for (auto& g : grads) g.div_(static_cast<double>(ps.dp_cp().size));
+}
+
+void Optimizer::reduce_scatter_flat() {
+  const Group& dp = model_->parallel().dp_cp();
+  Flat& f = *flat_;
+  if (f.shm) {
+    f.shm->reduce_scatter(f.grad_shard);
+  } else if (dp.size > 1) {
+    // A real reduce-scatter: each rank receives only its shard's sums.
+    at::Tensor out = f.grads.scalar_type() == at::kFloat
+                         ? f.grad_shard
+                         : at::empty({f.shard}, f.grads.options());
+    dp.pg->reduce_scatter_single(out, f.grads)->wait();
+    if (!out.is_same(f.grad_shard)) f.grad_shard.copy_(out);
+  } else if (!f.grad_shard.is_alias_of(f.grads)) {
+    f.grad_shard.copy_(f.grads);
+  }
+  if (options_.average_dp && dp.size > 1) f.grad_shard.div_(static_cast<double>(dp.size));
+}
+
+at::Tensor Optimizer::gather_shard(const at::Tensor& shard) const {
+  const Group& dp = model_->parallel().dp_cp();
+  at::Tensor mine = shard.contiguous();
+  at::Tensor full = at::empty({flat_->padded}, mine.options());
+  if (flat_->shm) {
+    flat_->shm->all_gather(mine, full);
+  } else if (dp.size > 1) {
+    dp.pg->all_gather_single(full, mine)->wait();
+  } else {
+    full.copy_(mine);
+  }
+  return full;
+}
+
+void Optimizer::distributed_update(const StepStats& stats, double scale, double bc1, double bc2) {
+  Flat& f = *flat_;
+  for (const Segment& seg : f.segments) {
+    const Slot& s = slots_[seg.slot];
+    const int64_t local = seg.begin - f.shard_begin;
+    at::Tensor p = f.master.defined() ? f.master.narrow(0, local, seg.length)
+                                      : f.params.narrow(0, seg.begin, seg.length);
+    adam_tensor(p, f.grad_shard.narrow(0, local, seg.length),
+                f.exp_avg.narrow(0, local, seg.length), f.exp_avg_sq.narrow(0, local, seg.length),
+                options_.weight_decay > 0 && s.param.dim() > 1, options_, stats.lr, scale, bc1,
+                bc2);
+  }
+  at::Tensor mine = f.params.narrow(0, f.shard_begin, f.shard);
+  if (f.master.defined()) mine.copy_(f.master);
+  const Group& dp = model_->parallel().dp_cp();
+  if (f.shm) {
+    f.shm->all_gather(mine, f.params);
+  } else if (dp.size > 1) {
+    at::Tensor in = mine.clone();
+    dp.pg->all_gather_single(f.params, in)->wait();
+  }
 }
 
 double Optimizer::global_grad_norm() {
@@ -120,6 +286,24 @@ double Optimizer::global_grad_norm() {
   const at::Device device = ps.device();
   auto total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
   double host = 0;  // fp32 host gradients, summed in one pass each
+  auto counted = [&](const Slot& s) {
+    return !(s.tied_copy || (s.tp_replicated && ps.coords().tp != 0));
+  };
+  if (flat_) {
+    // This rank's shard; the DP ranks' shards partition the gradients.
+    for (const Segment& seg : flat_->segments) {
+      if (!counted(slots_[seg.slot])) continue;
+      at::Tensor g = flat_->grad_shard.narrow(0, seg.begin - flat_->shard_begin, seg.length);
+      if (g.device().is_cpu())
+        host += cpu::sum_of_squares(g.data_ptr<float>(), g.numel());
+      else
+        total += g.to(at::kDouble).pow(2).sum();
+    }
+    total += host;
+    all_reduce(total, ps.dp_cp());
+    all_reduce(total, ps.model_parallel());
+    return std::sqrt(total.item<double>());
+  }
   for (auto& s : slots_) {
     // Count each distinct parameter once: replicated ones on TP rank 0, the
     // tied output layer not at all (the embedding stands for it).
@@ -155,64 +339,83 @@ StepStats Optimizer::step() {
   int64_t t = steps_ + 1;
   double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(t));
   double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(t));
+  if (flat_) {
+    distributed_update(stats, scale, bc1, bc2);
+    ++steps_;
+    return stats;
+  }
   for (auto& s : slots_) {
     at::Tensor p = s.master.defined() ? s.master : s.param.detach();
-    at::Tensor g = s.param.grad().to(at::kFloat);
-    const bool decays = options_.weight_decay > 0 && p.dim() > 1;
-    if (p.device().is_cpu() && g.device().is_cpu() && p.scalar_type() == at::kFloat &&
-        p.is_contiguous() && s.exp_avg.is_contiguous() && s.exp_avg_sq.is_contiguous()) {
-      // One pass over the tensor's memory (engine/optimizer_kernels.h).
-      g = g.contiguous();
-      cpu::AdamWStep st;
-      st.lr = stats.lr;
-      st.beta1 = options_.beta1;
-      st.beta2 = options_.beta2;
-      st.eps = options_.eps;
-      st.decay = decays ? options_.weight_decay : 0.0;
-      st.bias1 = bc1;
-      st.bias2 = bc2;
-      st.grad_scale = scale;
-      cpu::adamw_update(p.data_ptr<float>(), g.data_ptr<float>(), s.exp_avg.data_ptr<float>(),
-                        s.exp_avg_sq.data_ptr<float>(), p.numel(), st);
-      if (s.master.defined()) s.param.detach().copy_(s.master);
-      continue;
-    }
-    if (scale != 1.0) g = g * scale;
-    if (decays) p.mul_(1.0 - stats.lr * options_.weight_decay);
-    s.exp_avg.mul_(options_.beta1).add_(g, 1.0 - options_.beta1);
-    s.exp_avg_sq.mul_(options_.beta2).addcmul_(g, g, 1.0 - options_.beta2);
-    auto denom = (s.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(options_.eps);
-    p.addcdiv_(s.exp_avg, denom, -stats.lr / bc1);
+    adam_tensor(p, s.param.grad(), s.exp_avg, s.exp_avg_sq,
+                options_.weight_decay > 0 && p.dim() > 1, options_, stats.lr, scale, bc1, bc2);
     if (s.master.defined()) s.param.detach().copy_(s.master);
   }
   ++steps_;
   return stats;
 }
 
+std::vector<at::Tensor*> Optimizer::state_tensors() {
+  std::vector<at::Tensor*> out;
+  for (auto& s : slots_)
+    for (at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq})
+      if (t->defined()) out.push_back(t);
+  if (flat_)
+    for (at::Tensor* t : {&flat_->master, &flat_->exp_avg, &flat_->exp_avg_sq})
+      if (t->defined()) out.push_back(t);
+  return out;
+}
+
 void Optimizer::offload() {
   if (offloaded_ || slots_.empty() || slots_.front().param.device().is_cpu()) return;
-  for (auto& s : slots_)
-    for (at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq}) {
-      if (!t->defined()) continue;
-      // Pinned: device <-> host copies at full bus speed. Only here, where a
-      // GPU is present (pinning needs the CUDA driver).
-      at::Tensor host = at::empty(t->sizes(), t->options().device(at::kCPU).pinned_memory(true));
-      host.copy_(*t);
-      *t = host;
-    }
+  for (at::Tensor* t : state_tensors()) {
+    // Pinned: device <-> host copies at full bus speed. Only here, where a
+    // GPU is present (pinning needs the CUDA driver).
+    at::Tensor host = at::empty(t->sizes(), t->options().device(at::kCPU).pinned_memory(true));
+    host.copy_(*t);
+    *t = host;
+  }
   offloaded_ = true;
 }
 
 void Optimizer::reload() {
   if (!offloaded_) return;
-  for (auto& s : slots_)
-    for (at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq})
-      if (t->defined()) *t = t->to(s.param.device());
+  const at::Device device = slots_.front().param.device();
+  for (at::Tensor* t : state_tensors()) *t = t->to(device);
   offloaded_ = false;
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+  };
+  for (const auto& s : slots_)
+    for (const at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq}) add(*t);
+  if (flat_)
+    for (const at::Tensor* t : {&flat_->master, &flat_->exp_avg, &flat_->exp_avg_sq}) add(*t);
+  if (flat_ && !flat_->grad_shard.is_alias_of(flat_->grads))
+    bytes += static_cast<int64_t>(flat_->grad_shard.nbytes());
+  return bytes;
 }
 
 std::map<std::string, at::Tensor> Optimizer::state_dict() const {
   std::map<std::string, at::Tensor> out;
+  if (flat_) {
+    // Collective over DP: every rank's shard, gathered into full tensors.
+    at::Tensor m = gather_shard(flat_->exp_avg), v = gather_shard(flat_->exp_avg_sq);
+    at::Tensor master = flat_->master.defined() ? gather_shard(flat_->master) : at::Tensor();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      auto piece = [&](const at::Tensor& full) {
+        return full.narrow(0, flat_->offset[i], s.param.numel()).view(s.param.sizes()).clone();
+      };
+      out["exp_avg." + s.name] = piece(m);
+      out["exp_avg_sq." + s.name] = piece(v);
+      if (master.defined()) out["master." + s.name] = piece(master);
+    }
+    out["step"] = at::scalar_tensor(steps_, at::kLong);
+    return out;
+  }
   for (const auto& s : slots_) {
     out["exp_avg." + s.name] = s.exp_avg.clone();
     out["exp_avg_sq." + s.name] = s.exp_avg_sq.clone();
@@ -224,21 +427,49 @@ std::map<std::string, at::Tensor> Optimizer::state_dict() const {
 
 void Optimizer::load_state_dict(const std::map<std::string, at::Tensor>& state) {
   std::vector<std::string> problems;
-  auto take = [&](const std::string& key, at::Tensor& into) {
+  auto find = [&](const std::string& key, at::IntArrayRef sizes) -> const at::Tensor* {
     auto it = state.find(key);
     if (it == state.end()) {
       problems.push_back("missing " + key);
-    } else if (it->second.sizes() != into.sizes()) {
-      problems.push_back("wrong shape " + key);
-    } else {
-      into.copy_(it->second);
+      return nullptr;
     }
+    if (it->second.sizes() != sizes) {
+      problems.push_back("wrong shape " + key);
+      return nullptr;
+    }
+    return &it->second;
   };
   at::NoGradGuard no_grad;
-  for (auto& s : slots_) {
-    take("exp_avg." + s.name, s.exp_avg);
-    take("exp_avg_sq." + s.name, s.exp_avg_sq);
-    if (s.master.defined()) take("master." + s.name, s.master);
+  if (flat_) {
+    // Every entry is checked on every rank (they agree on the verdict);
+    // each takes its shard of the full tensors.
+    for (const auto& s : slots_) {
+      find("exp_avg." + s.name, s.param.sizes());
+      find("exp_avg_sq." + s.name, s.param.sizes());
+      if (flat_->master.defined()) find("master." + s.name, s.param.sizes());
+    }
+    for (const Segment& seg : flat_->segments) {
+      if (!problems.empty()) break;
+      const Slot& s = slots_[seg.slot];
+      const int64_t local = seg.begin - flat_->shard_begin;
+      const int64_t within = seg.begin - flat_->offset[seg.slot];
+      auto take = [&](const std::string& key, at::Tensor& into) {
+        into.narrow(0, local, seg.length)
+            .copy_(state.at(key).reshape({-1}).narrow(0, within, seg.length));
+      };
+      take("exp_avg." + s.name, flat_->exp_avg);
+      take("exp_avg_sq." + s.name, flat_->exp_avg_sq);
+      if (flat_->master.defined()) take("master." + s.name, flat_->master);
+    }
+  } else {
+    for (auto& s : slots_) {
+      auto take = [&](const std::string& key, at::Tensor& into) {
+        if (const at::Tensor* t = find(key, into.sizes())) into.copy_(*t);
+      };
+      take("exp_avg." + s.name, s.exp_avg);
+      take("exp_avg_sq." + s.name, s.exp_avg_sq);
+      if (s.master.defined()) take("master." + s.name, s.master);
+    }
   }
   auto it = state.find("step");
   if (it == state.end() || it->second.numel() != 1)

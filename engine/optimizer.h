@@ -4,6 +4,19 @@
 // then AdamW with a learning-rate schedule. Parameters that are not fp32 (bf16
 // on GPU) keep fp32 master weights here.
 //
+// Distributed optimizer (`OptimizerOptions::distributed`, ZeRO-1): the
+// parameters and gradients of a rank live in two flat buffers (each
+// parameter is a view of one), the DP group reduce-scatters the gradient
+// buffer so each DP rank holds the summed gradients of its 1/dp shard, the
+// rank updates only that shard (its AdamW moments and fp32 masters are the
+// shard's: 1/dp of the state per rank), and an all-gather brings every
+// rank's updated shard back. When the DP ranks share a host and the model is
+// on the CPU, the gradient buffer is this rank's region of a shared-memory
+// segment (engine/shm_group.h) and both collectives go through it; otherwise
+// they are the group's reduce_scatter_single / all_gather_single. The
+// update is the same arithmetic either way (checkpoints are interchangeable:
+// state_dict() gathers the full state).
+//
 // Gradient convention: gradients are SUMMED over DP ranks (and over
 // micro-batches), not averaged — the loss function scales by the global
 // token count (ARCHITECTURE.md: token-mean is the true mean over the
@@ -24,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/shm_group.h"
 #include "engine/transformer.h"
 
 namespace baton::engine {
@@ -43,6 +57,8 @@ struct OptimizerOptions {
   double clip_grad = 1.0;      // global-norm clip; <= 0 disables
   bool average_dp = false;     // divide DP-summed gradients by the DP size
   int64_t bucket_bytes = 25 << 20;
+  bool distributed = false;    // ZeRO-1: optimizer state sharded over DP (above)
+  bool shared_memory = true;   // distributed: DP ranks on one host use shared memory
 
   OptimizerOptions& set_lr(double v) {
     lr = v;
@@ -102,10 +118,18 @@ class Optimizer {
   bool offloaded() const { return offloaded_; }
 
   // "exp_avg.<param>", "exp_avg_sq.<param>", "master.<param>" (non-fp32
-  // params) and "step" (int64 0-dim).
+  // params) and "step" (int64 0-dim). Distributed: the full tensors,
+  // gathered over DP — collective over the DP group.
   std::map<std::string, at::Tensor> state_dict() const;
-  // Throws EngineError naming missing or mis-shaped entries.
+  // Throws EngineError naming missing or mis-shaped entries. Distributed:
+  // each rank takes its shard of the full tensors.
   void load_state_dict(const std::map<std::string, at::Tensor>& state);
+
+  // Bytes of optimizer state this rank holds (moments, masters; with the
+  // distributed optimizer also its gradient shard).
+  int64_t state_bytes() const;
+  // True when the distributed optimizer's collectives use shared memory.
+  bool shared_memory_collectives() const { return flat_ && flat_->shm != nullptr; }
 
  private:
   struct Slot {
@@ -116,10 +140,35 @@ class Optimizer {
     bool tp_replicated = false;
     bool tied_copy = false;  // the last stage's copy of tied embeddings (pp > 1)
   };
+  // The distributed optimizer's flat buffers: slot i's elements are
+  // [offset[i], offset[i] + numel) of `params` and `grads`; this rank's shard
+  // is [shard_begin, shard_begin + shard).
+  struct Segment {
+    size_t slot;
+    int64_t begin;  // in the flat buffers
+    int64_t length;
+  };
+  struct Flat {
+    at::Tensor params, grads;      // [padded], the model's dtype and device
+    at::Tensor grad_shard;         // [shard] fp32: the reduced gradients
+    at::Tensor exp_avg, exp_avg_sq, master;  // [shard] fp32; master: non-fp32 params
+    std::vector<int64_t> offset;   // per slot
+    std::vector<Segment> segments; // slots' pieces inside this rank's shard
+    int64_t numel = 0, padded = 0, shard = 0, shard_begin = 0;
+    std::unique_ptr<ShmGroup> shm;
+  };
+
   void all_reduce_buckets(std::vector<at::Tensor> grads, const Group& group);
+  void build_flat();
+  void attach_grads();
+  void reduce_scatter_flat();
+  void distributed_update(const StepStats& stats, double scale, double bc1, double bc2);
+  at::Tensor gather_shard(const at::Tensor& shard) const;
+  std::vector<at::Tensor*> state_tensors();  // moments and masters, defined ones
 
   std::shared_ptr<Transformer> model_;
   OptimizerOptions options_;
+  std::unique_ptr<Flat> flat_;
   std::vector<Slot> slots_;
   int64_t steps_ = 0;
   bool offloaded_ = false;

@@ -51,7 +51,27 @@ double sum_of_squares_range(const float* g, int64_t begin, int64_t end) {
   return s;
 }
 
+BATON_VECTOR_CLONES
+void sum_range(float* out, const float* const* in, int64_t k, int64_t begin, int64_t end) {
+  const float* a = in[0];
+  if (k == 1) {
+    for (int64_t i = begin; i < end; ++i) out[i] = a[i];
+    return;
+  }
+  const float* b = in[1];
+  for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+  for (int64_t j = 2; j < k; ++j) {
+    const float* c = in[j];
+    for (int64_t i = begin; i < end; ++i) out[i] += c[i];
+  }
+}
+
 }  // namespace
+
+void sum_arrays(float* out, const float* const* in, int64_t k, int64_t n) {
+  if (k <= 0 || n <= 0) return;
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) { sum_range(out, in, k, begin, end); });
+}
 
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
   auto f = [](double x) { return static_cast<float>(x); };

@@ -20,9 +20,11 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/errors.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline_schedule.h"
 #include "engine/safetensors.h"
+#include "engine/shm_group.h"
 #include "engine/transformer.h"
 #include "engine/weight_conversion.h"
 #include "tests/engine/model_tolerance.h"
@@ -377,6 +379,169 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout("tiny-llama", 1, 4, 1),
                       Layout("tiny-qwen2", 2, 2, 1).with_sequence_parallel().with_recompute()),
     layout_name);
+
+// The distributed optimizer (ZeRO-1) against the plain one in the same
+// layout and process, three steps from the same weights on the same batch.
+// Both reduce the same gradients (over two DP ranks a sum is one addition,
+// the same either way) and run the same AdamW arithmetic; they differ in the
+// order the global norm's double sum takes, so the clipping factor and the
+// gradients after it may differ by the relative rounding r of the
+// gradients' chain, and each step moves a parameter by at most 2·r·lr more.
+Tolerance plus(Tolerance a, Tolerance b) { return {a.atol + b.atol, a.rtol + b.rtol}; }
+
+struct ZeroCase {
+  Layout layout;
+  bool shared_memory = true;
+};
+
+void PrintTo(const ZeroCase& c, std::ostream* os) {
+  PrintTo(c.layout, os);
+  *os << (c.shared_memory ? " shm" : " gloo");
+}
+
+class DistributedOptimizer : public ::testing::TestWithParam<ZeroCase> {};
+
+TEST_P(DistributedOptimizer, MatchesThePlainOptimizerAndShardsItsState) {
+  const ZeroCase zc = GetParam();
+  const Layout l = zc.layout;
+  run_world(l.tp * l.pp * l.dp, [l, zc](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto dir = kFixtures + "/" + l.fixture;
+    auto cfg = ModelConfig::load(dir);
+    auto hf = read_hf_weights(dir);
+    auto batch = make_batch(read_safetensors(dir + "/reference.safetensors"), cfg.vocab_size);
+    double tokens = batch.loss_mask.sum().item<double>();
+    ParallelConfig pc;
+    pc.tp = l.tp;
+    pc.pp = l.pp;
+    pc.dp = l.dp;
+    auto ps = ParallelState::create(store, rank, pc);
+    const int64_t rows = batch.ids.size(0) / l.dp, row0 = ps->coords().dp * rows;
+    auto mbs = micro_batches(batch, row0, row0 + rows);
+    const Group& tp = ps->tp();
+    auto loss = [&](const at::Tensor& logits, const MicroBatch& mb) {
+      return -(next_token_log_probs(logits, mb.input_ids, tp) * mb.extra.at("loss_mask")).sum() /
+             tokens;
+    };
+    OptimizerOptions oo;
+    oo.lr = 1e-3;
+    oo.clip_grad = 0.5;
+    oo.weight_decay = 0.1;
+    OptimizerOptions zo = oo;
+    zo.distributed = true;
+    zo.shared_memory = zc.shared_memory;
+    auto plain = build(cfg, hf, ps, l), zero = build(cfg, hf, ps, l);
+    Optimizer plain_opt(plain, oo), zero_opt(zero, zo);
+    EXPECT_EQ(zero_opt.shared_memory_collectives(), zc.shared_memory);
+    // Moments sharded over two ranks: half the plain state per rank; through
+    // Gloo the shard's reduced gradients (another quarter) come on top. The
+    // flat buffers pad to a multiple of dp elements.
+    EXPECT_LE(zero_opt.state_bytes(),
+              plain_opt.state_bytes() * (zc.shared_memory ? 2 : 3) / 4 + 16 * l.dp);
+    const int64_t seq = batch.ids.size(1);
+    const double r = Tolerance::fp32(test::gradient_terms(cfg, seq, static_cast<int64_t>(tokens)) +
+                                         static_cast<double>(l.dp),
+                                     1)
+                         .rtol;
+    for (int step = 1; step <= 3; ++step) {
+      for (auto [m, o] : {std::pair{plain, &plain_opt}, std::pair{zero, &zero_opt}}) {
+        o->zero_grad();
+        forward_backward(*m, mbs, loss);
+      }
+      const StepStats a = plain_opt.step(), b = zero_opt.step();
+      expect_near(b.grad_norm, a.grad_norm, plus(Tolerance::fp32(2 * step, a.grad_norm), Tolerance{0, r}),
+                  "grad norm, step " + std::to_string(step));
+      ASSERT_GT(a.grad_norm, oo.clip_grad) << "clipping was meant to be active";
+      auto zp = zero->named_params();
+      auto pp = plain->named_params();
+      for (size_t i = 0; i < pp.size(); ++i) {
+        const at::Tensor want = pp[i].second.detach();
+        expect_close(zp[i].second.detach(), want,
+                     plus(Tolerance{6 * 2 * step * r * oo.lr, test::kFp32Eps},
+                          Tolerance::fp32(1, max_abs(want))),
+                     "rank " + std::to_string(rank) + " " + pp[i].first + " step " +
+                         std::to_string(step));
+      }
+    }
+    // The full state, gathered (collective); the moments follow the same
+    // drift bound scaled to their size.
+    auto plain_state = plain_opt.state_dict();
+    auto zero_state = zero_opt.state_dict();
+    ASSERT_EQ(zero_state.size(), plain_state.size());
+    for (const auto& [key, want] : plain_state) {
+      ASSERT_TRUE(zero_state.count(key)) << key;
+      if (key == "step") {
+        EXPECT_EQ(zero_state.at(key).item<int64_t>(), 3);
+        continue;
+      }
+      expect_close(zero_state.at(key), want, plus(Tolerance::fp32(6, max_abs(want)), Tolerance{0, 6 * r}),
+                   key);
+    }
+    // Checkpoints are interchangeable: a distributed optimizer loads the
+    // plain one's state and gives it back unchanged.
+    auto fresh = build(cfg, hf, ps, l);
+    Optimizer loaded(fresh, zo);
+    loaded.load_state_dict(plain_state);
+    for (const auto& [key, t] : loaded.state_dict())
+      expect_close(t, plain_state.at(key), Tolerance::exact(), "reloaded " + key);
+    // A missing entry is named on every rank.
+    auto broken = plain_state;
+    broken.erase("exp_avg_sq." + plain->named_params().back().first);
+    try {
+      loaded.load_state_dict(broken);
+      ADD_FAILURE() << "a missing entry was accepted";
+    } catch (const EngineError& e) {
+      EXPECT_NE(std::string(e.what()).find("missing exp_avg_sq."), std::string::npos) << e.what();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, DistributedOptimizer,
+    ::testing::Values(ZeroCase{Layout("tiny-qwen2", 1, 1, 2), true},
+                      ZeroCase{Layout("tiny-qwen2", 1, 1, 2), false},
+                      ZeroCase{Layout("tiny-qwen2", 1, 2, 2), true},
+                      ZeroCase{Layout("tiny-llama", 2, 1, 2).with_sequence_parallel(), true}),
+    [](const ::testing::TestParamInfo<ZeroCase>& info) {
+      return layout_name(::testing::TestParamInfo<Layout>(info.param.layout, info.index)) +
+             (info.param.shared_memory ? "_shm" : "_gloo");
+    });
+
+// ShmGroup's collectives are exact (sums of two or three values, copies),
+// and a peer that exits makes the one waiting for it throw, naming it.
+TEST(ShmGroup, ReduceScatterAndAllGatherAndADeadPeer) {
+  run_world(3, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    ParallelConfig pc;
+    pc.dp = 3;
+    auto ps = ParallelState::create(store, rank, pc);
+    auto shm = ShmGroup::create(ps->dp(), 3 * 5);
+    ASSERT_NE(shm, nullptr);
+    at::Tensor region = shm->region();
+    region.copy_(at::arange(15, at::kFloat) * static_cast<float>(rank + 1));
+    at::Tensor shard = at::empty({5});
+    shm->reduce_scatter(shard);
+    // Σ_r (r + 1) · i = 6 · i over this rank's slice.
+    expect_close(shard, at::arange(rank * 5, rank * 5 + 5, at::kFloat) * 6, Tolerance::exact(),
+                 "reduce_scatter");
+    at::Tensor full = at::empty({15});
+    shm->all_gather(shard, full);
+    expect_close(full, at::arange(15, at::kFloat) * 6, Tolerance::exact(), "all_gather");
+    try {
+      at::Tensor wrong = at::empty({4});
+      shm->reduce_scatter(wrong);
+      ADD_FAILURE() << "a wrong-sized output was accepted";
+    } catch (const EngineError& e) {
+      EXPECT_NE(std::string(e.what()).find("[5]"), std::string::npos) << e.what();
+    }
+    if (rank == 2) std::_Exit(0);
+    try {
+      shm->barrier();
+      ADD_FAILURE() << "rank " << rank << ": the barrier passed without rank 2";
+    } catch (const EngineError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2 of 3"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("exited"), std::string::npos) << e.what();
+    }
+  });
+}
 
 }  // namespace
 }  // namespace baton::engine

@@ -1,0 +1,228 @@
+#include "engine/shm_group.h"
+
+#include <fcntl.h>
+#include <immintrin.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "engine/errors.h"
+#include "engine/optimizer_kernels.h"
+
+namespace baton::engine {
+namespace {
+
+constexpr size_t kLine = 64;
+
+// One rank's control line.
+struct Control {
+  std::atomic<uint64_t> epoch;  // barriers this rank has entered
+  int64_t pid;
+  uint64_t token;  // rank 0's: proves a peer mapped the same segment
+};
+static_assert(sizeof(Control) <= kLine);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+struct Mapping {
+  void* base = nullptr;
+  size_t bytes = 0;
+  ~Mapping() {
+    if (base) munmap(base, bytes);
+  }
+};
+
+size_t align_up(size_t n) { return (n + kLine - 1) / kLine * kLine; }
+
+Control* control(void* base, int64_t r) {
+  return reinterpret_cast<Control*>(static_cast<char*>(base) + static_cast<size_t>(r) * kLine);
+}
+
+std::string segment_name(int64_t pid, int64_t nonce) {
+  return detail::cat("/baton-shm-", pid, "-", static_cast<uint64_t>(nonce));
+}
+
+// A process that exited is gone or a zombie (its parent has not reaped it).
+bool process_exited(int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::FILE* f = std::fopen(detail::cat("/proc/", pid, "/stat").c_str(), "r");
+  if (!f) return false;
+  char state = 0;
+  // "pid (comm) state ...": comm may hold spaces, so find the last ')'.
+  char buf[512];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  if (const char* close = std::strrchr(buf, ')')) state = close[1] == ' ' ? close[2] : 0;
+  return state == 'Z' || state == 'X';
+}
+
+void* map_segment(int fd, size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+}  // namespace
+
+std::unique_ptr<ShmGroup> ShmGroup::create(const Group& group, int64_t numel,
+                                           std::chrono::milliseconds timeout) {
+  if (group.size <= 1) return nullptr;
+  if (numel <= 0 || numel % group.size != 0)
+    throw EngineError(detail::cat("ShmGroup: numel ", numel,
+                                  " must be a positive multiple of the group size ", group.size));
+  const size_t region_bytes = align_up(static_cast<size_t>(numel) * sizeof(float));
+  const size_t bytes = align_up(static_cast<size_t>(group.size) * kLine) +
+                       region_bytes * static_cast<size_t>(group.size + 1);
+  auto mapping = std::make_shared<Mapping>();
+  mapping->bytes = bytes;
+
+  // Rank 0 creates the segment and names it: {pid, nonce, token}, pid < 0
+  // when it could not.
+  auto header = at::zeros({3}, at::kLong);
+  int64_t* h = header.data_ptr<int64_t>();
+  std::string name;
+  if (group.rank == 0) {
+    std::random_device rd;
+    const int64_t nonce = static_cast<int64_t>((uint64_t{rd()} << 32) | rd());
+    const int64_t token = static_cast<int64_t>((uint64_t{rd()} << 32) | rd());
+    name = segment_name(getpid(), nonce);
+    int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0) mapping->base = map_segment(fd, bytes);
+    if (fd >= 0) close(fd);
+    if (mapping->base) {
+      control(mapping->base, 0)->token = static_cast<uint64_t>(token);
+      h[0] = getpid();
+      h[1] = nonce;
+      h[2] = token;
+    } else {
+      if (fd >= 0) shm_unlink(name.c_str());
+      h[0] = -1;
+    }
+  }
+  std::vector<at::Tensor> ts{header};
+  group.pg->broadcast(ts)->wait();
+  if (h[0] < 0) return nullptr;
+  if (group.rank != 0) {
+    name = segment_name(h[0], h[1]);
+    int fd = shm_open(name.c_str(), O_RDWR, 0);
+    struct stat st {};
+    if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == bytes)
+      mapping->base = map_segment(fd, bytes);
+    if (fd >= 0) close(fd);
+    if (mapping->base && control(mapping->base, 0)->token != static_cast<uint64_t>(h[2])) {
+      munmap(mapping->base, bytes);
+      mapping->base = nullptr;
+    }
+  }
+  // Every rank must have mapped rank 0's segment, or none uses it.
+  auto ok = at::full({1}, mapping->base ? 1 : 0, at::kLong);
+  std::vector<at::Tensor> oks{ok};
+  c10d::AllreduceOptions min;
+  min.reduceOp = c10d::ReduceOp::MIN;
+  group.pg->allreduce(oks, min)->wait();
+  if (ok.item<int64_t>() == 1) {
+    Control* c = control(mapping->base, group.rank);
+    c->epoch.store(0, std::memory_order_relaxed);
+    c->pid = getpid();
+  }
+  group.pg->barrier()->wait();
+  // Mapped everywhere (or abandoned): the name is no longer needed, so
+  // nothing outlives the processes.
+  if (group.rank == 0) shm_unlink(name.c_str());
+  if (ok.item<int64_t>() != 1) return nullptr;
+
+  std::unique_ptr<ShmGroup> g(new ShmGroup());
+  g->base_ = mapping->base;
+  g->rank_ = group.rank;
+  g->size_ = group.size;
+  g->numel_ = numel;
+  g->timeout_ = timeout;
+  g->region_ = at::from_blob(
+      g->region_ptr(group.rank), {numel}, [mapping](void*) {}, at::kFloat);
+  g->mapping_ = mapping;
+  return g;
+}
+
+ShmGroup::~ShmGroup() = default;
+
+float* ShmGroup::region_ptr(int64_t r) const {
+  const size_t region_bytes = align_up(static_cast<size_t>(numel_) * sizeof(float));
+  return reinterpret_cast<float*>(static_cast<char*>(base_) +
+                                  align_up(static_cast<size_t>(size_) * kLine) +
+                                  region_bytes * static_cast<size_t>(r));
+}
+
+void ShmGroup::barrier() {
+  ++epoch_;
+  control(base_, rank_)->epoch.store(epoch_, std::memory_order_release);
+  const auto start = std::chrono::steady_clock::now();
+  auto next_check = start + std::chrono::milliseconds(50);
+  for (int64_t r = 0; r < size_; ++r) {
+    Control* c = control(base_, r);
+    int spins = 0;
+    while (c->epoch.load(std::memory_order_acquire) < epoch_) {
+      if (++spins < 2048) {
+        _mm_pause();
+        continue;
+      }
+      sched_yield();
+      const auto now = std::chrono::steady_clock::now();
+      if (now < next_check) continue;
+      next_check = now + std::chrono::milliseconds(50);
+      if (process_exited(c->pid))
+        throw EngineError(detail::cat("ShmGroup: rank ", r, " of ", size_, " (pid ", c->pid,
+                                      ") exited while rank ", rank_, " waited for it"));
+      if (now - start > timeout_)
+        throw EngineError(detail::cat(
+            "ShmGroup: rank ", r, " of ", size_, " (pid ", c->pid, ") did not arrive within ",
+            timeout_.count(), " ms (a collective called on some ranks only?)"));
+    }
+  }
+}
+
+void ShmGroup::reduce_scatter(at::Tensor& out) {
+  const int64_t shard = shard_numel();
+  if (!out.is_cpu() || out.scalar_type() != at::kFloat || !out.is_contiguous() ||
+      out.numel() != shard)
+    throw EngineError(detail::cat("ShmGroup::reduce_scatter: out must be a contiguous CPU fp32 [",
+                                  shard, "], got ", out.toString(), " ", out.sizes()));
+  barrier();  // every region is final
+  // This rank's own region first: `out` may be that slice (the other ranks
+  // read only their own slices of it).
+  std::vector<const float*> in{region_ptr(rank_) + rank_ * shard};
+  for (int64_t r = 0; r < size_; ++r)
+    if (r != rank_) in.push_back(region_ptr(r) + rank_ * shard);
+  cpu::sum_arrays(out.data_ptr<float>(), in.data(), size_, shard);
+  barrier();  // nobody rewrites a region before every rank has read it
+}
+
+void ShmGroup::all_gather(const at::Tensor& shard, at::Tensor& out) {
+  const int64_t n = shard_numel();
+  auto bad = [](const at::Tensor& t, int64_t want) {
+    return !t.is_cpu() || t.scalar_type() != at::kFloat || !t.is_contiguous() || t.numel() != want;
+  };
+  if (bad(shard, n) || bad(out, numel_))
+    throw EngineError(detail::cat("ShmGroup::all_gather: shard [", n, "] and out [", numel_,
+                                  "] must be contiguous CPU fp32, got ", shard.sizes(), " and ",
+                                  out.sizes()));
+  float* gather = region_ptr(size_);
+  std::memcpy(gather + rank_ * n, shard.data_ptr<float>(), static_cast<size_t>(n) * sizeof(float));
+  barrier();
+  float* dst = out.data_ptr<float>();
+  for (int64_t r = 0; r < size_; ++r) {
+    if (dst + r * n == shard.data_ptr<float>()) continue;  // already in place
+    std::memcpy(dst + r * n, gather + r * n, static_cast<size_t>(n) * sizeof(float));
+  }
+  barrier();  // the gather area is free again
+}
+
+}  // namespace baton::engine
