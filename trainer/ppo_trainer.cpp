@@ -165,6 +165,7 @@ void fill_role_options(const Config& c, Settings& s, int64_t steps) {
   o.update.seed = static_cast<uint64_t>(c.get<int64_t>("data.seed"));
   const int64_t updates = steps * o.update.epochs * (s.train_batch / mini_prompts);
   o.optim = optim_from(c, a + ".optim", c.get<double>(a + ".grad_clip"), updates);
+  o.optim.distributed = c.get<bool>(a + ".megatron.use_distributed_optimizer");
   workers::PolicyOptions& p = o.policy;
   p.loss_mode = c.get<std::string>(a + ".policy_loss.loss_mode");
   p.clip_ratio = c.get<double>(a + ".clip_ratio");
@@ -220,6 +221,7 @@ void fill_role_options(const Config& c, Settings& s, int64_t steps) {
   k.update.seed = o.update.seed;
   k.optim = optim_from(c, "critic.optim", c.get<double>("critic.grad_clip"),
                        steps * k.update.epochs * (s.train_batch / cmini));
+  k.optim.distributed = c.get<bool>("critic.megatron.use_distributed_optimizer");
   k.cliprange_value = c.get<double>("critic.cliprange_value");
   k.forward_micro_batch_size = k.update.micro_batch_size;
 }

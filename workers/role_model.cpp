@@ -242,6 +242,7 @@ engine::OptimizerOptions engine_optimizer_options(const OptimOptions& optim) {
   o.beta1 = optim.beta1;
   o.beta2 = optim.beta2;
   o.clip_grad = optim.grad_clip;
+  o.distributed = optim.distributed;
   o.warmup_steps = optim.warmup_steps;
   // verl's losses multiply by the DP size (agg_loss with GlobalBatchInfo), and
   // expect gradients averaged over DP.

@@ -47,7 +47,7 @@ json to_j(const OptimOptions& o) {
   return {{"lr", o.lr},           {"weight_decay", o.weight_decay}, {"beta1", o.beta1},
           {"beta2", o.beta2},     {"warmup_steps", o.warmup_steps}, {"scheduler", o.scheduler},
           {"min_lr_ratio", o.min_lr_ratio}, {"total_steps", o.total_steps},
-          {"grad_clip", o.grad_clip}};
+          {"grad_clip", o.grad_clip},       {"distributed", o.distributed}};
 }
 void from_j(const json& j, OptimOptions& o, const std::string& w) {
   read(j, "lr", o.lr, w);
@@ -59,6 +59,7 @@ void from_j(const json& j, OptimOptions& o, const std::string& w) {
   read(j, "min_lr_ratio", o.min_lr_ratio, w);
   read(j, "total_steps", o.total_steps, w);
   read(j, "grad_clip", o.grad_clip, w);
+  read(j, "distributed", o.distributed, w);
 }
 
 json to_j(const UpdateOptions& u) {

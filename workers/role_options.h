@@ -36,6 +36,7 @@ struct OptimOptions {
   double min_lr_ratio = 0.0;
   int64_t total_steps = 0;  // cosine decay length (optimizer steps)
   double grad_clip = 1.0;   // <= 0: no clipping
+  bool distributed = true;  // ZeRO-1 over DP (engine::OptimizerOptions::distributed)
 };
 
 // One PPO-style update pass over a batch (actor or critic).
