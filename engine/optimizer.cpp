@@ -299,8 +299,14 @@ double Optimizer::global_grad_norm() {
       else
         total += g.to(at::kDouble).pow(2).sum();
     }
-    total += host;
-    all_reduce(total, ps.dp_cp());
+    if (flat_->shm) {
+      // A scalar through the shared segment: no socket round trip.
+      host += total.item<double>();
+      total.fill_(flat_->shm->all_reduce_sum(host));
+    } else {
+      total += host;
+      all_reduce(total, ps.dp_cp());
+    }
     all_reduce(total, ps.model_parallel());
     return std::sqrt(total.item<double>());
   }

@@ -29,6 +29,7 @@ struct Control {
   std::atomic<uint64_t> epoch;  // barriers this rank has entered
   int64_t pid;
   uint64_t token;  // rank 0's: proves a peer mapped the same segment
+  double value[2];  // all_reduce_sum's operand, by barrier parity
 };
 static_assert(sizeof(Control) <= kLine);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -203,6 +204,18 @@ void ShmGroup::reduce_scatter(at::Tensor& out) {
     if (r != rank_) in.push_back(region_ptr(r) + rank_ * shard);
   cpu::sum_arrays(out.data_ptr<float>(), in.data(), size_, shard);
   barrier();  // nobody rewrites a region before every rank has read it
+}
+
+double ShmGroup::all_reduce_sum(double x) {
+  // The slot of the coming barrier's parity: a rank reaches the next call's
+  // barrier only after every rank has passed this one, and that call writes
+  // the other slot.
+  const size_t slot = (epoch_ + 1) % 2;
+  control(base_, rank_)->value[slot] = x;
+  barrier();
+  double sum = 0;
+  for (int64_t r = 0; r < size_; ++r) sum += control(base_, r)->value[slot];
+  return sum;
 }
 
 void ShmGroup::all_gather(const at::Tensor& shard, at::Tensor& out) {

@@ -59,6 +59,8 @@ class ShmGroup {
   // out = every rank's `shard`, by rank. `shard` [shard], `out` [numel], both
   // contiguous fp32 on the CPU; `shard` may be out's own slice.
   void all_gather(const at::Tensor& shard, at::Tensor& out);
+  // Σ_r x_r, summed in rank order (the same double on every rank).
+  double all_reduce_sum(double x);
   void barrier();
 
  private:

@@ -525,6 +525,9 @@ TEST(ShmGroup, ReduceScatterAndAllGatherAndADeadPeer) {
     at::Tensor full = at::empty({15});
     shm->all_gather(shard, full);
     expect_close(full, at::arange(15, at::kFloat) * 6, Tolerance::exact(), "all_gather");
+    // Back-to-back sums use alternating slots: none reads another's value.
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(shm->all_reduce_sum(static_cast<double>((rank + 1) * (i + 1))), 6.0 * (i + 1));
     try {
       at::Tensor wrong = at::empty({4});
       shm->reduce_scatter(wrong);
