@@ -157,6 +157,7 @@ void Optimizer::zero_grad() {
   if (flat_) {
     attach_grads();
     flat_->grads.zero_();
+    flat_->shard_squares.reset();
     return;
   }
   for (auto& s : slots_)
@@ -226,8 +227,9 @@ void Optimizer::reduce_gradients() {
 void Optimizer::reduce_scatter_flat() {
   const Group& dp = model_->parallel().dp_cp();
   Flat& f = *flat_;
+  f.shard_squares.reset();
   if (f.shm) {
-    f.shm->reduce_scatter(f.grad_shard);
+    f.shard_squares = f.shm->reduce_scatter(f.grad_shard);
   } else if (dp.size > 1) {
     // A real reduce-scatter: each rank receives only its shard's sums.
     at::Tensor out = f.grads.scalar_type() == at::kFloat
@@ -238,7 +240,10 @@ void Optimizer::reduce_scatter_flat() {
   } else if (!f.grad_shard.is_alias_of(f.grads)) {
     f.grad_shard.copy_(f.grads);
   }
-  if (options_.average_dp && dp.size > 1) f.grad_shard.div_(static_cast<double>(dp.size));
+  if (options_.average_dp && dp.size > 1) {
+    f.grad_shard.div_(static_cast<double>(dp.size));
+    if (f.shard_squares) *f.shard_squares /= static_cast<double>(dp.size * dp.size);
+  }
 }
 
 at::Tensor Optimizer::gather_shard(const at::Tensor& shard) const {
@@ -290,14 +295,19 @@ double Optimizer::global_grad_norm() {
     return !(s.tied_copy || (s.tp_replicated && ps.coords().tp != 0));
   };
   if (flat_) {
-    // This rank's shard; the DP ranks' shards partition the gradients.
+    // This rank's shard; the DP ranks' shards partition the gradients. The
+    // shared-memory reduction summed the shard's squares as it went: only
+    // the pieces not counted are summed again, and taken off.
+    const bool have = flat_->shard_squares.has_value();
+    if (have) host = *flat_->shard_squares;
     for (const Segment& seg : flat_->segments) {
-      if (!counted(slots_[seg.slot])) continue;
+      if (have == counted(slots_[seg.slot])) continue;
+      const double sign = have ? -1.0 : 1.0;
       at::Tensor g = flat_->grad_shard.narrow(0, seg.begin - flat_->shard_begin, seg.length);
       if (g.device().is_cpu())
-        host += cpu::sum_of_squares(g.data_ptr<float>(), g.numel());
+        host += sign * cpu::sum_of_squares(g.data_ptr<float>(), g.numel());
       else
-        total += g.to(at::kDouble).pow(2).sum();
+        total += sign * g.to(at::kDouble).pow(2).sum();
     }
     if (flat_->shm) {
       // A scalar through the shared segment: no socket round trip.

@@ -33,6 +33,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -155,6 +156,7 @@ class Optimizer {
     std::vector<int64_t> offset;   // per slot
     std::vector<Segment> segments; // slots' pieces inside this rank's shard
     int64_t numel = 0, padded = 0, shard = 0, shard_begin = 0;
+    std::optional<double> shard_squares;  // Σ grad_shard² from the last reduction
     std::unique_ptr<ShmGroup> shm;
   };
 

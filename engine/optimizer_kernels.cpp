@@ -66,11 +66,27 @@ void sum_range(float* out, const float* const* in, int64_t k, int64_t begin, int
   }
 }
 
+// Each chunk summed while it is in cache, then squared from there.
+double sum_range_squares(float* out, const float* const* in, int64_t k, int64_t begin,
+                         int64_t end) {
+  sum_range(out, in, k, begin, end);
+  return sum_of_squares_range(out, begin, end);
+}
+
 }  // namespace
 
-void sum_arrays(float* out, const float* const* in, int64_t k, int64_t n) {
-  if (k <= 0 || n <= 0) return;
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) { sum_range(out, in, k, begin, end); });
+double sum_arrays(float* out, const float* const* in, int64_t k, int64_t n) {
+  if (k <= 0 || n <= 0) return 0;
+  // Fixed chunks, their squares summed in order (as sum_of_squares).
+  const int64_t chunks = (n + kGrain - 1) / kGrain;
+  std::vector<double> parts(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      parts[c] = sum_range_squares(out, in, k, c * kGrain, std::min(n, (c + 1) * kGrain));
+  });
+  double total = 0;
+  for (double x : parts) total += x;
+  return total;
 }
 
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {

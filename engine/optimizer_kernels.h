@@ -37,6 +37,7 @@ double sum_of_squares(const float* g, int64_t n);
 
 // out[i] = Σ_j in[j][i] for j < k, summed in order j = 0, 1, …; `out` may be
 // in[0], no other input.
-void sum_arrays(float* out, const float* const* in, int64_t k, int64_t n);
+// Returns Σ out[i]² in double (as sum_of_squares(out, n)).
+double sum_arrays(float* out, const float* const* in, int64_t k, int64_t n);
 
 }  // namespace baton::engine::cpu

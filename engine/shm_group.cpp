@@ -190,7 +190,7 @@ void ShmGroup::barrier() {
   }
 }
 
-void ShmGroup::reduce_scatter(at::Tensor& out) {
+double ShmGroup::reduce_scatter(at::Tensor& out) {
   const int64_t shard = shard_numel();
   if (!out.is_cpu() || out.scalar_type() != at::kFloat || !out.is_contiguous() ||
       out.numel() != shard)
@@ -202,8 +202,9 @@ void ShmGroup::reduce_scatter(at::Tensor& out) {
   std::vector<const float*> in{region_ptr(rank_) + rank_ * shard};
   for (int64_t r = 0; r < size_; ++r)
     if (r != rank_) in.push_back(region_ptr(r) + rank_ * shard);
-  cpu::sum_arrays(out.data_ptr<float>(), in.data(), size_, shard);
+  const double squares = cpu::sum_arrays(out.data_ptr<float>(), in.data(), size_, shard);
   barrier();  // nobody rewrites a region before every rank has read it
+  return squares;
 }
 
 double ShmGroup::all_reduce_sum(double x) {

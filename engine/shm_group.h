@@ -54,8 +54,9 @@ class ShmGroup {
   // out[i] = Σ_r region_r[rank·shard + i], this rank's term first, then the
   // others by rank. Waits until every rank has called it (their regions are
   // final). `out`: contiguous fp32 [shard], possibly this rank's own slice of
-  // region() (the reduction in place).
-  void reduce_scatter(at::Tensor& out);
+  // region() (the reduction in place). Returns Σ out[i]² in double, taken in
+  // the same pass (the distributed optimizer's share of the gradient norm).
+  double reduce_scatter(at::Tensor& out);
   // out = every rank's `shard`, by rank. `shard` [shard], `out` [numel], both
   // contiguous fp32 on the CPU; `shard` may be out's own slice.
   void all_gather(const at::Tensor& shard, at::Tensor& out);
