@@ -277,16 +277,22 @@ json run_sync_case(const Case& c, const Args& args, const LocalRank& me, const M
   WeightSyncOptions so;
   so.bucket_bytes = args.bucket_mb << 20;
   const bool trainer = me.rank < kWorld;
-  c10::intrusive_ptr<c10d::ProcessGroup> sync;
-  if (me.rank == 0 || !trainer) sync = make_sync_group(store, c.name, trainer ? 0 : 1, 2);
+  // The sync group: both training ranks (the first replica) and the worker.
+  // The baseline's group: training rank 0 and the worker.
+  const int64_t sync_size = sync_group_size(pc, 1);
+  c10::intrusive_ptr<c10d::ProcessGroup> sync, plain;
+  if (me.rank == 0 || !trainer)
+    plain = make_sync_group(store, c.name + "-broadcast", trainer ? 0 : 1, 2);
   std::unique_ptr<WeightSender> sender;
   std::unique_ptr<WeightReceiver> receiver;
   int64_t largest = 0;
   if (trainer) {
     auto ps =
         ParallelState::create(c10::make_intrusive<c10d::PrefixStore>("train", store), me.rank, pc);
+    sync = make_sync_group(store, c.name, trainer_sync_rank(*ps), sync_size);
     sender = std::make_unique<WeightSender>(std::make_shared<Transformer>(cfg, ps), sync, so);
   } else {
+    sync = make_sync_group(store, c.name, receiver_sync_rank(pc, 0), sync_size);
     auto rollout = std::make_shared<Transformer>(cfg, ParallelState::single());
     for (const auto& [name, p] : rollout->named_params())
       largest = std::max<int64_t>(largest, p.nbytes());
@@ -320,11 +326,11 @@ json run_sync_case(const Case& c, const Args& args, const LocalRank& me, const M
     for (int i = 0; i < args.warmup + args.repeats; ++i) {
       barrier(all);
       auto t0 = Clock::now();
-      if (sync) {
+      if (plain) {
         std::vector<at::Tensor> ts{buf};
         c10d::BroadcastOptions opts;
         opts.rootRank = 0;
-        sync->broadcast(ts, opts)->wait();
+        plain->broadcast(ts, opts)->wait();
       }
       double s = world_max(all, {since(t0)})[0];
       if (i >= args.warmup) bcast_s.push_back(s);

@@ -174,6 +174,20 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_sync_group(c10::intrusive_ptr<c10d::
   return make_gloo_group(prefixed, rank, size, timeout);
 }
 
+int64_t trainer_sync_rank(const ParallelState& ps) {
+  const Coords& c = ps.coords();
+  if (c.dp != 0 || c.cp != 0) return -1;
+  return c.pp * ps.config().tp + c.tp;
+}
+
+int64_t receiver_sync_rank(const ParallelConfig& training, int64_t rollout_rank) {
+  return training.tp * training.pp + rollout_rank;
+}
+
+int64_t sync_group_size(const ParallelConfig& training, int64_t rollout_world) {
+  return training.tp * training.pp + rollout_world;
+}
+
 // ---------------------------------------------------------------- sender
 
 class WeightSender::Impl {
@@ -182,8 +196,17 @@ class WeightSender::Impl {
        WeightSyncOptions options)
       : train_(std::move(train)), sync_(std::move(sync)), options_(options) {
     const ParallelState& ps = train_->parallel();
-    if (ps.rank() == 0 && !sync_)
-      throw EngineError("WeightSender: training rank 0 needs the sync group (make_sync_group)");
+    const int64_t me = trainer_sync_rank(ps), trainers = ps.config().tp * ps.config().pp;
+    if (me >= 0 && !sync_)
+      throw EngineError(detail::cat("WeightSender: training rank ", ps.rank(),
+                                    " is in the first data-parallel replica and needs the sync "
+                                    "group (make_sync_group with trainer_sync_rank = ",
+                                    me, ")"));
+    if (me < 0) sync_.reset();  // other replicas take part in the handshake only
+    if (sync_ && (sync_->getRank() != me || sync_->getSize() <= trainers))
+      throw EngineError(detail::cat("WeightSender: training rank ", ps.rank(), " has sync rank ",
+                                    sync_->getRank(), " of ", sync_->getSize(), ", expected ", me,
+                                    " of ", trainers, " + the rollout ranks (sync_group_size)"));
     if (options_.bucket_bytes < 1)
       throw EngineError(
           detail::cat("WeightSender: bucket_bytes must be positive, got ", options_.bucket_bytes));
@@ -194,11 +217,10 @@ class WeightSender::Impl {
                                       " but the others are ", dtype_));
       params_.emplace(name, p);
     }
-    // Buckets are assembled over the training groups, on their device (the
-    // GPU for NCCL); the sync group (Gloo) carries host memory.
+    // The training groups' device (the GPU for NCCL) for the handshake's
+    // flags; the sync group (Gloo) carries host memory.
     device_ = ps.device();
-    pool_ = BufferPool(at::TensorOptions().dtype(at::kByte).device(device_));
-    host_pool_ = BufferPool(host_staging(device_));
+    pool_ = BufferPool(host_staging(device_));
     plan_ = make_plan(train_->config(), train_->options().value_model, ps.config(),
                       static_cast<int64_t>(c10::elementSize(dtype_)), options_.bucket_bytes);
     // This rank's shards, checked now; send() tells every party before streaming.
@@ -216,7 +238,6 @@ class WeightSender::Impl {
 
   WeightSyncStats send(int64_t version) {
     pool_.reset();
-    host_pool_.reset();
     const auto t0 = Clock::now();
     const ParallelState& ps = train_->parallel();
     handshake(version);
@@ -225,50 +246,45 @@ class WeightSender::Impl {
     stats.model_bytes = plan_.model_bytes;
     stats.buckets = static_cast<int64_t>(plan_.buckets.size());
     stats.largest_bucket_bytes = largest_bucket(plan_);
-    const Coords& c = ps.coords();
-    if (c.cp == 0 && c.dp == 0) {
-      // Rank 0: at most two buckets alive, one travelling and one being assembled.
-      std::deque<std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>>> flying;
+    if (sync_) {
+      // Each training rank of the first replica sends its own region of its
+      // stage's buckets to every receiver: no gathering hop on the trainer
+      // side. At most two regions alive, one travelling, one being filled.
+      const int64_t trainers = ps.config().tp * ps.config().pp;
+      const int64_t k = ps.coords().tp;
+      std::deque<std::pair<at::Tensor, std::vector<c10::intrusive_ptr<c10d::Work>>>> flying;
       for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-        at::Tensor full = assemble(plan_.buckets[b], static_cast<int>(b));
-        if (ps.rank() != 0) continue;
-        full = to_host(full);
-        std::vector<at::Tensor> ts{full};
-        c10d::BroadcastOptions opts;
-        opts.rootRank = 0;
-        flying.emplace_back(full, sync_->broadcast(ts, opts));
+        const Bucket& bucket = plan_.buckets[b];
+        if (bucket.stage != ps.coords().pp || bucket.layout.region_bytes[k] == 0) continue;
+        at::Tensor buf = fill_region(bucket, k);
+        std::vector<c10::intrusive_ptr<c10d::Work>> works;
+        std::vector<at::Tensor> ts{buf};
+        for (int64_t r = trainers; r < sync_->getSize(); ++r)
+          works.push_back(sync_->send(ts, static_cast<int>(r), static_cast<int>(b)));
+        flying.emplace_back(buf, std::move(works));
         if (flying.size() > 1) {
-          flying.front().second->wait();
-          release(flying.front().first);
+          wait_all(flying.front().second);
+          pool_.give(flying.front().first);
           flying.pop_front();
         }
       }
-      for (auto& [buf, work] : flying) {
-        work->wait();
-        release(buf);
+      for (auto& [buf, works] : flying) {
+        wait_all(works);
+        pool_.give(buf);
       }
     }
-    stats.peak_buffer_bytes = pool_.peak() + host_pool_.peak();
+    stats.peak_buffer_bytes = pool_.peak();
     pool_.reset();
-    host_pool_.reset();
     stats.seconds = seconds_since(t0);
     return stats;
   }
 
  private:
-  // A bucket assembled on a GPU travels through pinned host memory: the sync
-  // group is Gloo. Its device buffer goes back to the pool at once.
-  at::Tensor to_host(at::Tensor& full) {
-    if (full.device().is_cpu()) return full;
-    at::Tensor host = host_pool_.take(full.numel());
-    host.copy_(full);
-    pool_.give(full);
-    return host;
-  }
-
   // The training ranks agree that their shards are sound; rank 0 tells the
   // receivers what comes (or that nothing does); their verdicts come back
   // summed and the training world learns the outcome, so all fail together.
+  // Every member of the sync group (the first replica's ranks) takes part in
+  // its broadcast and all-reduce.
   void handshake(int64_t version) {
     const ParallelState& ps = train_->parallel();
     // Flags over the training world on its groups' device, over the sync
@@ -281,7 +297,7 @@ class WeightSender::Impl {
     }
     const bool trainer_ok = trainer_bad.item<int64_t>() == 0;
     auto rejected = at::zeros({1}, at::kLong);
-    if (ps.rank() == 0) {
+    if (sync_) {
       auto header = at::zeros({kHeaderSize}, at::kLong);
       auto h = header.accessor<int64_t, 1>();
       h[kVersion] = version;
@@ -320,67 +336,31 @@ class WeightSender::Impl {
                                     "options differ; see their errors); nothing was sent"));
   }
 
-  at::Tensor allocate(int64_t bytes) { return pool_.take(bytes); }
-  void release(at::Tensor& buf) { (buf.device() == device_ ? pool_ : host_pool_).give(buf); }
-
-  // The whole bucket on training rank 0 (returned there; undefined elsewhere).
-  at::Tensor assemble(const Bucket& b, int tag) {
-    const ParallelState& ps = train_->parallel();
-    const int64_t t_tp = ps.config().tp, k = ps.coords().tp, stage = ps.coords().pp;
-    at::Tensor full;
-    if (stage == b.stage) {
-      at::NoGradGuard no_grad;
-      at::Tensor buf = allocate(k == 0 ? b.layout.total : b.layout.region_bytes[k]);
-      const int64_t base = k == 0 ? 0 : b.layout.region_begin[k];
-      for (size_t i = 0; i < b.items.size(); ++i) {
-        if (b.layout.offset[i][k] < 0) continue;
-        at::from_blob(static_cast<uint8_t*>(buf.data_ptr()) + b.layout.offset[i][k] - base,
-                      b.items[i]->shard_shape(t_tp),
-                      at::TensorOptions().dtype(dtype_).device(buf.device()))
-            .copy_(params_.at(b.items[i]->name));
-      }
-      const Group& tp = ps.tp();
-      std::vector<c10::intrusive_ptr<c10d::Work>> works;
-      std::vector<std::vector<at::Tensor>> parts(t_tp);
-      if (k == 0) {
-        for (int64_t r = 1; r < t_tp; ++r) {
-          if (b.layout.region_bytes[r] == 0) continue;
-          parts[r] = {buf.narrow(0, b.layout.region_begin[r], b.layout.region_bytes[r])};
-          works.push_back(tp.pg->recv(parts[r], static_cast<int>(r), tag));
-        }
-      } else if (b.layout.region_bytes[k] > 0) {
-        parts[k] = {buf};
-        works.push_back(tp.pg->send(parts[k], 0, tag));
-      }
-      wait_all(works);
-      if (k != 0) {
-        release(buf);
-        return full;
-      }
-      if (b.stage == 0) return buf;  // on rank 0 itself
-      std::vector<at::Tensor> ts{buf};
-      ps.pp().pg->send(ts, 0, tag)->wait();
-      release(buf);
-      return full;
+  // Region k of a bucket: this rank's shards, in host memory (copied from
+  // the GPU when the model is there).
+  at::Tensor fill_region(const Bucket& b, int64_t k) {
+    at::NoGradGuard no_grad;
+    const int64_t t_tp = train_->parallel().config().tp;
+    at::Tensor buf = pool_.take(b.layout.region_bytes[k]);
+    for (size_t i = 0; i < b.items.size(); ++i) {
+      if (b.layout.offset[i][k] < 0) continue;
+      at::from_blob(
+          static_cast<uint8_t*>(buf.data_ptr()) + b.layout.offset[i][k] - b.layout.region_begin[k],
+          b.items[i]->shard_shape(t_tp), at::TensorOptions().dtype(dtype_))
+          .copy_(params_.at(b.items[i]->name));
     }
-    if (ps.rank() == 0) {
-      full = allocate(b.layout.total);
-      std::vector<at::Tensor> ts{full};
-      ps.pp().pg->recv(ts, static_cast<int>(b.stage), tag)->wait();
-    }
-    return full;
+    return buf;
   }
 
   std::shared_ptr<Transformer> train_;
-  c10::intrusive_ptr<c10d::ProcessGroup> sync_;
+  c10::intrusive_ptr<c10d::ProcessGroup> sync_;  // null outside the first replica
   WeightSyncOptions options_;
   at::ScalarType dtype_ = at::kFloat;
   at::Device device_ = at::kCPU;  // the training groups' (ParallelState::device)
   std::map<std::string, at::Tensor> params_;
   Plan plan_;
-  std::string problem_;   // this rank's shards that do not fit the model
-  BufferPool pool_;       // on device_: assembly over the training groups
-  BufferPool host_pool_;  // rank 0, device_ a GPU: buckets on their way to the sync group
+  std::string problem_;  // this rank's shards that do not fit the model
+  BufferPool pool_;      // host memory (pinned beside a GPU): regions on their way
 };
 
 WeightSender::WeightSender(std::shared_ptr<Transformer> train,
@@ -402,6 +382,10 @@ class WeightReceiver::Impl {
     if (!rollout_->first_stage() || !rollout_->last_stage())
       throw EngineError("WeightReceiver: the rollout model must be one stage (pp = 1)");
     ENGINE_CHECK(sync_, "WeightReceiver: no sync group");
+    if (sync_->getRank() < training_.tp * training_.pp)
+      throw EngineError(detail::cat("WeightReceiver: sync rank ", sync_->getRank(),
+                                    " belongs to a trainer (the first ", training_.tp * training_.pp,
+                                    " ranks); use receiver_sync_rank"));
     for (const auto& [name, p] : rollout_->named_params()) params_.emplace(name, p);
   }
 
@@ -449,21 +433,30 @@ class WeightReceiver::Impl {
     // Two buckets posted at once: the next arrives while this one is copied out.
     // The buffers are host memory (the sync group is Gloo); copy_tp_slice
     // copies out of them into the rollout parameters on their device.
-    std::deque<std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>>> posted;
+    std::deque<at::Tensor> posted;
+    // Region k of a bucket of stage s comes from sync rank s·t_tp + k.
+    std::deque<std::vector<c10::intrusive_ptr<c10d::Work>>> works;
     auto post = [&](size_t b) {
-      at::Tensor buf = pool_.take(plan_.buckets[b].layout.total);
-      std::vector<at::Tensor> ts{buf};
-      c10d::BroadcastOptions opts;
-      opts.rootRank = 0;
-      posted.emplace_back(buf, sync_->broadcast(ts, opts));
+      const Bucket& bucket = plan_.buckets[b];
+      at::Tensor buf = pool_.take(bucket.layout.total);
+      std::vector<c10::intrusive_ptr<c10d::Work>> w;
+      for (int64_t k = 0; k < t_tp; ++k) {
+        if (bucket.layout.region_bytes[k] == 0) continue;
+        std::vector<at::Tensor> ts{
+            buf.narrow(0, bucket.layout.region_begin[k], bucket.layout.region_bytes[k])};
+        w.push_back(sync_->recv(ts, static_cast<int>(bucket.stage * t_tp + k), static_cast<int>(b)));
+      }
+      posted.push_back(buf);
+      works.push_back(std::move(w));
     };
     if (!plan_.buckets.empty()) post(0);
     at::NoGradGuard no_grad;
     for (size_t b = 0; b < plan_.buckets.size(); ++b) {
       if (b + 1 < plan_.buckets.size()) post(b + 1);
-      auto [buf, work] = posted.front();
+      at::Tensor buf = posted.front();
       posted.pop_front();
-      work->wait();
+      wait_all(works.front());
+      works.pop_front();
       const Bucket& bucket = plan_.buckets[b];
       for (size_t i = 0; i < bucket.items.size(); ++i) {
         const StreamTensor& it = *bucket.items[i];

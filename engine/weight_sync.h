@@ -1,7 +1,9 @@
 // Weight sync to separate rollout workers (disaggregated rollout, the path
 // fully-async training needs): the trainer's processes and the rollout
-// workers' processes are different ones, joined by a sync group of training
-// rank 0 (sync rank 0) and every rollout rank (sync rank 1 + r). One send:
+// workers' processes are different ones, joined by a sync group of the
+// training ranks of the first data-parallel replica (dp = cp = 0; sync rank
+// stage·tp + tp rank, trainer_sync_rank) and every rollout rank (sync rank
+// tp·pp + r, receiver_sync_rank). One send:
 //   1. Handshake. The training ranks all-reduce whether their own shards fit
 //      the model; rank 0 broadcasts a header (version, tensor count, model
 //      bytes, dtype, training TP/PP and padded vocabulary, bucket count, a
@@ -12,33 +14,35 @@
 //      hanging.
 //   2. Buckets of about `bucket_bytes` of full tensors, in the order of
 //      whole_model_tensors() (weight_conversion.h), so nobody exchanges
-//      metadata. The training world's first replica (cp = dp = 0) assembles
-//      each bucket on training rank 0: TP shards go to the owning stage's TP
-//      rank 0, which sends the bucket to rank 0 over the pipeline group. Rank 0
-//      broadcasts it over the sync group, double-buffered: the next bucket is
-//      assembled while this one travels.
+//      metadata. Region k of a bucket holds TP rank k's shards of its
+//      tensors. Each training rank of the first replica copies its region of
+//      its stage's buckets into a host buffer and sends it straight to every
+//      receiver over the sync group, double-buffered (the next region is
+//      filled while this one travels): no gathering hop among the trainers,
+//      and the model's bytes leave the training side spread over its TP × PP
+//      ranks.
 //   3. Each receiver copies its rollout-TP slice of every tensor out of the
 //      bucket into its rollout model (fused QKV and gate/up re-split; the
 //      embedding and LM head stripped of the trainer's vocabulary padding and
 //      padded again as the rollout layout pads them), casting to the rollout
 //      dtype.
-// On GPUs: the training groups carry the buckets on their device (the GPU
-// with NCCL groups, ParallelState::device); rank 0 copies each bucket to
-// pinned host memory for the sync group, which is Gloo; receivers take it
+// On GPUs: each training rank copies its shards from the GPU into pinned
+// host memory for the sync group, which is Gloo; receivers take the regions
 // into host memory and copy their slices into the rollout model on its
 // device. No CUDA IPC, no NCCL between the two process sets. Build the
 // sender after moving the model to its device and dtype (the dtype is read
 // then).
 //
 // Example:
-//   // training rank t of W_t (rank 0 holds the sync group):
-//   c10::intrusive_ptr<c10d::ProcessGroup> sync;           // null except on rank 0
-//   if (t == 0) sync = make_sync_group(store, "actor", 0, 1 + rollout_world);
+//   // every training rank (those of the first replica join the sync group):
+//   const int64_t size = sync_group_size(training_cfg, rollout_world);
+//   c10::intrusive_ptr<c10d::ProcessGroup> sync;           // null outside the first replica
+//   if (int64_t s = trainer_sync_rank(*ps); s >= 0) sync = make_sync_group(store, "actor", s, size);
 //   WeightSender sender(train_model, sync);
 //   sender.send(/*version=*/step);                         // every training rank
 //   // rollout rank r:
 //   WeightReceiver receiver(rollout_model, training_cfg,
-//                           make_sync_group(store, "actor", 1 + r, 1 + rollout_world));
+//                           make_sync_group(store, "actor", receiver_sync_rank(training_cfg, r), size));
 //   auto stats = receiver.receive();                       // stats.version == step
 //
 // Thread safety: none; each side is driven by one thread.
@@ -83,17 +87,26 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_sync_group(
     c10::intrusive_ptr<c10d::Store> store, const std::string& name, int64_t rank, int64_t size,
     std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
+// The sync group's ranks: a training rank's (-1 outside the first
+// data-parallel replica, which takes part in the handshake over the training
+// world only), rollout rank r's, and the group's size.
+int64_t trainer_sync_rank(const ParallelState& training);
+int64_t receiver_sync_rank(const ParallelConfig& training, int64_t rollout_rank);
+int64_t sync_group_size(const ParallelConfig& training, int64_t rollout_world);
+
 class WeightSender {
  public:
-  // `sync`: the sync group on training rank 0, null on every other training
-  // rank. Throws EngineError when rank 0 has none, or the parameters do not
-  // share one dtype.
+  // `sync`: the sync group on the first replica's ranks (at
+  // trainer_sync_rank), null on the others. Throws EngineError when one of
+  // the first replica has none or another rank in it, or the parameters do
+  // not share one dtype.
   WeightSender(std::shared_ptr<Transformer> train, c10::intrusive_ptr<c10d::ProcessGroup> sync,
                WeightSyncOptions options = {});
   ~WeightSender();
 
   // Collective over the training world (every training rank calls it) and,
-  // on rank 0, over the sync group. Returns once rank 0's last bucket is out.
+  // on the first replica, over the sync group. Returns once this rank's last
+  // region is out.
   // Throws EngineError on every training rank when a receiver rejected the
   // header (its model or options differ), naming how many did.
   WeightSyncStats send(int64_t version);

@@ -235,16 +235,19 @@ TEST(Nccl, WeightSyncFromATp2GpuTrainerToAGpuRolloutWorker_CUDA) {
       auto ps = nccl_state(c10::make_intrusive<c10d::PrefixStore>("train", store), rank, training);
       auto train = load("tiny-llama", ps);
       train->to(gpu);
-      c10::intrusive_ptr<c10d::ProcessGroup> sync;
-      if (rank == 0) sync = make_sync_group(store, "gpu", 0, 2);
-      WeightSender sender(train, sync, options);
+      WeightSender sender(
+          train, make_sync_group(store, "gpu", trainer_sync_rank(*ps), sync_group_size(training, 1)),
+          options);
       EXPECT_EQ(sender.send(1).version, 1);
       return;
     }
     auto cfg = ModelConfig::load(kFixtures + "/tiny-llama");
     auto rollout = std::make_shared<Transformer>(cfg, ParallelState::single());
     rollout->to(gpu);
-    WeightReceiver receiver(rollout, training, make_sync_group(store, "gpu", 1, 2), options);
+    WeightReceiver receiver(rollout, training,
+                            make_sync_group(store, "gpu", receiver_sync_rank(training, 0),
+                                            sync_group_size(training, 1)),
+                            options);
     EXPECT_EQ(receiver.receive().version, 1);
     auto expected = hf_to_shard(read_hf_weights(kFixtures + "/tiny-llama"), cfg,
                                 ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers}));

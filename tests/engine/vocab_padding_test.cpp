@@ -556,9 +556,10 @@ TEST(VocabPaddingWeightSync, Tp2TrainerToTp1WorkerEqualsDirectConversion) {
       auto ps = ParallelState::create(prefixed("train", store), rank, training);
       auto train = load(f, ps);
       for (const char* name : {"sync", "bad"}) {
-        c10::intrusive_ptr<c10d::ProcessGroup> sync;
-        if (rank == 0) sync = make_sync_group(store, name, 0, 2);
-        WeightSender sender(train, sync, options);
+        WeightSender sender(
+            train,
+            make_sync_group(store, name, trainer_sync_rank(*ps), sync_group_size(training, 1)),
+            options);
         if (std::string(name) == "sync")
           EXPECT_EQ(sender.send(1).version, 1);
         else
@@ -571,13 +572,14 @@ TEST(VocabPaddingWeightSync, Tp2TrainerToTp1WorkerEqualsDirectConversion) {
       at::NoGradGuard no_grad;
       p.fill_(-1);  // every element must be overwritten, padding rows with zeros
     }
-    WeightReceiver receiver(rollout, training, make_sync_group(store, "sync", 1, 2), options);
+    const int64_t me = receiver_sync_rank(training, 0), size = sync_group_size(training, 1);
+    WeightReceiver receiver(rollout, training, make_sync_group(store, "sync", me, size), options);
     EXPECT_EQ(receiver.receive().version, 1);
     expect_exact(*rollout, hf_to_shard(f.hf, f.cfg, rollout->shard_spec()), "synced weights");
 
     ParallelConfig told = training;
     told.make_vocab_size_divisible_by = 1;  // 98 rows, not the trainer's 256
-    WeightReceiver wrong(rollout, told, make_sync_group(store, "bad", 1, 2), options);
+    WeightReceiver wrong(rollout, told, make_sync_group(store, "bad", me, size), options);
     expect_error([&] { wrong.receive(); }, {"training padded vocab_size", "256 vs 98"});
   });
 }

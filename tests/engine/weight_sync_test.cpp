@@ -67,9 +67,10 @@ TEST(WeightSync, Tp2Pp2TrainerToSeparateRolloutWorkerBeforeAndAfterAStep) {
     if (rank < 4) {
       auto ps = ParallelState::create(prefixed("train", store), rank, training);
       auto train = trainer_model(fixture, ps);
-      c10::intrusive_ptr<c10d::ProcessGroup> sync;
-      if (rank == 0) sync = make_sync_group(store, "test", 0, 2);
-      WeightSender sender(train, sync, options);
+      // Every training rank is in the first (only) replica: all four join.
+      WeightSender sender(
+          train, make_sync_group(store, "test", trainer_sync_rank(*ps), sync_group_size(training, 1)),
+          options);
       auto stats = sender.send(1);
       EXPECT_EQ(stats.version, 1);
       EXPECT_GT(stats.buckets, 2);
@@ -107,7 +108,10 @@ TEST(WeightSync, Tp2Pp2TrainerToSeparateRolloutWorkerBeforeAndAfterAStep) {
     }
     // The rollout worker: its own process and model, TP1.
     auto rollout = std::make_shared<Transformer>(cfg, ParallelState::single());
-    WeightReceiver receiver(rollout, training, make_sync_group(store, "test", 1, 2), options);
+    WeightReceiver receiver(rollout, training,
+                            make_sync_group(store, "test", receiver_sync_rank(training, 0),
+                                            sync_group_size(training, 1)),
+                            options);
     auto stats = receiver.receive();
     EXPECT_EQ(stats.version, 1);
     EXPECT_GT(stats.buckets, 2);
@@ -140,20 +144,55 @@ TEST(WeightSync, Pp2TrainerToTp2RolloutWorkers) {
     training.pp = 2;
     if (rank < 2) {
       auto ps = ParallelState::create(prefixed("train", store), rank, training);
-      c10::intrusive_ptr<c10d::ProcessGroup> sync;
-      if (rank == 0) sync = make_sync_group(store, "test", 0, 3);
-      WeightSender(trainer_model(fixture, ps), sync).send(7);
+      WeightSender(trainer_model(fixture, ps),
+                   make_sync_group(store, "test", trainer_sync_rank(*ps), sync_group_size(training, 2)))
+          .send(7);
       return;
     }
     ParallelConfig pc;
     pc.tp = 2;
     auto rs = ParallelState::create(prefixed("rollout", store), rank - 2, pc);
     auto rollout = std::make_shared<Transformer>(cfg, rs);
-    WeightReceiver receiver(rollout, training, make_sync_group(store, "test", rank - 1, 3));
+    WeightReceiver receiver(rollout, training,
+                            make_sync_group(store, "test", receiver_sync_rank(training, rank - 2),
+                                            sync_group_size(training, 2)));
     EXPECT_EQ(receiver.receive().version, 7);
     auto spec = ShardSpec::for_rank(cfg, rs->coords().tp, 2, 0, {cfg.num_layers});
     expect_exact(*rollout, hf_to_shard(read_hf_weights(kFixtures + "/" + fixture), cfg, spec),
                  "tp2 rollout");
+  });
+}
+
+// DP2 trainer: only the first replica joins the sync group and sends; the
+// other replica takes part in the handshake over the training world.
+TEST(WeightSync, Dp2TrainerSendsFromTheFirstReplicaOnly) {
+  run_world(3, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    const std::string fixture = "tiny-llama";
+    ParallelConfig training;
+    training.dp = 2;
+    if (rank < 2) {
+      auto ps = ParallelState::create(prefixed("train", store), rank, training);
+      auto train = trainer_model(fixture, ps);
+      const int64_t me = trainer_sync_rank(*ps);
+      EXPECT_EQ(me, ps->coords().dp == 0 ? 0 : -1);
+      c10::intrusive_ptr<c10d::ProcessGroup> sync;
+      if (me >= 0) {
+        expect_error([&] { WeightSender(train, nullptr); }, {"first data-parallel replica"});
+        sync = make_sync_group(store, "test", me, sync_group_size(training, 1));
+      }
+      EXPECT_EQ(WeightSender(train, sync).send(3).version, 3);
+      return;
+    }
+    auto cfg = ModelConfig::load(kFixtures + "/" + fixture);
+    auto rollout = std::make_shared<Transformer>(cfg, ParallelState::single());
+    WeightReceiver receiver(rollout, training,
+                            make_sync_group(store, "test", receiver_sync_rank(training, 0),
+                                            sync_group_size(training, 1)));
+    EXPECT_EQ(receiver.receive().version, 3);
+    expect_exact(*rollout,
+                 hf_to_shard(read_hf_weights(kFixtures + "/" + fixture), cfg,
+                             ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers})),
+                 "from the first replica");
   });
 }
 
@@ -183,8 +222,8 @@ TEST(WeightSync, ALayerSplitMismatchFailsBothSides) {
     if (rank < 2) {
       auto ps = ParallelState::create(prefixed("train", store), rank, training);
       ps->set_num_layers(4);
-      c10::intrusive_ptr<c10d::ProcessGroup> sync;
-      if (rank == 0) sync = make_sync_group(store, "test", 0, 2);
+      auto sync =
+          make_sync_group(store, "test", trainer_sync_rank(*ps), sync_group_size(training, 1));
       auto cfg = ModelConfig::load(kFixtures + "/tiny-llama");
       auto model = std::make_shared<Transformer>(cfg, ps);
       model->load_state_dict(hf_to_shard(read_hf_weights(kFixtures + "/tiny-llama"), cfg,
@@ -197,7 +236,9 @@ TEST(WeightSync, ALayerSplitMismatchFailsBothSides) {
     told.layer_split = {};  // even: [2, 2]
     auto rollout = std::make_shared<Transformer>(ModelConfig::load(kFixtures + "/tiny-llama"),
                                                  ParallelState::single());
-    WeightReceiver receiver(rollout, told, make_sync_group(store, "test", 1, 2));
+    WeightReceiver receiver(rollout, told,
+                            make_sync_group(store, "test", receiver_sync_rank(training, 0),
+                                            sync_group_size(training, 1)));
     expect_error([&] { receiver.receive(); }, {"layer split", "digests differ"});
   });
 }
