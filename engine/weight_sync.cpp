@@ -122,6 +122,8 @@ class BufferPool {
     peak_ = held_;
   }
   int64_t peak() const { return peak_; }
+  // Starts a new peak, keeping the pooled buffers (their pages stay mapped).
+  void new_peak() { peak_ = held_; }
 
  private:
   void clear() {
@@ -237,7 +239,7 @@ class WeightSender::Impl {
   }
 
   WeightSyncStats send(int64_t version) {
-    pool_.reset();
+    pool_.new_peak();
     const auto t0 = Clock::now();
     const ParallelState& ps = train_->parallel();
     handshake(version);
@@ -274,7 +276,7 @@ class WeightSender::Impl {
       }
     }
     stats.peak_buffer_bytes = pool_.peak();
-    pool_.reset();
+    if (!options_.keep_buffers) pool_.reset();
     stats.seconds = seconds_since(t0);
     return stats;
   }
@@ -391,7 +393,7 @@ class WeightReceiver::Impl {
 
   WeightSyncStats receive() {
     const auto t0 = Clock::now();
-    pool_.reset();
+    pool_.new_peak();
     auto header = at::zeros({kHeaderSize}, at::kLong);
     {
       std::vector<at::Tensor> ts{header};
@@ -449,10 +451,22 @@ class WeightReceiver::Impl {
       posted.push_back(buf);
       works.push_back(std::move(w));
     };
-    if (!plan_.buckets.empty()) post(0);
+    // The stages' buckets taken in turn: the two posted at once come from
+    // different stages' ranks, which then send at the same time.
+    std::vector<size_t> order;
+    {
+      std::vector<std::vector<size_t>> by_stage(static_cast<size_t>(training_.pp));
+      for (size_t b = 0; b < plan_.buckets.size(); ++b)
+        by_stage[static_cast<size_t>(plan_.buckets[b].stage)].push_back(b);
+      for (size_t i = 0; order.size() < plan_.buckets.size(); ++i)
+        for (const auto& list : by_stage)
+          if (i < list.size()) order.push_back(list[i]);
+    }
+    if (!order.empty()) post(order[0]);
     at::NoGradGuard no_grad;
-    for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-      if (b + 1 < plan_.buckets.size()) post(b + 1);
+    for (size_t n = 0; n < order.size(); ++n) {
+      const size_t b = order[n];
+      if (n + 1 < order.size()) post(order[n + 1]);
       at::Tensor buf = posted.front();
       posted.pop_front();
       wait_all(works.front());
@@ -470,7 +484,7 @@ class WeightReceiver::Impl {
       pool_.give(buf);
     }
     stats.peak_buffer_bytes = pool_.peak();
-    pool_.reset();
+    if (!options_.keep_buffers) pool_.reset();
     stats.seconds = seconds_since(t0);
     return stats;
   }
