@@ -87,6 +87,32 @@ at::Tensor segment(const at::Tensor& buffer, const Bucket& b, size_t i, int64_t 
                        at::TensorOptions().dtype(dtype).device(buffer.device()));
 }
 
+// A receiver's rollout layout, as the sender needs it to know which shards
+// go where: its TP size and rank and its padded vocabulary rows.
+struct ReceiverLayout {
+  int64_t tp = 1, rank = 0, vocab_rows = 0;
+};
+
+// Whether TP shard k of t's t_tp-way split holds rows of the receiver's
+// slice (as copy_tp_slice takes them: real rows only). A replicated tensor
+// travels from TP rank 0 only.
+bool shard_needed(const StreamTensor& t, int64_t t_tp, int64_t k, const ReceiverLayout& r) {
+  if (t.replicated()) return k == 0;
+  const int64_t block = t.full[t.split.dim] / t.split.blocks;
+  const int64_t real = t.vocab > 0 ? t.vocab : block;
+  const int64_t t_len = block / t_tp;
+  const int64_t r_len = (t.vocab > 0 ? r.vocab_rows : block) / r.tp;
+  const int64_t lo = std::max(r.rank * r_len, k * t_len);
+  const int64_t hi = std::min({(r.rank + 1) * r_len, (k + 1) * t_len, real});
+  return lo < hi;
+}
+
+// Each shard of a send is one message, tagged by the tensor's place in the
+// stream and the shard's TP rank.
+int tag_of(const Plan& plan, const StreamTensor* t, int64_t k, int64_t t_tp) {
+  return static_cast<int>((t - plan.items.data()) * t_tp + k);
+}
+
 // Bucket buffers reused within one send or receive: a returned buffer serves
 // the next bucket that fits, since fresh pages for every bucket cost a page
 // fault per 4 KB. When none fits, the pooled ones are let go first, so the
@@ -162,6 +188,23 @@ enum Header : int64_t {
 void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
   for (auto& w : works) w->wait();
   works.clear();
+}
+
+// Every member's layout over the sync group (collective); returns the
+// receivers' (the members from `trainers` on).
+std::vector<ReceiverLayout> gather_layouts(c10d::ProcessGroup& sync, const ReceiverLayout& mine,
+                                           int64_t trainers) {
+  auto t = at::tensor(std::vector<int64_t>{mine.tp, mine.rank, mine.vocab_rows}, at::kLong);
+  std::vector<at::Tensor> in{t};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int64_t r = 0; r < sync.getSize(); ++r) out[0].push_back(at::empty({3}, at::kLong));
+  sync.allgather(out, in)->wait();
+  std::vector<ReceiverLayout> layouts;
+  for (int64_t r = trainers; r < sync.getSize(); ++r) {
+    const int64_t* v = out[0][static_cast<size_t>(r)].data_ptr<int64_t>();
+    layouts.push_back(ReceiverLayout{v[0], v[1], v[2]});
+  }
+  return layouts;
 }
 
 }  // namespace
@@ -249,30 +292,51 @@ class WeightSender::Impl {
     stats.buckets = static_cast<int64_t>(plan_.buckets.size());
     stats.largest_bucket_bytes = largest_bucket(plan_);
     if (sync_) {
-      // Each training rank of the first replica sends its own region of its
-      // stage's buckets to every receiver: no gathering hop on the trainer
-      // side. At most two regions alive, one travelling, one being filled.
+      // Each training rank of the first replica sends its own shards of its
+      // stage's buckets straight to the receivers that need them (those
+      // whose rollout slice they overlap), one message per shard: no
+      // gathering hop among the trainers. Shards go out of the parameters
+      // themselves when they are contiguous host memory, else through a
+      // host buffer per bucket (a GPU model). At most two buckets in flight.
       const int64_t trainers = ps.config().tp * ps.config().pp;
-      const int64_t k = ps.coords().tp;
+      const int64_t t_tp = ps.config().tp, k = ps.coords().tp;
       std::deque<std::pair<at::Tensor, std::vector<c10::intrusive_ptr<c10d::Work>>>> flying;
-      for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-        const Bucket& bucket = plan_.buckets[b];
+      for (const Bucket& bucket : plan_.buckets) {
         if (bucket.stage != ps.coords().pp || bucket.layout.region_bytes[k] == 0) continue;
-        at::Tensor buf = fill_region(bucket, k);
+        bool in_place = true;
+        for (size_t i = 0; i < bucket.items.size(); ++i) {
+          if (bucket.layout.offset[i][k] < 0) continue;
+          const at::Tensor& p = params_.at(bucket.items[i]->name);
+          in_place = in_place && p.device().is_cpu() && p.is_contiguous();
+        }
+        at::Tensor buf = in_place ? at::Tensor() : fill_region(bucket, k);
         std::vector<c10::intrusive_ptr<c10d::Work>> works;
-        std::vector<at::Tensor> ts{buf};
-        for (int64_t r = trainers; r < sync_->getSize(); ++r)
-          works.push_back(sync_->send(ts, static_cast<int>(r), static_cast<int>(b)));
+        for (size_t i = 0; i < bucket.items.size(); ++i) {
+          if (bucket.layout.offset[i][k] < 0) continue;
+          const StreamTensor& t = *bucket.items[i];
+          at::Tensor src = in_place ? params_.at(t.name).detach()
+                                    : at::from_blob(static_cast<uint8_t*>(buf.data_ptr()) +
+                                                        bucket.layout.offset[i][k] -
+                                                        bucket.layout.region_begin[k],
+                                                    t.shard_shape(t_tp),
+                                                    at::TensorOptions().dtype(dtype_));
+          for (size_t j = 0; j < receivers_.size(); ++j) {
+            if (!shard_needed(t, t_tp, k, receivers_[j])) continue;
+            std::vector<at::Tensor> ts{src};
+            works.push_back(sync_->send(ts, static_cast<int>(trainers + static_cast<int64_t>(j)),
+                                        tag_of(plan_, &t, k, t_tp)));
+          }
+        }
         flying.emplace_back(buf, std::move(works));
         if (flying.size() > 1) {
           wait_all(flying.front().second);
-          pool_.give(flying.front().first);
+          if (flying.front().first.defined()) pool_.give(flying.front().first);
           flying.pop_front();
         }
       }
       for (auto& [buf, works] : flying) {
         wait_all(works);
-        pool_.give(buf);
+        if (buf.defined()) pool_.give(buf);
       }
     }
     stats.peak_buffer_bytes = pool_.peak();
@@ -318,6 +382,7 @@ class WeightSender::Impl {
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
       sync_->broadcast(ts, opts)->wait();
+      receivers_ = gather_layouts(*sync_, ReceiverLayout{}, ps.config().tp * ps.config().pp);
       std::vector<at::Tensor> verdict{rejected};
       sync_->allreduce(verdict)->wait();
     }
@@ -363,6 +428,7 @@ class WeightSender::Impl {
   Plan plan_;
   std::string problem_;  // this rank's shards that do not fit the model
   BufferPool pool_;      // host memory (pinned beside a GPU): regions on their way
+  std::vector<ReceiverLayout> receivers_;  // by receiver (sync rank - trainers)
 };
 
 WeightSender::WeightSender(std::shared_ptr<Transformer> train,
@@ -401,6 +467,9 @@ class WeightReceiver::Impl {
       opts.rootRank = 0;
       sync_->broadcast(ts, opts)->wait();
     }
+    const ReceiverLayout me{rollout_->parallel().tp().size, rollout_->parallel().coords().tp,
+                            rollout_->padded_vocab_size()};
+    gather_layouts(*sync_, me, training_.tp * training_.pp);
     auto h = header.accessor<int64_t, 1>();
     if (h[kTrainerOk] == 0) {
       // The trainer failed its own checks; it still counts on our verdict.
@@ -432,24 +501,63 @@ class WeightReceiver::Impl {
     stats.model_bytes = plan_.model_bytes;
     stats.buckets = static_cast<int64_t>(plan_.buckets.size());
     stats.largest_bucket_bytes = largest_bucket(plan_);
-    // Two buckets posted at once: the next arrives while this one is copied out.
-    // The buffers are host memory (the sync group is Gloo); copy_tp_slice
-    // copies out of them into the rollout parameters on their device.
-    std::deque<at::Tensor> posted;
-    // Region k of a bucket of stage s comes from sync rank s·t_tp + k.
-    std::deque<std::vector<c10::intrusive_ptr<c10d::Work>>> works;
+    // Each shard this rank needs is one message from sync rank
+    // stage·t_tp + k. It lands in the rollout parameter itself where the
+    // shard is a contiguous run of the parameter's rows (same dtype, host
+    // memory), else in the bucket's host buffer, copied out by
+    // copy_tp_slice. Two buckets posted at once: the next arrives while this
+    // one is copied out.
+    // The whole parameter is shard r_rank (same TP size and padding).
+    auto whole = [&](const StreamTensor& t) {
+      return t.replicated() ||
+             (t_tp == r_tp && params_.at(t.name).sizes() == at::IntArrayRef(t.shard_shape(t_tp)));
+    };
+    auto direct = [&](const StreamTensor& t) {
+      const at::Tensor& dst = params_.at(t.name);
+      if (!dst.device().is_cpu() || !dst.is_contiguous() || dst.scalar_type() != dtype)
+        return false;
+      if (whole(t)) return true;
+      if (t.split.dim != 0 || t.split.blocks != 1) return false;
+      const int64_t t_len = t.full[0] / t_tp, r_len = dst.size(0);
+      for (int64_t k = 0; k < t_tp; ++k)
+        if (shard_needed(t, t_tp, k, me) &&
+            (k * t_len < r_rank * r_len || (k + 1) * t_len > (r_rank + 1) * r_len))
+          return false;
+      return true;
+    };
+    struct Posted {
+      size_t bucket;
+      at::Tensor buf;  // undefined when every shard lands in place
+      std::vector<bool> in_place;
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    };
+    std::deque<Posted> posted;
     auto post = [&](size_t b) {
       const Bucket& bucket = plan_.buckets[b];
-      at::Tensor buf = pool_.take(bucket.layout.total);
-      std::vector<c10::intrusive_ptr<c10d::Work>> w;
-      for (int64_t k = 0; k < t_tp; ++k) {
-        if (bucket.layout.region_bytes[k] == 0) continue;
-        std::vector<at::Tensor> ts{
-            buf.narrow(0, bucket.layout.region_begin[k], bucket.layout.region_bytes[k])};
-        w.push_back(sync_->recv(ts, static_cast<int>(bucket.stage * t_tp + k), static_cast<int>(b)));
+      Posted p{b, {}, std::vector<bool>(bucket.items.size()), {}};
+      for (size_t i = 0; i < bucket.items.size(); ++i) {
+        p.in_place[i] = direct(*bucket.items[i]);
+        if (!p.in_place[i] && !p.buf.defined()) p.buf = pool_.take(bucket.layout.total);
       }
-      posted.push_back(buf);
-      works.push_back(std::move(w));
+      for (size_t i = 0; i < bucket.items.size(); ++i) {
+        const StreamTensor& t = *bucket.items[i];
+        for (int64_t k = 0; k < t_tp; ++k) {
+          if (bucket.layout.offset[i][k] < 0 || !shard_needed(t, t_tp, k, me)) continue;
+          at::Tensor into;
+          if (!p.in_place[i]) {
+            into = segment(p.buf, bucket, i, k, t_tp, dtype);
+          } else if (whole(t)) {
+            into = params_.at(t.name).detach();
+          } else {
+            const int64_t t_len = t.full[0] / t_tp;
+            into = params_.at(t.name).detach().narrow(0, k * t_len - r_rank * params_.at(t.name).size(0), t_len);
+          }
+          std::vector<at::Tensor> ts{into};
+          p.works.push_back(sync_->recv(ts, static_cast<int>(bucket.stage * t_tp + k),
+                                        tag_of(plan_, &t, k, t_tp)));
+        }
+      }
+      posted.push_back(std::move(p));
     };
     // The stages' buckets taken in turn: the two posted at once come from
     // different stages' ranks, which then send at the same time.
@@ -465,23 +573,30 @@ class WeightReceiver::Impl {
     if (!order.empty()) post(order[0]);
     at::NoGradGuard no_grad;
     for (size_t n = 0; n < order.size(); ++n) {
-      const size_t b = order[n];
       if (n + 1 < order.size()) post(order[n + 1]);
-      at::Tensor buf = posted.front();
+      Posted p = std::move(posted.front());
       posted.pop_front();
-      wait_all(works.front());
-      works.pop_front();
-      const Bucket& bucket = plan_.buckets[b];
+      wait_all(p.works);
+      const Bucket& bucket = plan_.buckets[p.bucket];
       for (size_t i = 0; i < bucket.items.size(); ++i) {
         const StreamTensor& it = *bucket.items[i];
         at::Tensor dst = params_.at(it.name);
-        auto shard = [&](int64_t k) { return segment(buf, bucket, i, k, t_tp, dtype); };
+        if (p.in_place[i]) {
+          // This layout's padding rows of a vocabulary tensor (the trainer's
+          // may hold anything, or not have come at all).
+          if (it.vocab > 0) {
+            const int64_t first = std::max(it.vocab - r_rank * dst.size(0), int64_t{0});
+            if (first < dst.size(0)) dst.detach().narrow(0, first, dst.size(0) - first).zero_();
+          }
+          continue;
+        }
+        auto shard = [&](int64_t k) { return segment(p.buf, bucket, i, k, t_tp, dtype); };
         if (it.replicated())
           dst.copy_(shard(0));
         else
           copy_tp_slice(dst, it, t_tp, r_tp, r_rank, 0, t_tp, shard);
       }
-      pool_.give(buf);
+      if (p.buf.defined()) pool_.give(p.buf);
     }
     stats.peak_buffer_bytes = pool_.peak();
     if (!options_.keep_buffers) pool_.reset();
