@@ -171,7 +171,7 @@ Args parse(int argc, char** argv) try {
 const Layout& find_layout(const std::string& name) {
   for (const auto& l : kLayouts)
     if (l.name == name) return l;
-  usage("unknown layout \"" + name + "\" (known: tp1, tp2, pp2, dp2)");
+  usage("unknown layout \"" + name + "\" (known: tp1, tp2, pp2, dp2, dp2-zero, dp2-zero-gloo)");
 }
 
 double median(std::vector<double> xs) {

@@ -97,7 +97,12 @@ std::unique_ptr<ShmGroup> ShmGroup::create(const Group& group, int64_t numel,
     const int64_t token = static_cast<int64_t>((uint64_t{rd()} << 32) | rd());
     name = segment_name(getpid(), nonce);
     int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0) mapping->base = map_segment(fd, bytes);
+    // posix_fallocate reserves the pages now: a /dev/shm too small for the
+    // segment (a container's 64 MB, say) means Gloo instead, not a SIGBUS
+    // at the first touch of a page that is not there.
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+        posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0)
+      mapping->base = map_segment(fd, bytes);
     if (fd >= 0) close(fd);
     if (mapping->base) {
       control(mapping->base, 0)->token = static_cast<uint64_t>(token);

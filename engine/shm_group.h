@@ -19,7 +19,9 @@
 //
 // Thread safety: one thread per rank calls the collectives, in the same order
 // on every rank. A rank that dies or stops calling makes the others throw
-// EngineError naming it (checked by pid, then after `timeout`).
+// EngineError naming it (checked by pid, then after `timeout`); the pid check
+// assumes the ranks share a pid namespace, as processes of one host that
+// share /dev/shm normally do.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -36,9 +38,9 @@ namespace baton::engine {
 class ShmGroup {
  public:
   // Collective over `group` (its process group carries the setup). Returns
-  // nullptr, on every rank alike, when the group has one rank or its ranks do
-  // not all see the segment rank 0 created (different hosts or /dev/shm
-  // namespaces). Throws EngineError when numel is not a positive multiple of
+  // nullptr, on every rank alike, when the group has one rank, /dev/shm has
+  // no room for the segment, or the ranks do not all see the segment rank 0
+  // created (different hosts or /dev/shm namespaces). Throws EngineError when numel is not a positive multiple of
   // the group size.
   static std::unique_ptr<ShmGroup> create(const Group& group, int64_t numel,
                                           std::chrono::milliseconds timeout = std::chrono::minutes(5));

@@ -323,6 +323,7 @@ class WeightSender::Impl {
           for (size_t j = 0; j < receivers_.size(); ++j) {
             if (!shard_needed(t, t_tp, k, receivers_[j])) continue;
             std::vector<at::Tensor> ts{src};
+            stats.transferred_bytes += static_cast<int64_t>(src.nbytes());
             works.push_back(sync_->send(ts, static_cast<int>(trainers + static_cast<int64_t>(j)),
                                         tag_of(plan_, &t, k, t_tp)));
           }
@@ -553,6 +554,7 @@ class WeightReceiver::Impl {
             into = params_.at(t.name).detach().narrow(0, k * t_len - r_rank * params_.at(t.name).size(0), t_len);
           }
           std::vector<at::Tensor> ts{into};
+          stats.transferred_bytes += static_cast<int64_t>(into.nbytes());
           p.works.push_back(sync_->recv(ts, static_cast<int>(bucket.stage * t_tp + k),
                                         tag_of(plan_, &t, k, t_tp)));
         }

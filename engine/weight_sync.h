@@ -83,6 +83,10 @@ struct WeightSyncStats {
   // alignment per tensor): peak_buffer_bytes stays within two of these (on a
   // GPU sender, two in pinned host memory plus one on the device).
   int64_t largest_bucket_bytes = 0;
+  // Bytes of shards this rank put on the sync group (a sender, once per
+  // receiver that needs them) or took from it (a receiver: only the shards
+  // overlapping its rollout slice).
+  int64_t transferred_bytes = 0;
 };
 
 // A Gloo process group of `size` ranks for weight sync, over `store` under

@@ -163,6 +163,62 @@ TEST(WeightSync, Pp2TrainerToTp2RolloutWorkers) {
   });
 }
 
+// TP2 trainer to TP2 rollout workers: each worker takes only its own shards
+// (its parameters' bytes, nothing of the other rank's), straight into its
+// parameters, and the trainers send each shard once, to the worker holding
+// it. Two exceptions, both counted below: replicated tensors (the norms) go
+// from TP rank 0 to both workers, and the 128-token vocabulary pads to 256
+// rows at TP2, so rank 1's embedding rows are padding only: nothing of them
+// travels (the worker zeroes its own).
+// A vocabulary shard whose rows all lie past the real vocabulary.
+bool padding_only(const std::string& name, int64_t tp_rank, const at::Tensor& p,
+                  const ModelConfig& cfg) {
+  const bool vocab = name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+  return vocab && tp_rank * p.size(0) >= cfg.vocab_size;
+}
+
+TEST(WeightSync, Tp2TrainerToTp2WorkersSendsEachOnlyItsSlice) {
+  run_world(4, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    const std::string fixture = "tiny-qwen2";
+    auto cfg = ModelConfig::load(kFixtures + "/" + fixture);
+    ParallelConfig training;
+    training.tp = 2;
+    const int64_t size = sync_group_size(training, 2);
+    if (rank < 2) {
+      auto ps = ParallelState::create(prefixed("train", store), rank, training);
+      auto train = trainer_model(fixture, ps);
+      auto stats = WeightSender(train, make_sync_group(store, "test", trainer_sync_rank(*ps), size))
+                       .send(5);
+      int64_t sent = 0;
+      for (const auto& [name, p] : train->named_params()) {
+        const auto bytes = static_cast<int64_t>(p.nbytes());
+        if (Transformer::tp_replicated(name))
+          sent += rank == 0 ? 2 * bytes : 0;
+        else if (!(padding_only(name, rank, p, cfg)))
+          sent += bytes;
+      }
+      EXPECT_EQ(stats.transferred_bytes, sent) << "each shard to the one worker that holds it";
+      return;
+    }
+    ParallelConfig pc;
+    pc.tp = 2;
+    auto rs = ParallelState::create(prefixed("rollout", store), rank - 2, pc);
+    auto rollout = std::make_shared<Transformer>(cfg, rs);
+    WeightReceiver receiver(rollout, training,
+                            make_sync_group(store, "test", receiver_sync_rank(training, rank - 2), size));
+    auto stats = receiver.receive();
+    EXPECT_EQ(stats.version, 5);
+    int64_t own = 0;
+    for (const auto& [name, p] : rollout->named_params())
+      if (!padding_only(name, rank - 2, p, cfg)) own += static_cast<int64_t>(p.nbytes());
+    EXPECT_EQ(stats.transferred_bytes, own);
+    EXPECT_EQ(stats.peak_buffer_bytes, 0) << "every shard lands in its parameter";
+    auto spec = ShardSpec::for_rank(cfg, rs->coords().tp, 2, 0, {cfg.num_layers});
+    expect_exact(*rollout, hf_to_shard(read_hf_weights(kFixtures + "/" + fixture), cfg, spec),
+                 "tp2 rollout");
+  });
+}
+
 // DP2 trainer: only the first replica joins the sync group and sends; the
 // other replica takes part in the handshake over the training world.
 TEST(WeightSync, Dp2TrainerSendsFromTheFirstReplicaOnly) {
