@@ -200,8 +200,10 @@ class Resharder {
   // is one broadcast's payload.
   struct InFlight {
     bool direct = false;  // no communication: copy from the training params
+    bool received = false;  // the owning stage sent this rank its slices, in place
     RegionLayout layout;
     at::Tensor buffer;
+    std::vector<at::Tensor> staged;  // the owner's slices for other stages, until sent
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
 
@@ -226,43 +228,72 @@ class Resharder {
       f.direct = true;
       return;
     }
-    f.layout = layout_of(b);
-    const int64_t total = f.layout.total;
-    // Where the training groups carry tensors (the GPU for NCCL, else the
-    // host); copies into and out of it move between devices as needed.
-    f.buffer = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(device_));
-    live_bytes_ += total;
-    peak_bytes_ = std::max(peak_bytes_, live_bytes_);
-    if (owner) {
+    if (!owner) {
+      // Another stage owns the bucket: it sends this rank its rollout slices,
+      // straight into the rollout parameters (a scatter, not the whole
+      // bucket).
+      const Group& pg = train_ps_.pp();
+      for (size_t i = 0; i < b.items.size(); ++i) {
+        std::vector<at::Tensor> ts{b.items[i]->dst};
+        f.works.push_back(pg.pg->recv(ts, static_cast<int>(b.stage), tag(b, i)));
+      }
+      f.received = true;
+      return;
+    }
+    // This rank's stage owns the bucket. Without a TP gather its own shards
+    // are the source (direct); with one, the bucket's buffer.
+    if (!gather_) {
+      f.direct = true;
+    } else {
+      f.layout = layout_of(b);
+      const int64_t total = f.layout.total;
+      // Where the training groups carry tensors (the GPU for NCCL, else the
+      // host); copies into and out of it move between devices as needed.
+      f.buffer = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(device_));
+      live_bytes_ += total;
+      peak_bytes_ = std::max(peak_bytes_, live_bytes_);
       at::NoGradGuard no_grad;
-      const int64_t mine = gather_ ? t_rank_ : 0;
       for (size_t i = 0; i < b.items.size(); ++i)
-        if (f.layout.offset[i][mine] >= 0)
-          segment(f, b, i, mine).copy_(train_params_.at(b.items[i]->name));
-      if (gather_) {
-        // Gloo's all-gather copies through a temporary of the whole output;
-        // one in-place broadcast per TP rank, all in flight at once, fills
-        // the buffer with no second copy.
-        const Group& tp = train_ps_.tp();
-        for (int64_t k = 0; k < t_tp_; ++k) {
-          if (f.layout.region_bytes[k] == 0) continue;
-          std::vector<at::Tensor> ts{
-              f.buffer.narrow(0, f.layout.region_begin[k], f.layout.region_bytes[k])};
-          c10d::BroadcastOptions opts;
-          opts.rootRank = k;
-          f.works.push_back(tp.pg->broadcast(ts, opts));
-        }
+        if (f.layout.offset[i][t_rank_] >= 0)
+          segment(f, b, i, t_rank_).copy_(train_params_.at(b.items[i]->name));
+      // Gloo's all-gather copies through a temporary of the whole output;
+      // one in-place broadcast per TP rank, all in flight at once, fills
+      // the buffer with no second copy.
+      const Group& tp = train_ps_.tp();
+      for (int64_t k = 0; k < t_tp_; ++k) {
+        if (f.layout.region_bytes[k] == 0) continue;
+        std::vector<at::Tensor> ts{
+            f.buffer.narrow(0, f.layout.region_begin[k], f.layout.region_bytes[k])};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = k;
+        f.works.push_back(tp.pg->broadcast(ts, opts));
       }
     }
     if (pp > 1) {
-      // The owning stage must hold the whole bucket before it sends it on.
-      if (owner) wait(f);
-      std::vector<at::Tensor> ts{f.buffer};
-      c10d::BroadcastOptions opts;
-      opts.rootRank = b.stage;  // pipeline group ranks are stages
-      f.works.push_back(train_ps_.pp().pg->broadcast(ts, opts));
+      // The owning stage must hold the whole bucket before it cuts the other
+      // stages' slices out of it: each gets only its rollout TP rank's.
+      wait(f);
+      at::NoGradGuard no_grad;
+      const Group& pg = train_ps_.pp();
+      for (int64_t d = 0; d < pg.size; ++d) {
+        if (d == stage_) continue;  // pipeline group ranks are stages
+        const int64_t r_rank = pg.ranks[static_cast<size_t>(d)] % r_tp_;
+        for (size_t i = 0; i < b.items.size(); ++i) {
+          const Item& it = *b.items[i];
+          at::Tensor slice = at::empty(it.dst.sizes(), it.dst.options().device(device_));
+          copy_slice(slice, b, f, i, r_rank);
+          f.staged.push_back(slice);
+          std::vector<at::Tensor> ts{slice};
+          f.works.push_back(pg.pg->send(ts, static_cast<int>(d), tag(b, i)));
+          live_bytes_ += static_cast<int64_t>(slice.nbytes());
+        }
+      }
+      peak_bytes_ = std::max(peak_bytes_, live_bytes_);
     }
   }
+
+  // One item's message: its place in the plan.
+  int tag(const Bucket& b, size_t i) const { return static_cast<int>(b.items[i] - items_.data()); }
 
   static void wait(InFlight& f) {
     for (auto& w : f.works) w->wait();
@@ -271,13 +302,11 @@ class Resharder {
 
   void finish(const Bucket& b, InFlight& f) {
     wait(f);
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < b.items.size(); ++i) {
-      auto shard = [&](int64_t k) -> at::Tensor {
-        if (f.direct) return train_params_.at(b.items[i]->name);
-        return segment(f, b, i, gather_ ? k : 0);
-      };
-      copy_out(*b.items[i], shard);
+    for (const auto& t : f.staged) live_bytes_ -= static_cast<int64_t>(t.nbytes());
+    f.staged.clear();
+    if (!f.received) {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < b.items.size(); ++i) copy_slice(b.items[i]->dst, b, f, i, r_rank_);
     }
     if (f.buffer.defined()) {
       live_bytes_ -= f.buffer.numel();
@@ -285,17 +314,23 @@ class Resharder {
     }
   }
 
-  // Copies this rank's TP_r slice of `it` out of the training shards it holds:
-  // all when gathered, else only its own (then it is the rollout slice, or
-  // TP_t = 1 and it is everything).
-  void copy_out(const Item& it, const std::function<at::Tensor(int64_t k)>& shard) {
+  // Copies rollout TP rank r_rank's slice of item i into `dst` out of the
+  // training shards this rank holds: all when gathered, else only its own
+  // (then it is the rollout slice, or TP_t = 1 and it is everything).
+  void copy_slice(const at::Tensor& dst, const Bucket& b, const InFlight& f, size_t i,
+                  int64_t r_rank) {
+    const Item& it = *b.items[i];
+    auto shard = [&](int64_t k) -> at::Tensor {
+      if (f.direct) return train_params_.at(it.name);
+      return segment(f, b, i, gather_ ? k : 0);
+    };
     if (it.replicated()) {
-      it.dst.copy_(shard(0));
+      dst.copy_(shard(0));
       return;
     }
     const int64_t k_begin = gather_ ? 0 : t_rank_;
     const int64_t k_end = gather_ ? t_tp_ : t_rank_ + 1;
-    copy_tp_slice(it.dst, it, t_tp_, r_tp_, r_rank_, k_begin, k_end, shard);
+    copy_tp_slice(dst, it, t_tp_, r_tp_, r_rank, k_begin, k_end, shard);
   }
 
   const ParallelState& train_ps_;

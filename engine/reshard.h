@@ -9,20 +9,26 @@
 // exchanged. Tensors travel in buckets of about `bucket_bytes` of full
 // (unsharded) tensors, each bucket one flat buffer: the owning pipeline stage
 // gathers its TP shards into it (skipped when TP_t == 1, or TP_r == TP_t and
-// both pad the vocabulary alike), broadcasts it over the pipeline group
-// (skipped when pp = 1), and every rank copies its TP_r slice (fused QKV and
-// gate/up re-split as docs/engine.md lays them out; the embedding and LM head
-// without the training layout's vocabulary padding, padded with zero rows as
-// the rollout layout pads them) straight into the rollout parameters, cast to
-// their dtype. make_rollout_state gives the rollout layout the training
-// layout's make_vocab_size_divisible_by. The TP gather is one in-place
-// broadcast per TP rank, all in flight together: Gloo's all-gather would copy
-// through a temporary as large as the bucket. Two buckets are in flight at
-// once (the next travels while this one is copied out), so the extra memory
-// is at most two buffers, each one bucket or one tensor larger than a bucket
-// (plus 8-byte alignment per tensor): not a second copy of the model. With
-// TP_r == TP_t (padding alike) and pp = 1 nothing is communicated. Each CP/DP
-// replica of the training layout streams over its own groups.
+// both pad the vocabulary alike; its own shards are then the source), and
+// every rank of it copies its TP_r slice (fused QKV and gate/up re-split as
+// docs/engine.md lays them out; the embedding and LM head without the
+// training layout's vocabulary padding, padded with zero rows as the rollout
+// layout pads them) straight into the rollout parameters, cast to their
+// dtype. With pp > 1 the owning stage's rank also cuts each other stage's
+// rank its TP_r slices and sends them over the pipeline group, one message
+// per tensor, received straight into that rank's rollout parameters: a
+// scatter, so each rank takes 1/TP_r of the bucket instead of all of it.
+// make_rollout_state gives the rollout layout the training layout's
+// make_vocab_size_divisible_by. The TP gather is one in-place broadcast per
+// TP rank, all in flight together: Gloo's all-gather would copy through a
+// temporary as large as the bucket. Two buckets are in flight at once (the
+// next travels while this one is copied out), so the extra memory is at most
+// two buffers, each one bucket or one tensor larger than a bucket (plus
+// 8-byte alignment per tensor), and on an owning stage the slices on their
+// way to the other stages (1/TP_r of a bucket each): not a second copy of
+// the model. With TP_r == TP_t (padding alike) and pp = 1 nothing is
+// communicated. Each CP/DP replica of the training layout streams over its
+// own groups.
 //
 // Example (every rank of a TP2 × PP2 training world, rollout TP2):
 //   auto rollout_state = make_rollout_state(store, rank, train_state->config(), /*tp=*/2);
