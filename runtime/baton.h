@@ -8,6 +8,7 @@
 #include "runtime/resource_pool.h" // IWYU pragma: export
 #include "runtime/role_set.h"      // IWYU pragma: export
 #include "runtime/runtime.h"       // IWYU pragma: export
+#include "runtime/shared_tensor.h" // IWYU pragma: export
 #include "runtime/value.h"         // IWYU pragma: export
 #include "runtime/worker.h"        // IWYU pragma: export
 #include "runtime/worker_group.h"  // IWYU pragma: export

@@ -64,8 +64,10 @@ class Channel {
   struct Outgoing {
     std::shared_ptr<const kj::Array<capnp::word>> words;
     // Not owned. REQUIRES: they stay open until the message is written or
-    // dropped (the driver holds the segment behind them for the peer).
+    // dropped (the driver holds the segment behind them for the peer; `keep`
+    // holds shared tensors' memory).
     std::vector<int> fds;
+    std::shared_ptr<void> keep;
   };
   enum class Queued {
     kSent,          // written (or dropped: the peer is gone)

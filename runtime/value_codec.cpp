@@ -3,9 +3,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "runtime/errors.h"
 
@@ -41,17 +45,69 @@ void copy_into(const at::Tensor& t, std::byte* dst) {
   at::from_blob(dst, t.sizes(), t.options().device(at::kCPU)).copy_(t);
 }
 
+constexpr uint64_t kSharedTensorBit = uint64_t{1} << 63;
+
+// A received shared tensor's memory, mapped once per process and kept (least
+// recently used beyond 1 GiB dropped; tensors still viewing it keep it).
+std::shared_ptr<detail::SharedMemory> received_shared_memory(uint64_t id, int fd) {
+  struct Entry {
+    std::shared_ptr<detail::SharedMemory> memory;
+    uint64_t last_used;
+  };
+  static std::mutex mu;
+  static std::map<uint64_t, Entry> entries;
+  static uint64_t clock = 0;
+  constexpr size_t kMaxBytes = size_t{1} << 30;
+  std::lock_guard<std::mutex> lock(mu);
+  ++clock;
+  if (auto it = entries.find(id); it != entries.end()) {
+    it->second.last_used = clock;
+    return it->second.memory;
+  }
+  auto m = std::make_shared<detail::SharedMemory>();
+  m->id = id;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) throw Error("shared tensor: cannot stat a received memfd");
+  m->bytes = static_cast<size_t>(st.st_size);
+  m->fd = dup(fd);  // kept for passing the tensor on
+  if (m->fd < 0) throw Error("shared tensor: cannot keep a received memfd (dup failed)");
+  if (m->bytes > 0) {
+    void* p = mmap(nullptr, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED)
+      throw Error("shared tensor: cannot map a received tensor of " + std::to_string(m->bytes) +
+                  " bytes");
+    m->data = static_cast<std::byte*>(p);
+  }
+  entries[id] = Entry{m, clock};
+  size_t total = 0;
+  for (const auto& [k, e] : entries) total += e.memory->bytes;
+  while (total > kMaxBytes && entries.size() > 1) {
+    auto victim = entries.end();
+    for (auto e = entries.begin(); e != entries.end(); ++e)
+      if (e->first != id && (victim == entries.end() || e->second.last_used < victim->second.last_used))
+        victim = e;
+    total -= victim->second.memory->bytes;
+    entries.erase(victim);
+  }
+  return m;
+}
+
 }  // namespace
 
 bool ValueEncoder::goes_shared(const at::Tensor& t) const {
   return pool_ != nullptr && tensor_bytes(t) >= kInlineTensorBytes;
 }
 
+std::shared_ptr<detail::SharedMemory> ValueEncoder::by_reference(const at::Tensor& t) const {
+  if (pool_ == nullptr || !t.device().is_cpu() || !t.is_contiguous()) return nullptr;
+  return detail::shared_memory_of(t);
+}
+
 void ValueEncoder::plan(const Value& v) {
   switch (v.kind()) {
     case ValueKind::kTensor: {
       const at::Tensor& t = v.as_tensor();
-      if (goes_shared(t)) planned_ += align_up(tensor_bytes(t));
+      if (goes_shared(t) && !by_reference(t)) planned_ += align_up(tensor_bytes(t));
       break;
     }
     case ValueKind::kList:
@@ -93,6 +149,22 @@ void ValueEncoder::encode(const Value& v, wire::Value::Builder out) {
       auto shape = wt.initShape(static_cast<unsigned>(t.dim()));
       for (int64_t i = 0; i < t.dim(); ++i) shape.set(static_cast<unsigned>(i), t.size(i));
       size_t nbytes = tensor_bytes(t);
+      if (auto mem = by_reference(t)) {
+        // Its own shared memory: pass the memfd, copy nothing. Fd index:
+        // after the message's segment (there is one iff anything was planned).
+        size_t j = 0;
+        while (j < passed_.size() && passed_[j] != mem) ++j;
+        if (j == passed_.size()) passed_.push_back(mem);
+        auto shared = wt.initShared();
+        shared.setSegment(mem->id);
+        shared.setFdIndex(static_cast<int32_t>(j + (planned_ > 0 ? 1 : 0)));
+        shared.setOffset(nbytes == 0 ? 0
+                                     : static_cast<uint64_t>(static_cast<const std::byte*>(
+                                                                 t.data_ptr()) -
+                                                             mem->data));
+        shared.setLength(nbytes);
+        break;
+      }
       if (!goes_shared(t)) {
         if (nbytes >= (size_t{1} << 29)) {
           throw Error("a tensor of " + std::to_string(nbytes) +
@@ -123,13 +195,20 @@ void ValueEncoder::encode(const Value& v, wire::Value::Builder out) {
 }
 
 std::vector<int> ValueEncoder::finish(wire::Envelope::Builder env) const {
-  if (!seg_) {
-    env.setFdCount(0);
-    return {};
+  std::vector<int> fds;
+  if (planned_ > 0) {
+    if (!seg_) throw Error("ValueEncoder: finish() before the planned tensors were encoded");
+    fds.push_back(seg_->fd);
+    env.setSharedBytes(used_);
   }
-  env.setFdCount(1);
-  env.setSharedBytes(used_);
-  return {seg_->fd};
+  for (const auto& m : passed_) fds.push_back(m->fd);
+  env.setFdCount(static_cast<uint32_t>(fds.size()));
+  return fds;
+}
+
+std::shared_ptr<void> ValueEncoder::keep_alive() const {
+  if (passed_.empty()) return nullptr;
+  return std::make_shared<std::vector<std::shared_ptr<detail::SharedMemory>>>(passed_);
 }
 
 std::optional<SegmentId> ValueEncoder::segment() const {
@@ -210,6 +289,18 @@ Value ValueDecoder::decode(wire::Value::Reader in) {
         return Value(std::move(t));
       }
       auto shared = wt.getShared();
+      if (shared.getSegment() & kSharedTensorBit) {
+        if (shared.getLength() != nbytes) throw Error("malformed message: shared tensor length");
+        const int32_t idx = shared.getFdIndex();
+        if (idx < 0 || static_cast<size_t>(idx) >= fds_.size())
+          throw Error("malformed message: a shared tensor names fd " + std::to_string(idx) +
+                      " of " + std::to_string(fds_.size()));
+        auto mem = received_shared_memory(shared.getSegment(), fds_[static_cast<size_t>(idx)]);
+        if (shared.getOffset() + nbytes > mem->bytes)
+          throw Error("malformed message: shared tensor bytes out of range");
+        return Value(detail::tensor_over(std::move(mem), shared.getOffset(), shape,
+                                         static_cast<at::ScalarType>(dtype)));
+      }
       if (shared.getLength() != nbytes || shared.getOffset() + nbytes > shared_bytes_) {
         throw Error("malformed message: shared tensor bytes out of range");
       }

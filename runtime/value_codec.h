@@ -1,8 +1,10 @@
 // Value <-> Cap'n Proto (internal to the runtime).
 //
 // Tensors of at least kInlineTensorBytes are copied into one shared-memory
-// segment per message (so a message carries at most one fd); smaller ones
-// travel inline. Non-contiguous tensors are made contiguous on the way.
+// segment per message; smaller ones travel inline. Non-contiguous tensors are
+// made contiguous on the way. A contiguous CPU tensor in shared memory of its
+// own (shared_tensor.h) is not copied: the message passes its memfd (one fd
+// per distinct memory, after the message's segment) and the receiver maps it.
 //
 // Device tensors travel through host memory: the encoder copies a CUDA
 // tensor device-to-host straight into the shared segment (or the inline
@@ -16,6 +18,7 @@
 #include <optional>
 #include <vector>
 
+#include "runtime/shared_tensor.h"
 #include "runtime/shm_pool.h"
 #include "runtime/value.h"
 #include "runtime/wire.capnp.h"
@@ -46,14 +49,20 @@ class ValueEncoder {
 
   // The segment used, if any; held by kSelfPeer until the caller releases it.
   std::optional<SegmentId> segment() const;
+  // The shared tensors' memory whose fds finish() returned: keep it until
+  // the message is written (null when there is none).
+  std::shared_ptr<void> keep_alive() const;
 
  private:
   bool goes_shared(const at::Tensor& t) const;
+  // A shared tensor's memory, when `t` travels by reference.
+  std::shared_ptr<detail::SharedMemory> by_reference(const at::Tensor& t) const;
 
   ShmPool* pool_ = nullptr;
   size_t planned_ = 0;
   size_t used_ = 0;
   std::optional<ShmPool::Segment> seg_;
+  std::vector<std::shared_ptr<detail::SharedMemory>> passed_;  // fds after the segment's
 };
 
 class ValueDecoder {

@@ -84,8 +84,10 @@ struct Result {
 struct Envelope {
   # Segments of the receiver's that the sender no longer uses.
   released @0 :List(UInt64);
-  # How many file descriptors travel with this message (0 or 1: every large
-  # tensor of a message shares one segment).
+  # How many file descriptors travel with this message: the message's segment
+  # (every large tensor copied for it shares one) first, if there is one, then
+  # one memfd per distinct shared tensor memory passed by reference
+  # (shared_tensor.h; their segment ids have the high bit set).
   fdCount @1 :UInt32;
   # Bytes of that segment the message uses; the receiver maps just these.
   sharedBytes @2 :UInt64;

@@ -455,6 +455,7 @@ Future<Value> WorkerProcess::init(const std::vector<RoleSpec>& roles) {
   call.method = "<constructor>";
   call.fds = enc.finish(env);
   call.segment = enc.segment();
+  call.keep = enc.keep_alive();
   call.words = std::make_shared<kj::Array<capnp::word>>(capnp::messageToFlatArray(builder));
   Future<Value> f = send(call, std::nullopt);
   if (call.segment) Driver::get().pool().release(*call.segment, kSelfPeer);
@@ -475,6 +476,7 @@ OutgoingCall WorkerProcess::encode_call(const std::string& method, const List& a
   enc.encode(args, c.initArgs(static_cast<unsigned>(args.size())));
   call.fds = enc.finish(env);
   call.segment = enc.segment();
+  call.keep = enc.keep_alive();
   call.words = std::make_shared<kj::Array<capnp::word>>(capnp::messageToFlatArray(builder));
   return call;
 }
@@ -496,13 +498,13 @@ Future<Value> WorkerProcess::send(const OutgoingCall& call,
   if (timeout) arm_timeout(call.call_id, submitted + *timeout, *timeout);
   flush_releases();
   // A message to a worker that has gone is dropped; its death fails the call.
-  enqueue(call.words, call.fds);
+  enqueue(call.words, call.fds, call.keep);
   return promise.future();
 }
 
 void WorkerProcess::enqueue(std::shared_ptr<const kj::Array<capnp::word>> words,
-                            std::vector<int> fds) {
-  if (channel_->send_or_queue({std::move(words), std::move(fds)}) !=
+                            std::vector<int> fds, std::shared_ptr<void> keep) {
+  if (channel_->send_or_queue({std::move(words), std::move(fds), std::move(keep)}) !=
       Channel::Queued::kNeedsFlusher) {
     return;
   }

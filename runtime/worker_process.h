@@ -43,6 +43,7 @@ struct OutgoingCall {
   std::shared_ptr<const kj::Array<capnp::word>> words;  // shared by the queues it waits in
   std::vector<int> fds;              // the segment's: open while a peer holds it
   std::optional<SegmentId> segment;  // held by kSelfPeer until the sender releases it
+  std::shared_ptr<void> keep;        // shared tensors' memory behind some of `fds`
 };
 
 class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
@@ -107,7 +108,8 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   void arm_timeout(uint64_t call_id, std::chrono::steady_clock::time_point deadline,
                    std::chrono::milliseconds timeout);
   // Sends or queues one message; starts the I/O thread's flushing if needed.
-  void enqueue(std::shared_ptr<const kj::Array<capnp::word>> words, std::vector<int> fds = {});
+  void enqueue(std::shared_ptr<const kj::Array<capnp::word>> words, std::vector<int> fds = {},
+               std::shared_ptr<void> keep = nullptr);
   void wait_writable();  // on the I/O thread
 
   WorkerInfo info_;

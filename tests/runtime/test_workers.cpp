@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "runtime/process_group.h"
+#include "runtime/shared_tensor.h"
 #if defined(BATON_CUDA)
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -85,6 +86,13 @@ class TestWorker : public baton::Worker {
   at::Tensor scale(const at::Tensor& t, double factor) { return t * factor; }
   at::Tensor make(int64_t n) { return at::arange(n, at::kFloat); }
   double sum(const at::Tensor& t) { return t.sum().item<double>(); }
+  // Writes into its argument: shows in the caller's tensor only when shared.
+  void fill(const at::Tensor& t, double value) { at::Tensor(t).fill_(value); }
+  at::Tensor make_shared(int64_t n) {
+    at::Tensor t = baton::shared_empty({n});
+    t.copy_(at::arange(n, at::kFloat));
+    return t;
+  }
   void keep(const at::Tensor& t) { kept_ = t; }
   double kept_sum() { return kept_.sum().item<double>(); }
   at::Tensor all_reduce(const at::Tensor& t) {
@@ -145,6 +153,8 @@ class TestWorker : public baton::Worker {
     t.def("scale", &TestWorker::scale);
     t.def("make", &TestWorker::make);
     t.def("sum", &TestWorker::sum);
+    t.def("fill", &TestWorker::fill);
+    t.def("make_shared", &TestWorker::make_shared);
     t.def("keep", &TestWorker::keep);
     t.def("kept_sum", &TestWorker::kept_sum);
     t.def("all_reduce", &TestWorker::all_reduce);

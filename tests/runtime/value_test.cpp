@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/errors.h"
+#include "runtime/shared_tensor.h"
 #include "runtime/shm_pool.h"
 #include "runtime/value_codec.h"
 
@@ -152,6 +153,35 @@ TEST(ValueCodec, SharedSegmentIsReleasedWhenTheLastTensorGoesAndThenReused) {
   EXPECT_EQ(rt.pool.segment_count(), 1u) << "the idle segment should have been reused";
   again = Value();
   EXPECT_EQ(rt.released.back(), first);
+}
+
+// A shared tensor (and a contiguous view of one) is passed by reference: the
+// decoded tensor views the same pages (a write through either shows in the
+// other), is itself shared, and nothing of it was copied into the segment,
+// which only the ordinary large tensor uses.
+TEST(ValueCodec, SharedTensorsTravelByReference) {
+  RoundTrip rt;
+  at::Tensor shared = shared_empty({512, 256});
+  shared.copy_(at::arange(512 * 256, at::kFloat).view({512, 256}));
+  at::Tensor ordinary = at::randn({256, 256});  // 256 KB: copied into the segment
+  ASSERT_TRUE(is_shared(shared));
+  EXPECT_FALSE(is_shared(ordinary));
+  EXPECT_TRUE(is_shared(shared.narrow(0, 100, 200)));
+  Value back = rt.run(Value(List{shared, ordinary, shared.narrow(0, 100, 200)}));
+  at::Tensor got = back.as_list()[0].as_tensor(), rows = back.as_list()[2].as_tensor();
+  EXPECT_TRUE(got.equal(shared));
+  EXPECT_TRUE(rows.equal(shared.narrow(0, 100, 200)));
+  EXPECT_TRUE(back.as_list()[1].as_tensor().equal(ordinary));
+  EXPECT_TRUE(is_shared(got));
+  got[3][4] = -1.0f;
+  EXPECT_EQ(shared[3][4].item<float>(), -1.0f) << "the receiver's write shows in the sender's tensor";
+  shared[150][0] = -2.0f;
+  EXPECT_EQ(rows[50][0].item<float>(), -2.0f) << "the view decoded at its offset";
+  // The received tensor goes on by reference too (its fd was kept).
+  RoundTrip again;
+  at::Tensor forwarded = again.run(Value(got)).as_tensor();
+  forwarded[0][0] = -3.0f;
+  EXPECT_EQ(shared[0][0].item<float>(), -3.0f);
 }
 
 TEST(ValueCodec, HeldSegmentIsNotHandedOutAgain) {

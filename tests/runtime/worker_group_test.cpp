@@ -1,5 +1,6 @@
 // Calls on real groups of worker processes.
 #include "runtime/worker_group.h"
+#include "runtime/shared_tensor.h"
 
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
@@ -130,6 +131,26 @@ TEST_F(WorkerGroupTest, LargeAndNonContiguousTensorsGoThroughSharedMemoryBothWay
     at::Tensor t = at::ones({300, 300}).to(dtype);
     EXPECT_TRUE(g.call_rank(0, "echo", {t}).get().as_tensor().equal(t)) << dtype;
   }
+}
+
+// A shared tensor crosses as its memory: the worker's write shows in the
+// driver's tensor (an ordinary one is the worker's own copy); a shared tensor
+// the worker returns arrives shared and goes back to it by reference.
+TEST_F(WorkerGroupTest, SharedTensorsArePassedNotCopied) {
+  ResourcePool one = ResourcePool::cpu(1);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", one);
+  at::Tensor shared = shared_empty({1 << 18});
+  shared.zero_();
+  at::Tensor ordinary = at::zeros({1 << 18});
+  g.call_rank(0, "fill", {shared, 3.0}).get();
+  g.call_rank(0, "fill", {ordinary, 3.0}).get();
+  EXPECT_TRUE(shared.eq(3.0).all().item<bool>()) << "the worker wrote into the driver's pages";
+  EXPECT_TRUE(ordinary.eq(0.0).all().item<bool>()) << "an ordinary tensor is copied";
+  at::Tensor made = g.call_rank(0, "make_shared", {int64_t{1} << 20}).get().as_tensor();
+  EXPECT_TRUE(is_shared(made));
+  EXPECT_TRUE(made.equal(at::arange(1 << 20, at::kFloat)));
+  g.call_rank(0, "fill", {made, 1.0}).get();
+  EXPECT_TRUE(made.eq(1.0).all().item<bool>()) << "a returned shared tensor went back by reference";
 }
 
 TEST_F(WorkerGroupTest, ATensorTheWorkerKeepsIsNotOverwrittenByLaterCalls) {
