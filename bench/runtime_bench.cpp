@@ -116,33 +116,27 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "async_calls_per_s %.0f\n", async_rate);
 
   at::Tensor t = at::ones({static_cast<int64_t>(kTensorBytes / sizeof(float))}, at::kFloat);
-  std::vector<double> secs;
-  for (int i = 0; i < 6; ++i) {
-    auto t0 = Clock::now();
-    double s = g1.call("sum", {t}).get().as_float();
-    if (i > 0) secs.push_back(micros(Clock::now() - t0) / 1e6);
-    if (s != static_cast<double>(t.numel())) {
-      std::fprintf(stderr, "wrong sum %f\n", s);
-      return 1;
+  // GB/s of "sum" calls on `x` (median of 5 after a warm-up); < 0: a wrong sum.
+  auto sum_gbps = [&](const at::Tensor& x) {
+    std::vector<double> secs;
+    for (int i = 0; i < 6; ++i) {
+      auto t0 = Clock::now();
+      double s = g1.call("sum", {x}).get().as_float();
+      if (i > 0) secs.push_back(micros(Clock::now() - t0) / 1e6);
+      if (s != static_cast<double>(x.numel())) {
+        std::fprintf(stderr, "wrong sum %f\n", s);
+        return -1.0;
+      }
     }
-  }
-  double tensor_rate = kTensorBytes / median(secs) / 1e9;
+    return kTensorBytes / median(secs) / 1e9;
+  };
+  double tensor_rate = sum_gbps(t);
   std::fprintf(stderr, "tensor_gbps %.2f\n", tensor_rate);
   // The same call with the tensor in shared memory (baton::to_shared): the
   // runtime passes its memfd, copies nothing; what is left is the worker's
   // sum (and mapping the pages the first time it sees them).
-  at::Tensor shared = baton::to_shared(t);
-  std::vector<double> shared_secs;
-  for (int i = 0; i < 6; ++i) {
-    auto t0 = Clock::now();
-    double s = g1.call("sum", {shared}).get().as_float();
-    if (i > 0) shared_secs.push_back(micros(Clock::now() - t0) / 1e6);
-    if (s != static_cast<double>(t.numel())) {
-      std::fprintf(stderr, "wrong sum %f\n", s);
-      return 1;
-    }
-  }
-  double shared_rate = kTensorBytes / median(shared_secs) / 1e9;
+  double shared_rate = sum_gbps(baton::to_shared(t));
+  if (tensor_rate < 0 || shared_rate < 0) return 1;
   std::fprintf(stderr, "shared_tensor_gbps %.2f\n", shared_rate);
   g1.shutdown();
 
