@@ -109,7 +109,10 @@ void Optimizer::build_flat() {
   f->shard_begin = dp.rank * f->shard;
   const bool fp32_cpu = first.device().is_cpu() && first.scalar_type() == at::kFloat;
   // Collective over DP; every rank of one DP group has the same dtype/device.
-  if (fp32_cpu && options_.shared_memory) f->shm = ShmGroup::create(dp, f->padded);
+  // The barrier's timeout only catches a live rank that stopped calling (a
+  // dead one is seen at once); a slow step on another rank must not trip it.
+  if (fp32_cpu && options_.shared_memory)
+    f->shm = ShmGroup::create(dp, f->padded, std::chrono::minutes(30));
   f->params = at::zeros({f->padded}, first.options());
   f->grads = f->shm ? f->shm->region() : at::zeros({f->padded}, first.options());
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -309,6 +312,9 @@ double Optimizer::global_grad_norm() {
       else
         total += sign * g.to(at::kDouble).pow(2).sum();
     }
+    // Two differently ordered sums: a counted part of ~0 could come out
+    // a hair below zero.
+    host = std::max(host, 0.0);
     if (flat_->shm) {
       // A scalar through the shared segment: no socket round trip.
       host += total.item<double>();
@@ -422,8 +428,9 @@ std::map<std::string, at::Tensor> Optimizer::state_dict() const {
     at::Tensor master = flat_->master.defined() ? gather_shard(flat_->master) : at::Tensor();
     for (size_t i = 0; i < slots_.size(); ++i) {
       const Slot& s = slots_[i];
+      // Views of the freshly gathered tensors: no second copy of the state.
       auto piece = [&](const at::Tensor& full) {
-        return full.narrow(0, flat_->offset[i], s.param.numel()).view(s.param.sizes()).clone();
+        return full.narrow(0, flat_->offset[i], s.param.numel()).view(s.param.sizes());
       };
       out["exp_avg." + s.name] = piece(m);
       out["exp_avg_sq." + s.name] = piece(v);

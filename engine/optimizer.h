@@ -14,8 +14,9 @@
 // on the CPU, the gradient buffer is this rank's region of a shared-memory
 // segment (engine/shm_group.h) and both collectives go through it; otherwise
 // they are the group's reduce_scatter_single / all_gather_single. The
-// update is the same arithmetic either way (checkpoints are interchangeable:
-// state_dict() gathers the full state).
+// update is the same AdamW either way, on gradients summed in another order
+// (rounding differs, not the formula); checkpoints are interchangeable:
+// state_dict() gathers the full state.
 //
 // Gradient convention: gradients are SUMMED over DP ranks (and over
 // micro-batches), not averaged — the loss function scales by the global
@@ -113,7 +114,8 @@ class Optimizer {
   // of a GPU model to pinned host memory, freeing its device memory while a
   // rollout runs (HybridEngine); reload() moves it back to the parameters'
   // device. Both are no-ops for a model on the CPU and when already done.
-  // Blocking copies. step() while offloaded throws EngineError.
+  // Blocking copies. step() while offloaded throws EngineError. The
+  // distributed optimizer's flat gradient buffer stays where it is.
   void offload();
   void reload();
   bool offloaded() const { return offloaded_; }

@@ -51,18 +51,21 @@ double sum_of_squares_range(const float* g, int64_t begin, int64_t end) {
   return s;
 }
 
+// Summed through a small buffer, so `out` may alias any input: every input's
+// block is read before out's block is written.
 BATON_VECTOR_CLONES
 void sum_range(float* out, const float* const* in, int64_t k, int64_t begin, int64_t end) {
-  const float* a = in[0];
-  if (k == 1) {
-    for (int64_t i = begin; i < end; ++i) out[i] = a[i];
-    return;
-  }
-  const float* b = in[1];
-  for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
-  for (int64_t j = 2; j < k; ++j) {
-    const float* c = in[j];
-    for (int64_t i = begin; i < end; ++i) out[i] += c[i];
+  constexpr int64_t kBlock = 512;
+  alignas(64) float acc[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t n = std::min(kBlock, end - b);
+    const float* a = in[0] + b;
+    for (int64_t i = 0; i < n; ++i) acc[i] = a[i];
+    for (int64_t j = 1; j < k; ++j) {
+      const float* c = in[j] + b;
+      for (int64_t i = 0; i < n; ++i) acc[i] += c[i];
+    }
+    for (int64_t i = 0; i < n; ++i) out[b + i] = acc[i];
   }
 }
 

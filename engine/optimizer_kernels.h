@@ -36,7 +36,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 double sum_of_squares(const float* g, int64_t n);
 
 // out[i] = Σ_j in[j][i] for j < k, summed in order j = 0, 1, …; `out` may be
-// in[0], no other input.
+// any one of the inputs.
 // Returns Σ out[i]² in double (as sum_of_squares(out, n)).
 double sum_arrays(float* out, const float* const* in, int64_t k, int64_t n);
 

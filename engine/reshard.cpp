@@ -234,7 +234,16 @@ class Resharder {
       // bucket).
       const Group& pg = train_ps_.pp();
       for (size_t i = 0; i < b.items.size(); ++i) {
-        std::vector<at::Tensor> ts{b.items[i]->dst};
+        // Where the groups take tensors; a rollout parameter elsewhere gets
+        // its slice through a staging tensor (copied in finish()).
+        const at::Tensor& dst = b.items[i]->dst;
+        at::Tensor into = dst.device() == device_ ? dst : at::empty(dst.sizes(), dst.options().device(device_));
+        if (!into.is_same(dst)) {
+          f.staged.push_back(into);
+          live_bytes_ += static_cast<int64_t>(into.nbytes());
+          peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+        }
+        std::vector<at::Tensor> ts{into};
         f.works.push_back(pg.pg->recv(ts, static_cast<int>(b.stage), tag(b, i)));
       }
       f.received = true;
@@ -302,6 +311,12 @@ class Resharder {
 
   void finish(const Bucket& b, InFlight& f) {
     wait(f);
+    if (f.received && !f.staged.empty()) {
+      at::NoGradGuard no_grad;
+      size_t s = 0;
+      for (const Item* it : b.items)
+        if (it->dst.device() != device_) it->dst.copy_(f.staged[s++]);
+    }
     for (const auto& t : f.staged) live_bytes_ -= static_cast<int64_t>(t.nbytes());
     f.staged.clear();
     if (!f.received) {

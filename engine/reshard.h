@@ -25,8 +25,8 @@
 // next travels while this one is copied out), so the extra memory is at most
 // two buffers, each one bucket or one tensor larger than a bucket (plus
 // 8-byte alignment per tensor), and on an owning stage the slices on their
-// way to the other stages (1/TP_r of a bucket each): not a second copy of
-// the model. With TP_r == TP_t (padding alike) and pp = 1 nothing is
+// way to the other pp − 1 stages (1/TP_r of a bucket each): not a second
+// copy of the model. With TP_r == TP_t (padding alike) and pp = 1 nothing is
 // communicated. Each CP/DP replica of the training layout streams over its
 // own groups.
 //

@@ -152,6 +152,10 @@ std::unique_ptr<ShmGroup> ShmGroup::create(const Group& group, int64_t numel,
   g->size_ = group.size;
   g->numel_ = numel;
   g->timeout_ = timeout;
+  // Peers in another pid namespace (a shared /dev/shm across containers)
+  // cannot be checked by pid: then only the timeout applies.
+  for (int64_t r = 0; r < group.size; ++r)
+    if (kill(static_cast<pid_t>(control(mapping->base, r)->pid), 0) != 0) g->check_pids_ = false;
   g->region_ = at::from_blob(
       g->region_ptr(group.rank), {numel}, [mapping](void*) {}, at::kFloat);
   g->mapping_ = mapping;
@@ -180,11 +184,16 @@ void ShmGroup::barrier() {
         _mm_pause();
         continue;
       }
-      sched_yield();
+      // A long wait (a slower rank's backward) sleeps in short naps instead
+      // of holding a core the slower rank may need.
       const auto now = std::chrono::steady_clock::now();
+      if (now - start < std::chrono::milliseconds(1))
+        sched_yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       if (now < next_check) continue;
       next_check = now + std::chrono::milliseconds(50);
-      if (process_exited(c->pid))
+      if (check_pids_ && process_exited(c->pid))
         throw EngineError(detail::cat("ShmGroup: rank ", r, " of ", size_, " (pid ", c->pid,
                                       ") exited while rank ", rank_, " waited for it"));
       if (now - start > timeout_)
@@ -202,11 +211,11 @@ double ShmGroup::reduce_scatter(at::Tensor& out) {
     throw EngineError(detail::cat("ShmGroup::reduce_scatter: out must be a contiguous CPU fp32 [",
                                   shard, "], got ", out.toString(), " ", out.sizes()));
   barrier();  // every region is final
-  // This rank's own region first: `out` may be that slice (the other ranks
-  // read only their own slices of it).
-  std::vector<const float*> in{region_ptr(rank_) + rank_ * shard};
-  for (int64_t r = 0; r < size_; ++r)
-    if (r != rank_) in.push_back(region_ptr(r) + rank_ * shard);
+  // In rank order on every rank, so every shard's sums round alike (tied
+  // copies of one parameter in different shards stay equal). `out` may be
+  // this rank's own slice (the other ranks read only their own slices).
+  std::vector<const float*> in;
+  for (int64_t r = 0; r < size_; ++r) in.push_back(region_ptr(r) + rank_ * shard);
   const double squares = cpu::sum_arrays(out.data_ptr<float>(), in.data(), size_, shard);
   barrier();  // nobody rewrites a region before every rank has read it
   return squares;

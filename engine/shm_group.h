@@ -19,9 +19,9 @@
 //
 // Thread safety: one thread per rank calls the collectives, in the same order
 // on every rank. A rank that dies or stops calling makes the others throw
-// EngineError naming it (checked by pid, then after `timeout`); the pid check
-// assumes the ranks share a pid namespace, as processes of one host that
-// share /dev/shm normally do.
+// EngineError naming it (checked by pid when every peer's pid is visible from
+// this process, and after `timeout` in any case). A long wait sleeps in short
+// naps after the first millisecond.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -53,8 +53,7 @@ class ShmGroup {
   // This rank's [numel] fp32 region; the tensor keeps the mapping alive.
   at::Tensor region() const { return region_; }
 
-  // out[i] = Σ_r region_r[rank·shard + i], this rank's term first, then the
-  // others by rank. Waits until every rank has called it (their regions are
+  // out[i] = Σ_r region_r[rank·shard + i], summed in rank order. Waits until every rank has called it (their regions are
   // final). `out`: contiguous fp32 [shard], possibly this rank's own slice of
   // region() (the reduction in place). Returns Σ out[i]² in double, taken in
   // the same pass (the distributed optimizer's share of the gradient norm).
@@ -74,6 +73,7 @@ class ShmGroup {
   void* base_ = nullptr;
   int64_t rank_ = 0, size_ = 1, numel_ = 0;
   uint64_t epoch_ = 0;
+  bool check_pids_ = true;  // every peer's pid is visible from here
   std::chrono::milliseconds timeout_{0};
   at::Tensor region_;
 };

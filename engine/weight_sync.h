@@ -14,19 +14,21 @@
 //      hanging.
 //   2. Buckets of about `bucket_bytes` of full tensors, in the order of
 //      whole_model_tensors() (weight_conversion.h), so nobody exchanges
-//      metadata. Region k of a bucket holds TP rank k's shards of its
-//      tensors. Each training rank of the first replica copies its region of
-//      its stage's buckets into a host buffer and sends it straight to every
-//      receiver over the sync group, double-buffered (the next region is
-//      filled while this one travels): no gathering hop among the trainers,
-//      and the model's bytes leave the training side spread over its TP × PP
-//      ranks. Receivers take the stages' buckets in turn, so the stages send
-//      at the same time.
-//   3. Each receiver copies its rollout-TP slice of every tensor out of the
-//      bucket into its rollout model (fused QKV and gate/up re-split; the
+//      metadata. The handshake also all-gathers every receiver's rollout
+//      layout, so each side knows which shards each receiver needs (those
+//      overlapping its rollout slice). Each shard is one message over the
+//      sync group, from the training rank of the first replica that holds
+//      it, straight out of its parameter (a GPU model's through a pinned host
+//      buffer per bucket), to each receiver that needs it: no gathering hop
+//      among the trainers, two buckets in flight. Receivers take the stages'
+//      buckets in turn, so the stages send at the same time.
+//   3. A receiver takes a shard straight into its rollout parameter when the
+//      shard is the whole parameter or a run of its rows (same dtype, host
+//      memory); any other shard lands in a bucket buffer, from which its
+//      rollout-TP slice is copied (fused QKV and gate/up re-split; the
 //      embedding and LM head stripped of the trainer's vocabulary padding and
-//      padded again as the rollout layout pads them), casting to the rollout
-//      dtype.
+//      padded again as the rollout layout pads them), cast to the rollout
+//      dtype. Bucket buffers are kept between syncs (keep_buffers).
 // On GPUs: each training rank copies its shards from the GPU into pinned
 // host memory for the sync group, which is Gloo; receivers take the regions
 // into host memory and copy their slices into the rollout model on its
@@ -80,8 +82,8 @@ struct WeightSyncStats {
   int64_t buckets = 0;
   int64_t peak_buffer_bytes = 0;  // most bucket-buffer bytes held at once on this rank
   // The largest bucket's buffer (a bucket, or one larger tensor, plus 8-byte
-  // alignment per tensor): peak_buffer_bytes stays within two of these (on a
-  // GPU sender, two in pinned host memory plus one on the device).
+  // alignment per tensor): peak_buffer_bytes stays within two of these (in
+  // host memory; pinned beside a GPU).
   int64_t largest_bucket_bytes = 0;
   // Bytes of shards this rank put on the sync group (a sender, once per
   // receiver that needs them) or took from it (a receiver: only the shards

@@ -15,11 +15,14 @@
 //   group.call("train_step", {batch});                      // no copy on the way
 //   at::Tensor copy = baton::to_shared(existing);           // one copy, then none
 //
-// Memory: a memfd per tensor, reserved when it is made (ENOMEM from the
-// kernel becomes baton::Error); it is freed when the last tensor viewing it,
-// in any process, is gone. A receiver keeps the mappings of a sender's recent
-// shared tensors (up to 1 GiB) so that sending the same tensor again costs
-// no page-table setup; that can hold a freed tensor's pages a while longer.
+// Memory: a memfd per tensor (an open file descriptor and a mapping while it
+// lives), reserved when it is made (ENOMEM from the kernel becomes
+// baton::Error); it is freed when the last tensor viewing it, in any process,
+// is gone. Tensors under 64 KiB, and those of more than 64 distinct shared
+// memories in one message, are copied as ordinary ones. A receiver keeps the
+// mappings of recently received shared tensors (up to 64 and 1 GiB, each an
+// fd and a mapping) so that sending the same tensor again costs no
+// page-table setup; that can hold a freed tensor's pages a while longer.
 //
 // Thread safety: the functions are thread-safe.
 #pragma once

@@ -47,27 +47,37 @@ void copy_into(const at::Tensor& t, std::byte* dst) {
 
 constexpr uint64_t kSharedTensorBit = uint64_t{1} << 63;
 
-// A received shared tensor's memory, mapped once per process and kept (least
-// recently used beyond 1 GiB dropped; tensors still viewing it keep it).
+// A received shared tensor's memory, mapped once per process and kept for
+// the next message that passes it (a sender's recurring tensor costs no new
+// mapping). Bounded: at most 64 memories and 1 GiB, least recently used
+// first, those no tensor views any more before those some tensor does (a
+// dropped entry's tensors keep their own reference). A hit is checked
+// against the received fd's inode: an id reused by another process after a
+// pid wrap maps the new memory, not the old one.
 std::shared_ptr<detail::SharedMemory> received_shared_memory(uint64_t id, int fd) {
   struct Entry {
     std::shared_ptr<detail::SharedMemory> memory;
+    dev_t dev;
+    ino_t ino;
     uint64_t last_used;
   };
   static std::mutex mu;
   static std::map<uint64_t, Entry> entries;
   static uint64_t clock = 0;
-  constexpr size_t kMaxBytes = size_t{1} << 30;
+  constexpr size_t kMaxBytes = size_t{1} << 30, kMaxEntries = 64;
+  struct stat st {};
+  if (fstat(fd, &st) != 0) throw Error("shared tensor: cannot stat a received memfd");
   std::lock_guard<std::mutex> lock(mu);
   ++clock;
   if (auto it = entries.find(id); it != entries.end()) {
-    it->second.last_used = clock;
-    return it->second.memory;
+    if (it->second.dev == st.st_dev && it->second.ino == st.st_ino) {
+      it->second.last_used = clock;
+      return it->second.memory;
+    }
+    entries.erase(it);  // another memory under a reused id
   }
   auto m = std::make_shared<detail::SharedMemory>();
   m->id = id;
-  struct stat st {};
-  if (fstat(fd, &st) != 0) throw Error("shared tensor: cannot stat a received memfd");
   m->bytes = static_cast<size_t>(st.st_size);
   m->fd = dup(fd);  // kept for passing the tensor on
   if (m->fd < 0) throw Error("shared tensor: cannot keep a received memfd (dup failed)");
@@ -78,13 +88,18 @@ std::shared_ptr<detail::SharedMemory> received_shared_memory(uint64_t id, int fd
                   " bytes");
     m->data = static_cast<std::byte*>(p);
   }
-  entries[id] = Entry{m, clock};
+  entries[id] = Entry{m, st.st_dev, st.st_ino, clock};
   size_t total = 0;
   for (const auto& [k, e] : entries) total += e.memory->bytes;
-  while (total > kMaxBytes && entries.size() > 1) {
+  while ((total > kMaxBytes || entries.size() > kMaxEntries) && entries.size() > 1) {
     auto victim = entries.end();
+    auto worse = [](const Entry& a, const Entry& b) {  // a goes before b
+      const bool a_idle = a.memory.use_count() == 1, b_idle = b.memory.use_count() == 1;
+      if (a_idle != b_idle) return a_idle;
+      return a.last_used < b.last_used;
+    };
     for (auto e = entries.begin(); e != entries.end(); ++e)
-      if (e->first != id && (victim == entries.end() || e->second.last_used < victim->second.last_used))
+      if (e->first != id && (victim == entries.end() || worse(e->second, victim->second)))
         victim = e;
     total -= victim->second.memory->bytes;
     entries.erase(victim);
@@ -99,15 +114,34 @@ bool ValueEncoder::goes_shared(const at::Tensor& t) const {
 }
 
 std::shared_ptr<detail::SharedMemory> ValueEncoder::by_reference(const at::Tensor& t) const {
-  if (pool_ == nullptr || !t.device().is_cpu() || !t.is_contiguous()) return nullptr;
-  return detail::shared_memory_of(t);
+  if (!goes_shared(t) || !t.device().is_cpu() || !t.is_contiguous()) return nullptr;
+  auto mem = detail::shared_memory_of(t);
+  if (!mem) return nullptr;
+  for (const auto& m : passed_)
+    if (m == mem) return mem;
+  return nullptr;
+}
+
+void ValueEncoder::plan_tensor(const at::Tensor& t) {
+  if (!goes_shared(t)) return;
+  if (t.device().is_cpu() && t.is_contiguous()) {
+    if (auto mem = detail::shared_memory_of(t)) {
+      if (by_reference(t)) return;  // its memory already goes
+      // One fd per distinct memory, and a message can carry only so many
+      // (SCM_MAX_FD); past kMaxPassedMemories the tensors are copied.
+      if (passed_.size() < kMaxPassedMemories) {
+        passed_.push_back(std::move(mem));
+        return;
+      }
+    }
+  }
+  planned_ += align_up(tensor_bytes(t));
 }
 
 void ValueEncoder::plan(const Value& v) {
   switch (v.kind()) {
     case ValueKind::kTensor: {
-      const at::Tensor& t = v.as_tensor();
-      if (goes_shared(t) && !by_reference(t)) planned_ += align_up(tensor_bytes(t));
+      plan_tensor(v.as_tensor());
       break;
     }
     case ValueKind::kList:
@@ -153,8 +187,7 @@ void ValueEncoder::encode(const Value& v, wire::Value::Builder out) {
         // Its own shared memory: pass the memfd, copy nothing. Fd index:
         // after the message's segment (there is one iff anything was planned).
         size_t j = 0;
-        while (j < passed_.size() && passed_[j] != mem) ++j;
-        if (j == passed_.size()) passed_.push_back(mem);
+        while (passed_[j] != mem) ++j;
         auto shared = wt.initShared();
         shared.setSegment(mem->id);
         shared.setFdIndex(static_cast<int32_t>(j + (planned_ > 0 ? 1 : 0)));

@@ -2,9 +2,10 @@
 //
 // Tensors of at least kInlineTensorBytes are copied into one shared-memory
 // segment per message; smaller ones travel inline. Non-contiguous tensors are
-// made contiguous on the way. A contiguous CPU tensor in shared memory of its
-// own (shared_tensor.h) is not copied: the message passes its memfd (one fd
-// per distinct memory, after the message's segment) and the receiver maps it.
+// made contiguous on the way. A contiguous CPU tensor of at least
+// kInlineTensorBytes in shared memory of its own (shared_tensor.h) is not
+// copied: the message passes its memfd (one fd per distinct memory, after the
+// message's segment, at most kMaxPassedMemories) and the receiver maps it.
 //
 // Device tensors travel through host memory: the encoder copies a CUDA
 // tensor device-to-host straight into the shared segment (or the inline
@@ -26,6 +27,9 @@
 namespace baton {
 
 inline constexpr size_t kInlineTensorBytes = 64 * 1024;
+// Distinct shared memories one message passes by reference (one fd each);
+// tensors of further ones are copied. Well under SCM_MAX_FD (253).
+inline constexpr size_t kMaxPassedMemories = 64;
 
 class ValueEncoder {
  public:
@@ -55,8 +59,9 @@ class ValueEncoder {
 
  private:
   bool goes_shared(const at::Tensor& t) const;
-  // A shared tensor's memory, when `t` travels by reference.
+  // A shared tensor's memory, when plan() chose to pass `t` by reference.
   std::shared_ptr<detail::SharedMemory> by_reference(const at::Tensor& t) const;
+  void plan_tensor(const at::Tensor& t);
 
   ShmPool* pool_ = nullptr;
   size_t planned_ = 0;

@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <ATen/TensorOperators.h>
@@ -67,6 +68,7 @@ struct RoundTrip {
   ShmPool pool;
   ShmRegionCache regions;
   std::vector<SegmentId> released;
+  size_t last_fd_count = 0;
 
   Value run(const Value& v) {
     capnp::MallocMessageBuilder builder;
@@ -76,6 +78,7 @@ struct RoundTrip {
     auto call = env.initCall();
     enc.encode(v, call.initArgs(1)[0]);
     std::vector<int> fds = enc.finish(env);
+    last_fd_count = fds.size();
     std::vector<int> dup_fds;
     for (int fd : fds) dup_fds.push_back(dup(fd));  // the channel would pass a copy
     if (auto seg = enc.segment()) {
@@ -182,6 +185,27 @@ TEST(ValueCodec, SharedTensorsTravelByReference) {
   at::Tensor forwarded = again.run(Value(got)).as_tensor();
   forwarded[0][0] = -3.0f;
   EXPECT_EQ(shared[0][0].item<float>(), -3.0f);
+}
+
+// One fd per distinct shared memory, at most kMaxPassedMemories per message:
+// the rest are copied like ordinary tensors, and small ones always are.
+TEST(ValueCodec, SharedTensorsBeyondTheFdCapAndSmallOnesAreCopied) {
+  std::vector<at::Tensor> ts;
+  for (size_t i = 0; i < kMaxPassedMemories + 3; ++i)
+    ts.push_back(to_shared(at::full({kInlineTensorBytes / 4}, static_cast<float>(i))));
+  ts.push_back(to_shared(at::ones({4})));  // 16 bytes: inline
+  List xs(ts.begin(), ts.end());
+  RoundTrip rt;
+  Value back = rt.run(Value(xs));
+  ASSERT_EQ(back.as_list().size(), xs.size());
+  size_t by_reference = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const at::Tensor& got = back.as_list()[i].as_tensor();
+    EXPECT_TRUE(got.equal(xs[i].as_tensor())) << i;
+    by_reference += is_shared(got) ? 1 : 0;
+  }
+  EXPECT_EQ(by_reference, kMaxPassedMemories);
+  EXPECT_EQ(rt.last_fd_count, kMaxPassedMemories + 1) << "the segment, then one fd per memory";
 }
 
 TEST(ValueCodec, HeldSegmentIsNotHandedOutAgain) {
