@@ -249,17 +249,22 @@ void Optimizer::reduce_scatter_flat() {
   }
 }
 
-at::Tensor Optimizer::gather_shard(const at::Tensor& shard) const {
+void Optimizer::all_gather_into(const at::Tensor& mine, at::Tensor& full) const {
   const Group& dp = model_->parallel().dp_cp();
-  at::Tensor mine = shard.contiguous();
-  at::Tensor full = at::empty({flat_->padded}, mine.options());
   if (flat_->shm) {
-    flat_->shm->all_gather(mine, full);
+    flat_->shm->all_gather(mine, full);  // `mine` may be full's own slice
   } else if (dp.size > 1) {
-    dp.pg->all_gather_single(full, mine)->wait();
-  } else {
+    at::Tensor in = mine.is_alias_of(full) ? mine.clone() : mine;
+    dp.pg->all_gather_single(full, in)->wait();
+  } else if (!mine.is_alias_of(full)) {
     full.copy_(mine);
   }
+}
+
+at::Tensor Optimizer::gather_shard(const at::Tensor& shard) const {
+  at::Tensor mine = shard.contiguous();
+  at::Tensor full = at::empty({flat_->padded}, mine.options());
+  all_gather_into(mine, full);
   return full;
 }
 
@@ -277,13 +282,7 @@ void Optimizer::distributed_update(const StepStats& stats, double scale, double 
   }
   at::Tensor mine = f.params.narrow(0, f.shard_begin, f.shard);
   if (f.master.defined()) mine.copy_(f.master);
-  const Group& dp = model_->parallel().dp_cp();
-  if (f.shm) {
-    f.shm->all_gather(mine, f.params);
-  } else if (dp.size > 1) {
-    at::Tensor in = mine.clone();
-    dp.pg->all_gather_single(f.params, in)->wait();
-  }
+  all_gather_into(mine, f.params);
 }
 
 double Optimizer::global_grad_norm() {
@@ -294,8 +293,16 @@ double Optimizer::global_grad_norm() {
   const at::Device device = ps.device();
   auto total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
   double host = 0;  // fp32 host gradients, summed in one pass each
+  // Count each distinct parameter once: replicated ones on TP rank 0, the
+  // tied output layer not at all (the embedding stands for it).
   auto counted = [&](const Slot& s) {
     return !(s.tied_copy || (s.tp_replicated && ps.coords().tp != 0));
+  };
+  auto add_squares = [&](const at::Tensor& g, double sign) {
+    if (g.device().is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())
+      host += sign * cpu::sum_of_squares(g.data_ptr<float>(), g.numel());
+    else
+      total += sign * g.to(at::kDouble).pow(2).sum().to(device);
   };
   if (flat_) {
     // This rank's shard; the DP ranks' shards partition the gradients. The
@@ -305,12 +312,8 @@ double Optimizer::global_grad_norm() {
     if (have) host = *flat_->shard_squares;
     for (const Segment& seg : flat_->segments) {
       if (have == counted(slots_[seg.slot])) continue;
-      const double sign = have ? -1.0 : 1.0;
-      at::Tensor g = flat_->grad_shard.narrow(0, seg.begin - flat_->shard_begin, seg.length);
-      if (g.device().is_cpu())
-        host += sign * cpu::sum_of_squares(g.data_ptr<float>(), g.numel());
-      else
-        total += sign * g.to(at::kDouble).pow(2).sum();
+      add_squares(flat_->grad_shard.narrow(0, seg.begin - flat_->shard_begin, seg.length),
+                  have ? -1.0 : 1.0);
     }
     // Two differently ordered sums: a counted part of ~0 could come out
     // a hair below zero.
@@ -326,17 +329,8 @@ double Optimizer::global_grad_norm() {
     all_reduce(total, ps.model_parallel());
     return std::sqrt(total.item<double>());
   }
-  for (auto& s : slots_) {
-    // Count each distinct parameter once: replicated ones on TP rank 0, the
-    // tied output layer not at all (the embedding stands for it).
-    if (s.tied_copy || (s.tp_replicated && ps.coords().tp != 0)) continue;
-    const at::Tensor& g = s.param.grad();
-    if (!g.defined()) continue;
-    if (g.device().is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())
-      host += cpu::sum_of_squares(g.data_ptr<float>(), g.numel());
-    else
-      total += g.to(at::kDouble).pow(2).sum().to(device);
-  }
+  for (auto& s : slots_)
+    if (counted(s) && s.param.grad().defined()) add_squares(s.param.grad(), 1.0);
   total += host;
   all_reduce(total, ps.model_parallel());
   return std::sqrt(total.item<double>());

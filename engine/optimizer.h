@@ -167,6 +167,9 @@ class Optimizer {
   void attach_grads();
   void reduce_scatter_flat();
   void distributed_update(const StepStats& stats, double scale, double bc1, double bc2);
+  // Every DP rank's shard `mine` into `full` ([padded]); `mine` may be
+  // full's own slice. Collective over DP.
+  void all_gather_into(const at::Tensor& mine, at::Tensor& full) const;
   at::Tensor gather_shard(const at::Tensor& shard) const;
   std::vector<at::Tensor*> state_tensors();  // moments and masters, defined ones
 

@@ -76,20 +76,26 @@ double sum_range_squares(float* out, const float* const* in, int64_t k, int64_t 
   return sum_of_squares_range(out, begin, end);
 }
 
-}  // namespace
-
-double sum_arrays(float* out, const float* const* in, int64_t k, int64_t n) {
-  if (k <= 0 || n <= 0) return 0;
-  // Fixed chunks, their squares summed in order (as sum_of_squares).
+// Σ over fixed chunks of [0, n), chunk c's part from part(begin, end), the
+// parts added in chunk order: the result does not depend on the thread count.
+template <typename Part>
+double ordered_chunk_sum(int64_t n, const Part& part) {
   const int64_t chunks = (n + kGrain - 1) / kGrain;
   std::vector<double> parts(chunks);
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c)
-      parts[c] = sum_range_squares(out, in, k, c * kGrain, std::min(n, (c + 1) * kGrain));
+    for (int64_t c = begin; c < end; ++c) parts[c] = part(c * kGrain, std::min(n, (c + 1) * kGrain));
   });
   double total = 0;
   for (double x : parts) total += x;
   return total;
+}
+
+}  // namespace
+
+double sum_arrays(float* out, const float* const* in, int64_t k, int64_t n) {
+  if (k <= 0 || n <= 0) return 0;
+  return ordered_chunk_sum(
+      n, [&](int64_t begin, int64_t end) { return sum_range_squares(out, in, k, begin, end); });
 }
 
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
@@ -102,17 +108,8 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 }
 
 double sum_of_squares(const float* g, int64_t n) {
-  // Fixed chunks summed in order: the result does not depend on the thread
-  // count.
-  const int64_t chunks = (n + kGrain - 1) / kGrain;
-  std::vector<double> parts(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c)
-      parts[c] = sum_of_squares_range(g, c * kGrain, std::min(n, (c + 1) * kGrain));
-  });
-  double total = 0;
-  for (double x : parts) total += x;
-  return total;
+  return ordered_chunk_sum(
+      n, [&](int64_t begin, int64_t end) { return sum_of_squares_range(g, begin, end); });
 }
 
 }  // namespace baton::engine::cpu

@@ -203,7 +203,9 @@ class Resharder {
     bool received = false;  // the owning stage sent this rank its slices, in place
     RegionLayout layout;
     at::Tensor buffer;
-    std::vector<at::Tensor> staged;  // the owner's slices for other stages, until sent
+    // The owner's slices for other stages until sent; a receiver's staging
+    // tensors for rollout parameters off the groups' device.
+    std::vector<at::Tensor> staged;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
 
@@ -237,12 +239,9 @@ class Resharder {
         // Where the groups take tensors; a rollout parameter elsewhere gets
         // its slice through a staging tensor (copied in finish()).
         const at::Tensor& dst = b.items[i]->dst;
-        at::Tensor into = dst.device() == device_ ? dst : at::empty(dst.sizes(), dst.options().device(device_));
-        if (!into.is_same(dst)) {
-          f.staged.push_back(into);
-          live_bytes_ += static_cast<int64_t>(into.nbytes());
-          peak_bytes_ = std::max(peak_bytes_, live_bytes_);
-        }
+        at::Tensor into =
+            dst.device() == device_ ? dst : at::empty(dst.sizes(), dst.options().device(device_));
+        if (!into.is_same(dst)) stage(f, into);
         std::vector<at::Tensor> ts{into};
         f.works.push_back(pg.pg->recv(ts, static_cast<int>(b.stage), tag(b, i)));
       }
@@ -259,8 +258,7 @@ class Resharder {
       // Where the training groups carry tensors (the GPU for NCCL, else the
       // host); copies into and out of it move between devices as needed.
       f.buffer = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(device_));
-      live_bytes_ += total;
-      peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+      hold(total);
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < b.items.size(); ++i)
         if (f.layout.offset[i][t_rank_] >= 0)
@@ -291,14 +289,22 @@ class Resharder {
           const Item& it = *b.items[i];
           at::Tensor slice = at::empty(it.dst.sizes(), it.dst.options().device(device_));
           copy_slice(slice, b, f, i, r_rank);
-          f.staged.push_back(slice);
+          stage(f, slice);
           std::vector<at::Tensor> ts{slice};
           f.works.push_back(pg.pg->send(ts, static_cast<int>(d), tag(b, i)));
-          live_bytes_ += static_cast<int64_t>(slice.nbytes());
         }
       }
-      peak_bytes_ = std::max(peak_bytes_, live_bytes_);
     }
+  }
+
+  // Bucket-buffer bytes now held, for peak_buffer_bytes.
+  void hold(int64_t bytes) {
+    live_bytes_ += bytes;
+    peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  }
+  void stage(InFlight& f, const at::Tensor& t) {
+    f.staged.push_back(t);
+    hold(static_cast<int64_t>(t.nbytes()));
   }
 
   // One item's message: its place in the plan.

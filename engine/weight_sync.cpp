@@ -87,6 +87,14 @@ at::Tensor segment(const at::Tensor& buffer, const Bucket& b, size_t i, int64_t 
                        at::TensorOptions().dtype(dtype).device(buffer.device()));
 }
 
+// Item i's shard in `region`, a buffer holding region k of a bucket only.
+at::Tensor region_segment(const at::Tensor& region, const Bucket& b, size_t i, int64_t k,
+                          int64_t tp, at::ScalarType dtype) {
+  return at::from_blob(
+      static_cast<uint8_t*>(region.data_ptr()) + b.layout.offset[i][k] - b.layout.region_begin[k],
+      b.items[i]->shard_shape(tp), at::TensorOptions().dtype(dtype).device(region.device()));
+}
+
 // A receiver's rollout layout, as the sender needs it to know which shards
 // go where: its TP size and rank and its padded vocabulary rows.
 struct ReceiverLayout {
@@ -315,11 +323,7 @@ class WeightSender::Impl {
           if (bucket.layout.offset[i][k] < 0) continue;
           const StreamTensor& t = *bucket.items[i];
           at::Tensor src = in_place ? params_.at(t.name).detach()
-                                    : at::from_blob(static_cast<uint8_t*>(buf.data_ptr()) +
-                                                        bucket.layout.offset[i][k] -
-                                                        bucket.layout.region_begin[k],
-                                                    t.shard_shape(t_tp),
-                                                    at::TensorOptions().dtype(dtype_));
+                                    : region_segment(buf, bucket, i, k, t_tp, dtype_);
           for (size_t j = 0; j < receivers_.size(); ++j) {
             if (!shard_needed(t, t_tp, k, receivers_[j])) continue;
             std::vector<at::Tensor> ts{src};
@@ -410,13 +414,9 @@ class WeightSender::Impl {
     at::NoGradGuard no_grad;
     const int64_t t_tp = train_->parallel().config().tp;
     at::Tensor buf = pool_.take(b.layout.region_bytes[k]);
-    for (size_t i = 0; i < b.items.size(); ++i) {
-      if (b.layout.offset[i][k] < 0) continue;
-      at::from_blob(
-          static_cast<uint8_t*>(buf.data_ptr()) + b.layout.offset[i][k] - b.layout.region_begin[k],
-          b.items[i]->shard_shape(t_tp), at::TensorOptions().dtype(dtype_))
-          .copy_(params_.at(b.items[i]->name));
-    }
+    for (size_t i = 0; i < b.items.size(); ++i)
+      if (b.layout.offset[i][k] >= 0)
+        region_segment(buf, b, i, k, t_tp, dtype_).copy_(params_.at(b.items[i]->name));
     return buf;
   }
 
@@ -550,8 +550,9 @@ class WeightReceiver::Impl {
           } else if (whole(t)) {
             into = params_.at(t.name).detach();
           } else {
+            const at::Tensor& dst = params_.at(t.name);
             const int64_t t_len = t.full[0] / t_tp;
-            into = params_.at(t.name).detach().narrow(0, k * t_len - r_rank * params_.at(t.name).size(0), t_len);
+            into = dst.detach().narrow(0, k * t_len - r_rank * dst.size(0), t_len);
           }
           std::vector<at::Tensor> ts{into};
           stats.transferred_bytes += static_cast<int64_t>(into.nbytes());

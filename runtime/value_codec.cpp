@@ -124,15 +124,13 @@ std::shared_ptr<detail::SharedMemory> ValueEncoder::by_reference(const at::Tenso
 
 void ValueEncoder::plan_tensor(const at::Tensor& t) {
   if (!goes_shared(t)) return;
-  if (t.device().is_cpu() && t.is_contiguous()) {
+  if (by_reference(t)) return;  // its memory already goes
+  // One fd per distinct memory, and a message can carry only so many
+  // (SCM_MAX_FD); past kMaxPassedMemories the tensors are copied.
+  if (t.device().is_cpu() && t.is_contiguous() && passed_.size() < kMaxPassedMemories) {
     if (auto mem = detail::shared_memory_of(t)) {
-      if (by_reference(t)) return;  // its memory already goes
-      // One fd per distinct memory, and a message can carry only so many
-      // (SCM_MAX_FD); past kMaxPassedMemories the tensors are copied.
-      if (passed_.size() < kMaxPassedMemories) {
-        passed_.push_back(std::move(mem));
-        return;
-      }
+      passed_.push_back(std::move(mem));
+      return;
     }
   }
   planned_ += align_up(tensor_bytes(t));

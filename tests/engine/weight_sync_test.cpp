@@ -43,6 +43,27 @@ void expect_exact(const Transformer& model, const TensorMap& expected, const std
   }
 }
 
+// The sync group "test" of a trainer and `workers` rollout ranks, as training
+// rank `ps` of the first replica or as rollout rank `r` joins it.
+c10::intrusive_ptr<c10d::ProcessGroup> trainer_sync(c10::intrusive_ptr<c10d::Store> store,
+                                                    const ParallelState& ps, int64_t workers) {
+  return make_sync_group(store, "test", trainer_sync_rank(ps), sync_group_size(ps.config(), workers));
+}
+c10::intrusive_ptr<c10d::ProcessGroup> worker_sync(c10::intrusive_ptr<c10d::Store> store,
+                                                   const ParallelConfig& training, int64_t r,
+                                                   int64_t workers) {
+  return make_sync_group(store, "test", receiver_sync_rank(training, r),
+                         sync_group_size(training, workers));
+}
+
+// Rollout rank r of a TP2 rollout world: its own process group and model.
+std::shared_ptr<Transformer> tp2_rollout(c10::intrusive_ptr<c10d::Store> store, int64_t r,
+                                         const ModelConfig& cfg) {
+  ParallelConfig pc;
+  pc.tp = 2;
+  return std::make_shared<Transformer>(cfg, ParallelState::create(prefixed("rollout", store), r, pc));
+}
+
 std::shared_ptr<Transformer> trainer_model(const std::string& fixture,
                                            std::shared_ptr<ParallelState> ps) {
   auto dir = kFixtures + "/" + fixture;
@@ -69,7 +90,7 @@ TEST(WeightSync, Tp2Pp2TrainerToSeparateRolloutWorkerBeforeAndAfterAStep) {
       auto train = trainer_model(fixture, ps);
       // Every training rank is in the first (only) replica: all four join.
       WeightSender sender(
-          train, make_sync_group(store, "test", trainer_sync_rank(*ps), sync_group_size(training, 1)),
+          train, trainer_sync(store, *ps, 1),
           options);
       auto stats = sender.send(1);
       EXPECT_EQ(stats.version, 1);
@@ -109,9 +130,7 @@ TEST(WeightSync, Tp2Pp2TrainerToSeparateRolloutWorkerBeforeAndAfterAStep) {
     // The rollout worker: its own process and model, TP1.
     auto rollout = std::make_shared<Transformer>(cfg, ParallelState::single());
     WeightReceiver receiver(rollout, training,
-                            make_sync_group(store, "test", receiver_sync_rank(training, 0),
-                                            sync_group_size(training, 1)),
-                            options);
+                            worker_sync(store, training, 0, 1), options);
     auto stats = receiver.receive();
     EXPECT_EQ(stats.version, 1);
     EXPECT_GT(stats.buckets, 2);
@@ -144,20 +163,13 @@ TEST(WeightSync, Pp2TrainerToTp2RolloutWorkers) {
     training.pp = 2;
     if (rank < 2) {
       auto ps = ParallelState::create(prefixed("train", store), rank, training);
-      WeightSender(trainer_model(fixture, ps),
-                   make_sync_group(store, "test", trainer_sync_rank(*ps), sync_group_size(training, 2)))
-          .send(7);
+      WeightSender(trainer_model(fixture, ps), trainer_sync(store, *ps, 2)).send(7);
       return;
     }
-    ParallelConfig pc;
-    pc.tp = 2;
-    auto rs = ParallelState::create(prefixed("rollout", store), rank - 2, pc);
-    auto rollout = std::make_shared<Transformer>(cfg, rs);
-    WeightReceiver receiver(rollout, training,
-                            make_sync_group(store, "test", receiver_sync_rank(training, rank - 2),
-                                            sync_group_size(training, 2)));
+    auto rollout = tp2_rollout(store, rank - 2, cfg);
+    WeightReceiver receiver(rollout, training, worker_sync(store, training, rank - 2, 2));
     EXPECT_EQ(receiver.receive().version, 7);
-    auto spec = ShardSpec::for_rank(cfg, rs->coords().tp, 2, 0, {cfg.num_layers});
+    auto spec = ShardSpec::for_rank(cfg, rank - 2, 2, 0, {cfg.num_layers});
     expect_exact(*rollout, hf_to_shard(read_hf_weights(kFixtures + "/" + fixture), cfg, spec),
                  "tp2 rollout");
   });
@@ -183,12 +195,10 @@ TEST(WeightSync, Tp2TrainerToTp2WorkersSendsEachOnlyItsSlice) {
     auto cfg = ModelConfig::load(kFixtures + "/" + fixture);
     ParallelConfig training;
     training.tp = 2;
-    const int64_t size = sync_group_size(training, 2);
     if (rank < 2) {
       auto ps = ParallelState::create(prefixed("train", store), rank, training);
       auto train = trainer_model(fixture, ps);
-      auto stats = WeightSender(train, make_sync_group(store, "test", trainer_sync_rank(*ps), size))
-                       .send(5);
+      auto stats = WeightSender(train, trainer_sync(store, *ps, 2)).send(5);
       int64_t sent = 0;
       for (const auto& [name, p] : train->named_params()) {
         const auto bytes = static_cast<int64_t>(p.nbytes());
@@ -200,12 +210,8 @@ TEST(WeightSync, Tp2TrainerToTp2WorkersSendsEachOnlyItsSlice) {
       EXPECT_EQ(stats.transferred_bytes, sent) << "each shard to the one worker that holds it";
       return;
     }
-    ParallelConfig pc;
-    pc.tp = 2;
-    auto rs = ParallelState::create(prefixed("rollout", store), rank - 2, pc);
-    auto rollout = std::make_shared<Transformer>(cfg, rs);
-    WeightReceiver receiver(rollout, training,
-                            make_sync_group(store, "test", receiver_sync_rank(training, rank - 2), size));
+    auto rollout = tp2_rollout(store, rank - 2, cfg);
+    WeightReceiver receiver(rollout, training, worker_sync(store, training, rank - 2, 2));
     auto stats = receiver.receive();
     EXPECT_EQ(stats.version, 5);
     int64_t own = 0;
@@ -213,7 +219,7 @@ TEST(WeightSync, Tp2TrainerToTp2WorkersSendsEachOnlyItsSlice) {
       if (!padding_only(name, rank - 2, p, cfg)) own += static_cast<int64_t>(p.nbytes());
     EXPECT_EQ(stats.transferred_bytes, own);
     EXPECT_EQ(stats.peak_buffer_bytes, 0) << "every shard lands in its parameter";
-    auto spec = ShardSpec::for_rank(cfg, rs->coords().tp, 2, 0, {cfg.num_layers});
+    auto spec = ShardSpec::for_rank(cfg, rank - 2, 2, 0, {cfg.num_layers});
     expect_exact(*rollout, hf_to_shard(read_hf_weights(kFixtures + "/" + fixture), cfg, spec),
                  "tp2 rollout");
   });
@@ -234,16 +240,14 @@ TEST(WeightSync, Dp2TrainerSendsFromTheFirstReplicaOnly) {
       c10::intrusive_ptr<c10d::ProcessGroup> sync;
       if (me >= 0) {
         expect_error([&] { WeightSender(train, nullptr); }, {"first data-parallel replica"});
-        sync = make_sync_group(store, "test", me, sync_group_size(training, 1));
+        sync = trainer_sync(store, *ps, 1);
       }
       EXPECT_EQ(WeightSender(train, sync).send(3).version, 3);
       return;
     }
     auto cfg = ModelConfig::load(kFixtures + "/" + fixture);
     auto rollout = std::make_shared<Transformer>(cfg, ParallelState::single());
-    WeightReceiver receiver(rollout, training,
-                            make_sync_group(store, "test", receiver_sync_rank(training, 0),
-                                            sync_group_size(training, 1)));
+    WeightReceiver receiver(rollout, training, worker_sync(store, training, 0, 1));
     EXPECT_EQ(receiver.receive().version, 3);
     expect_exact(*rollout,
                  hf_to_shard(read_hf_weights(kFixtures + "/" + fixture), cfg,
@@ -278,8 +282,7 @@ TEST(WeightSync, ALayerSplitMismatchFailsBothSides) {
     if (rank < 2) {
       auto ps = ParallelState::create(prefixed("train", store), rank, training);
       ps->set_num_layers(4);
-      auto sync =
-          make_sync_group(store, "test", trainer_sync_rank(*ps), sync_group_size(training, 1));
+      auto sync = trainer_sync(store, *ps, 1);
       auto cfg = ModelConfig::load(kFixtures + "/tiny-llama");
       auto model = std::make_shared<Transformer>(cfg, ps);
       model->load_state_dict(hf_to_shard(read_hf_weights(kFixtures + "/tiny-llama"), cfg,
@@ -292,9 +295,7 @@ TEST(WeightSync, ALayerSplitMismatchFailsBothSides) {
     told.layer_split = {};  // even: [2, 2]
     auto rollout = std::make_shared<Transformer>(ModelConfig::load(kFixtures + "/tiny-llama"),
                                                  ParallelState::single());
-    WeightReceiver receiver(rollout, told,
-                            make_sync_group(store, "test", receiver_sync_rank(training, 0),
-                                            sync_group_size(training, 1)));
+    WeightReceiver receiver(rollout, told, worker_sync(store, training, 0, 1));
     expect_error([&] { receiver.receive(); }, {"layer split", "digests differ"});
   });
 }
