@@ -3,8 +3,8 @@
 // (two local processes each, one child world per layout), with each rank's
 // parameter bytes.
 //
-//   ./build/bench/engine_bench [--layouts tp1,tp2,pp2,dp2,dp2-zero,dp2-zero-gloo] [--warmup 1] [--iters 3]
-//                              [--torch-json FILE] [--profile DIR]
+//   ./build/bench/engine_bench [--layouts tp1,tp2,pp2,dp2,dp2-overlap,dp2-zero,dp2-zero-gloo]
+//                              [--warmup 1] [--iters 3] [--torch-json FILE] [--profile DIR]
 //
 // The last line of stdout is JSON. FILE holds the JSON line printed by
 // bench/engine_bench_torch.py (the same model as HF LlamaForCausalLM in
@@ -17,7 +17,10 @@
 //               The optimizer step and the DP gradient all-reduce are not in
 //               it; train_step is.
 //   train_step  fwd_bwd + Optimizer::step() (gradient reduction over DP,
-//               global-norm clipping, AdamW). dp2-zero: the distributed
+//               global-norm clipping, AdamW). dp2-overlap: the plain
+//               optimizer with each 4 MB bucket's all-reduce started during
+//               the last micro-batch's backward (so part of the reduction
+//               is inside its fwd_bwd). dp2-zero: the distributed
 //               optimizer (ZeRO-1) with its shared-memory collectives;
 //               dp2-zero-gloo: the same over Gloo's reduce-scatter and
 //               all-gather. optimizer_state_bytes_per_rank: what each rank's
@@ -113,6 +116,7 @@ struct Layout {
   int64_t tp = 1, pp = 1, dp = 1;
   bool distributed = false;    // the distributed optimizer (ZeRO-1)
   bool shared_memory = true;   // its collectives through shared memory
+  bool overlap = false;        // plain optimizer: all-reduce overlapped with backward
   int64_t world() const { return tp * pp * dp; }
 };
 
@@ -120,11 +124,13 @@ const std::vector<Layout> kLayouts = {{"tp1", 1, 1, 1},
                                       {"tp2", 2, 1, 1},
                                       {"pp2", 1, 2, 1},
                                       {"dp2", 1, 1, 2},
+                                      {"dp2-overlap", 1, 1, 2, false, true, true},
                                       {"dp2-zero", 1, 1, 2, true, true},
                                       {"dp2-zero-gloo", 1, 1, 2, true, false}};
 
 struct Args {
-  std::vector<std::string> layouts{"tp1", "tp2", "pp2", "dp2", "dp2-zero", "dp2-zero-gloo"};
+  std::vector<std::string> layouts{"tp1",         "tp2",      "pp2",          "dp2",
+                                   "dp2-overlap", "dp2-zero", "dp2-zero-gloo"};
   int warmup = 1;
   int iters = 3;
   std::string torch_json;
@@ -135,7 +141,8 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "engine_bench: %s\nusage: engine_bench [--layouts tp1,tp2,pp2,dp2,dp2-zero,dp2-zero-gloo] [--warmup N] "
+               "engine_bench: %s\nusage: engine_bench [--layouts "
+               "tp1,tp2,pp2,dp2,dp2-overlap,dp2-zero,dp2-zero-gloo] [--warmup N] "
                "[--iters N] [--torch-json FILE] [--profile DIR]\n",
                why.c_str());
   std::exit(2);
@@ -171,7 +178,8 @@ Args parse(int argc, char** argv) try {
 const Layout& find_layout(const std::string& name) {
   for (const auto& l : kLayouts)
     if (l.name == name) return l;
-  usage("unknown layout \"" + name + "\" (known: tp1, tp2, pp2, dp2, dp2-zero, dp2-zero-gloo)");
+  usage("unknown layout \"" + name +
+        "\" (known: tp1, tp2, pp2, dp2, dp2-overlap, dp2-zero, dp2-zero-gloo)");
 }
 
 double median(std::vector<double> xs) {
@@ -266,6 +274,8 @@ json run_layout(const BenchConfig& b, const Layout& l, const Args& args,
   OptimizerOptions oo = OptimizerOptions().set_lr(1e-5);
   oo.distributed = l.distributed;
   oo.shared_memory = l.shared_memory;
+  oo.overlap_grad_reduce = l.overlap;
+  oo.bucket_bytes = l.overlap ? 4 << 20 : oo.bucket_bytes;
   Optimizer opt(model, oo);
 
   // This DP rank's rows, in micro-batches.
@@ -379,6 +389,9 @@ json run_layout(const BenchConfig& b, const Layout& l, const Args& args,
   j["optimizer_state_bytes_max"] = *std::max_element(optim_per_rank.begin(), optim_per_rank.end());
   j["distributed_optimizer"] = l.distributed;
   j["shared_memory_collectives"] = opt.shared_memory_collectives();
+  j["overlap_grad_reduce"] = l.overlap;
+  j["grad_buckets"] = opt.grad_buckets();
+  j["buckets_started_in_backward"] = opt.buckets_started_in_backward();
   j["train_step_over_fwd_bwd"] = median(fwd_bwd_s) / median(step_s);
   j["first_loss"] = gathered[n].item<double>();
   j["mean_log_prob"] = gathered[n + 1].item<double>() / positions;

@@ -1,9 +1,13 @@
 #include "engine/optimizer.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "engine/errors.h"
@@ -57,7 +61,110 @@ bool is_view_of(const at::Tensor& t, const at::Tensor& base, int64_t offset) {
          t.data_ptr() == static_cast<const char*>(base.data_ptr()) + offset * base.element_size();
 }
 
+// Runs `fn` after a parameter's gradient accumulation.
+class AfterAccumulation : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AfterAccumulation(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
 }  // namespace
+
+struct Optimizer::Overlap {
+  struct Bucket {
+    at::Tensor flat;  // the gradients of `slots`, each a view
+    std::vector<size_t> slots;
+    size_t pending = 0;  // gradients not final yet in this backward
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // DP
+  std::vector<at::Tensor> params;             // by slot
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  std::vector<size_t> bucket_of;              // by slot; kNone: reduced in step()
+  std::vector<int64_t> offset_of;             // by slot, in its bucket
+  std::vector<char> final_grad;               // by slot, in this backward
+  std::vector<Bucket> buckets;
+  // Each parameter's AccumulateGrad node, which carries the hook; the
+  // parameter itself refers to it only weakly.
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators;
+  bool armed = false;
+  size_t started = 0;  // buckets [0, started) have their all-reduce under way
+  int64_t started_in_backward = 0;
+
+  at::Tensor view(size_t slot) const {
+    const at::Tensor& p = params[slot];
+    return buckets[bucket_of[slot]].flat.narrow(0, offset_of[slot], p.numel()).view(p.sizes());
+  }
+  // Makes the parameter's gradient its bucket view; one that was replaced
+  // (released, or accumulated before the views existed) is copied in.
+  void attach(size_t slot) {
+    if (bucket_of[slot] == kNone) return;
+    at::Tensor& p = params[slot];
+    const at::Tensor& flat = buckets[bucket_of[slot]].flat;
+    if (is_view_of(p.grad(), flat, offset_of[slot])) return;
+    at::Tensor v = view(slot);
+    if (p.grad().defined())
+      v.copy_(p.grad());
+    else
+      v.zero_();
+    p.mutable_grad() = v;
+  }
+  void start(Bucket& b) {
+    for (size_t slot : b.slots) attach(slot);
+    std::vector<at::Tensor> ts{b.flat};
+    b.work = pg->allreduce(ts);
+  }
+  // Before a micro-batch's backward; the last one arms the hooks.
+  void before_backward(bool last) {
+    if (armed || started != 0)
+      throw EngineError(
+          "Optimizer (overlap_grad_reduce): forward_backward ran again before step() or "
+          "zero_grad(); the previous one's gradients are already being reduced over DP. One "
+          "step's gradients come from one forward_backward (give it more micro-batches)");
+    if (!last) return;
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) attach(i);
+    std::fill(final_grad.begin(), final_grad.end(), 0);
+    for (auto& b : buckets) b.pending = b.slots.size();
+    armed = true;
+  }
+  // The hook: slot's gradient is final for this step.
+  void on_final(size_t slot) {
+    if (!armed || final_grad[slot] || bucket_of[slot] == kNone) return;
+    final_grad[slot] = 1;
+    if (--buckets[bucket_of[slot]].pending != 0) return;
+    while (started < buckets.size() && buckets[started].pending == 0) start(buckets[started++]);
+  }
+  // Starts what did not start, in order, and waits for every bucket.
+  void finish() {
+    at::NoGradGuard no_grad;
+    started_in_backward = armed ? static_cast<int64_t>(started) : 0;
+    armed = false;
+    while (started < buckets.size()) start(buckets[started++]);
+    for (auto& b : buckets) {
+      b.work->wait();
+      b.work.reset();
+    }
+    started = 0;
+  }
+  // Waits for any bucket still under way, without starting the rest.
+  void drain() {
+    armed = false;
+    for (size_t i = 0; i < started; ++i)
+      if (buckets[i].work) {
+        buckets[i].work->wait();
+        buckets[i].work.reset();
+      }
+    started = 0;
+  }
+};
 
 double learning_rate(const OptimizerOptions& o, int64_t step) {
   if (o.warmup_steps > 0 && step < o.warmup_steps)
@@ -87,7 +194,87 @@ Optimizer::Optimizer(std::shared_ptr<Transformer> model, OptimizerOptions option
     s.tied_copy = tied_copy && name == "output_layer.weight";
     slots_.push_back(std::move(s));
   }
-  if (options_.distributed) build_flat();
+  if (options_.distributed)
+    build_flat();
+  else if (options_.overlap_grad_reduce && model_->parallel().dp_cp().size > 1)
+    build_overlap();
+}
+
+Optimizer::~Optimizer() {
+  if (!overlap_) return;
+  model_->set_backward_hook({});
+  try {
+    overlap_->drain();  // no all-reduce may outlive the buckets it writes
+  } catch (const std::exception&) {
+    // A failed group: nothing is left to wait for.
+  }
+}
+
+int64_t Optimizer::grad_buckets() const {
+  return overlap_ ? static_cast<int64_t>(overlap_->buckets.size()) : 0;
+}
+
+int64_t Optimizer::buckets_started_in_backward() const {
+  return overlap_ ? overlap_->started_in_backward : 0;
+}
+
+void Optimizer::build_overlap() {
+  if (options_.bucket_bytes < 1)
+    throw EngineError(
+        detail::cat("Optimizer: bucket_bytes must be positive, got ", options_.bucket_bytes));
+  at::NoGradGuard no_grad;
+  auto o = std::make_shared<Overlap>();
+  o->pg = model_->parallel().dp_cp().pg;
+  const size_t n = slots_.size();
+  o->bucket_of.assign(n, Overlap::kNone);
+  o->offset_of.assign(n, 0);
+  o->final_grad.assign(n, 0);
+  for (const auto& s : slots_) o->params.push_back(s.param);
+  // Reverse parameter order, one dtype and device per bucket, about
+  // bucket_bytes each. Parameters whose gradients are reduced over TP or the
+  // embedding group before DP stay out (step() reduces them as before).
+  std::vector<int64_t> numel;
+  int64_t bytes = 0;
+  for (size_t k = n; k-- > 0;) {
+    if (reduced_before_dp(slots_[k])) continue;
+    const at::Tensor& p = slots_[k].param;
+    const int64_t b = static_cast<int64_t>(p.nbytes());
+    bool fresh = o->buckets.empty() || bytes + b > options_.bucket_bytes;
+    if (!fresh) {
+      const at::Tensor& head = slots_[o->buckets.back().slots.front()].param;
+      fresh = head.scalar_type() != p.scalar_type() || head.device() != p.device();
+    }
+    if (fresh) {
+      o->buckets.emplace_back();
+      numel.push_back(0);
+      bytes = 0;
+    }
+    o->bucket_of[k] = o->buckets.size() - 1;
+    o->offset_of[k] = numel.back();
+    o->buckets.back().slots.push_back(k);
+    numel.back() += p.numel();
+    bytes += b;
+  }
+  for (size_t i = 0; i < o->buckets.size(); ++i) {
+    const at::Tensor& head = slots_[o->buckets[i].slots.front()].param;
+    o->buckets[i].flat = at::zeros({numel[i]}, head.options());
+  }
+  std::weak_ptr<Overlap> weak = o;
+  for (size_t k = 0; k < n; ++k) {
+    if (o->bucket_of[k] == Overlap::kNone) continue;
+    // A frozen parameter has no accumulator: its bucket starts in step().
+    auto acc = torch::autograd::impl::grad_accumulator(slots_[k].param);
+    if (!acc) continue;
+    acc->add_post_hook(std::make_unique<AfterAccumulation>([weak, k] {
+      if (auto live = weak.lock()) live->on_final(k);
+    }));
+    o->accumulators.push_back(std::move(acc));
+  }
+  for (size_t k = 0; k < n; ++k) o->attach(k);
+  model_->set_backward_hook([weak](bool last) {
+    if (auto live = weak.lock()) live->before_backward(last);
+  });
+  overlap_ = std::move(o);
 }
 
 void Optimizer::build_flat() {
@@ -163,6 +350,16 @@ void Optimizer::zero_grad() {
     flat_->shard_squares.reset();
     return;
   }
+  if (overlap_) {
+    overlap_->drain();
+    at::NoGradGuard no_grad;
+    for (size_t k = 0; k < slots_.size(); ++k) overlap_->attach(k);
+    for (auto& b : overlap_->buckets) b.flat.zero_();
+    for (size_t k = 0; k < slots_.size(); ++k)
+      if (overlap_->bucket_of[k] == Overlap::kNone && slots_[k].param.grad().defined())
+        slots_[k].param.mutable_grad().zero_();
+    return;
+  }
   for (auto& s : slots_)
     if (s.param.grad().defined()) s.param.mutable_grad().zero_();
 }
@@ -194,10 +391,19 @@ void Optimizer::all_reduce_buckets(std::vector<at::Tensor> grads, const Group& g
   }
 }
 
+bool Optimizer::reduced_before_dp(const Slot& s) const {
+  const ParallelState& ps = model_->parallel();
+  if (model_->options().sequence_parallel && s.tp_replicated) return true;
+  return model_->config().tie_word_embeddings && ps.config().pp > 1 &&
+         (model_->first_stage() || model_->last_stage()) &&
+         (s.name == "embedding.word_embeddings.weight" || s.name == "output_layer.weight");
+}
+
 void Optimizer::reduce_gradients() {
   at::NoGradGuard no_grad;
   const ParallelState& ps = model_->parallel();
   if (flat_) attach_grads();
+  if (overlap_) overlap_->finish();  // the buckets' gradients, reduced over DP
   for (auto& s : slots_)
     if (!s.param.grad().defined()) s.param.mutable_grad() = at::zeros_like(s.param);
   // Sequence parallelism: replicated params saw only their rank's tokens.
@@ -219,12 +425,15 @@ void Optimizer::reduce_gradients() {
     reduce_scatter_flat();
     return;
   }
+  // Over DP: everything, or with the overlapped reduction the parameters it
+  // leaves out (those reduced over TP or the embedding group first, so that
+  // each sum is taken in the same order either way).
   std::vector<at::Tensor> grads;
   for (auto it = slots_.rbegin(); it != slots_.rend(); ++it)
-    grads.push_back(it->param.mutable_grad());
+    if (!overlap_ || reduced_before_dp(*it)) grads.push_back(it->param.mutable_grad());
   all_reduce_buckets(grads, ps.dp_cp());
   if (options_.average_dp && ps.dp_cp().size > 1)
-    for (auto& g : grads) g.div_(static_cast<double>(ps.dp_cp().size));
+    for (auto& s : slots_) s.param.mutable_grad().div_(static_cast<double>(ps.dp_cp().size));
 }
 
 void Optimizer::reduce_scatter_flat() {

@@ -18,6 +18,23 @@
 // (rounding differs, not the formula); checkpoints are interchangeable:
 // state_dict() gathers the full state.
 //
+// Overlapped reduction (`overlap_grad_reduce`, the plain optimizer), as
+// DDP and Megatron do it: the gradients live in buckets of about
+// `bucket_bytes` (each parameter's gradient a view of its bucket), filled in
+// reverse parameter order, the order backward produces them. forward_backward
+// arms the optimizer before the last micro-batch's backward
+// (Transformer::set_backward_hook); from then on a hook after each
+// parameter's gradient accumulation counts the bucket down, and a bucket
+// whose gradients are all final starts its asynchronous all-reduce over DP —
+// buckets always start in index order, so every rank issues the same
+// collectives in the same order. reduce_gradients() starts the buckets that
+// did not start (gradients produced outside forward_backward, unused
+// parameters) and waits for all. Parameters reduced over TP or the embedding
+// group first (sequence-parallel norms, tied embeddings across stages) stay
+// out of the buckets and are reduced in step() as without overlap, so every
+// sum is the blocking path's (the same all-reduce of the same elements, in
+// buckets cut elsewhere, after the same reductions).
+//
 // Gradient convention: gradients are SUMMED over DP ranks (and over
 // micro-batches), not averaged — the loss function scales by the global
 // token count (ARCHITECTURE.md: token-mean is the true mean over the
@@ -61,6 +78,10 @@ struct OptimizerOptions {
   int64_t bucket_bytes = 25 << 20;
   bool distributed = false;    // ZeRO-1: optimizer state sharded over DP (above)
   bool shared_memory = true;   // distributed: DP ranks on one host use shared memory
+  // Plain optimizer over DP > 1: each bucket's all-reduce starts, without
+  // waiting, as soon as the last micro-batch's backward has produced its
+  // gradients (below); step() waits for them.
+  bool overlap_grad_reduce = false;
 
   OptimizerOptions& set_lr(double v) {
     lr = v;
@@ -133,6 +154,14 @@ class Optimizer {
   int64_t state_bytes() const;
   // True when the distributed optimizer's collectives use shared memory.
   bool shared_memory_collectives() const { return flat_ && flat_->shm != nullptr; }
+  // Overlapped reduction: buckets, and how many of them the last
+  // reduce_gradients() found already started during the backward.
+  int64_t grad_buckets() const;
+  int64_t buckets_started_in_backward() const;
+
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
 
  private:
   struct Slot {
@@ -162,7 +191,14 @@ class Optimizer {
     std::unique_ptr<ShmGroup> shm;
   };
 
+  // The overlapped reduction's state; the gradient hooks hold it weakly.
+  struct Overlap;
+
   void all_reduce_buckets(std::vector<at::Tensor> grads, const Group& group);
+  // Whether the slot's gradient is reduced over TP (sequence parallelism)
+  // or the embedding group (tied embeddings across stages) before DP.
+  bool reduced_before_dp(const Slot& s) const;
+  void build_overlap();
   void build_flat();
   void attach_grads();
   void reduce_scatter_flat();
@@ -176,6 +212,7 @@ class Optimizer {
   std::shared_ptr<Transformer> model_;
   OptimizerOptions options_;
   std::unique_ptr<Flat> flat_;
+  std::shared_ptr<Overlap> overlap_;
   std::vector<Slot> slots_;
   int64_t steps_ = 0;
   bool offloaded_ = false;

@@ -148,6 +148,7 @@ std::vector<at::Tensor> forward_backward(Transformer& model, const std::vector<M
   auto backward_step = [&] {
     auto [input, out] = inflight.front();
     inflight.pop_front();
+    model.before_backward(next_bwd == m - 1);
     if (last) {
       torch::autograd::backward({out});
     } else {

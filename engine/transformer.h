@@ -22,6 +22,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -140,6 +141,15 @@ class Transformer : public torch::nn::Module {
   bool first_stage() const;
   bool last_stage() const;
 
+  // Run by forward_backward before each micro-batch's backward, `last` for
+  // the last one: an optimizer that overlaps its DP gradient reduction with
+  // that backward arms itself there (Optimizer, `overlap_grad_reduce`). One
+  // hook per model; an empty function removes it.
+  void set_backward_hook(std::function<void(bool last)> hook) { backward_hook_ = std::move(hook); }
+  void before_backward(bool last) const {
+    if (backward_hook_) backward_hook_(last);
+  }
+
  private:
   at::Tensor lm_head(const at::Tensor& h);
   // EngineError when an id is a padding row rather than a token.
@@ -162,6 +172,7 @@ class Transformer : public torch::nn::Module {
   PagedWorkspace paged_ws_;
   at::Tensor paged_hidden_;  // the residual stream [capacity, H]
   Rotary paged_rotary_;
+  std::function<void(bool last)> backward_hook_;
 };
 
 // Log-probabilities of each next token: position t scores input_ids[:, t+1]

@@ -166,6 +166,8 @@ void fill_role_options(const Config& c, Settings& s, int64_t steps) {
   const int64_t updates = steps * o.update.epochs * (s.train_batch / mini_prompts);
   o.optim = optim_from(c, a + ".optim", c.get<double>(a + ".grad_clip"), updates);
   o.optim.distributed = c.get<bool>(a + ".megatron.use_distributed_optimizer");
+  o.optim.overlap_grad_reduce = c.get<bool>(a + ".megatron.overlap_grad_reduce");
+  o.optim.bucket_bytes = c.get<int64_t>(a + ".megatron.grad_reduce_bucket_bytes");
   workers::PolicyOptions& p = o.policy;
   p.loss_mode = c.get<std::string>(a + ".policy_loss.loss_mode");
   p.clip_ratio = c.get<double>(a + ".clip_ratio");
@@ -222,6 +224,8 @@ void fill_role_options(const Config& c, Settings& s, int64_t steps) {
   k.optim = optim_from(c, "critic.optim", c.get<double>("critic.grad_clip"),
                        steps * k.update.epochs * (s.train_batch / cmini));
   k.optim.distributed = c.get<bool>("critic.megatron.use_distributed_optimizer");
+  k.optim.overlap_grad_reduce = c.get<bool>("critic.megatron.overlap_grad_reduce");
+  k.optim.bucket_bytes = c.get<int64_t>("critic.megatron.grad_reduce_bucket_bytes");
   k.cliprange_value = c.get<double>("critic.cliprange_value");
   k.forward_micro_batch_size = k.update.micro_batch_size;
 }

@@ -243,6 +243,8 @@ engine::OptimizerOptions engine_optimizer_options(const OptimOptions& optim) {
   o.beta2 = optim.beta2;
   o.clip_grad = optim.grad_clip;
   o.distributed = optim.distributed;
+  o.overlap_grad_reduce = optim.overlap_grad_reduce;
+  o.bucket_bytes = optim.bucket_bytes;
   o.warmup_steps = optim.warmup_steps;
   // verl's losses multiply by the DP size (agg_loss with GlobalBatchInfo), and
   // expect gradients averaged over DP.

@@ -37,6 +37,10 @@ struct OptimOptions {
   int64_t total_steps = 0;  // cosine decay length (optimizer steps)
   double grad_clip = 1.0;   // <= 0: no clipping
   bool distributed = true;  // ZeRO-1 over DP (engine::OptimizerOptions::distributed)
+  // The plain optimizer's DP all-reduce overlapped with the backward, and
+  // its bucket size (engine::OptimizerOptions::overlap_grad_reduce).
+  bool overlap_grad_reduce = true;
+  int64_t bucket_bytes = 4 << 20;
 };
 
 // One PPO-style update pass over a batch (actor or critic).
