@@ -120,6 +120,17 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
   }
   stats_ = GenerationStats{};
   auto stop = stop_tokens(cfg, params);
+  // The packed step multiplies by a packed copy of the weights, taken here
+  // (weights change between generate calls, as the trainer updates them)
+  // and dropped on the way out, exceptions included.
+  struct PackedWeights {
+    Transformer& model;
+    bool on;
+    ~PackedWeights() {
+      if (on) model.drop_paged_weights();
+    }
+  } packed_weights{*model_, packed_ && model_->pack_paged_weights()};
+  stats_.packed_weights = packed_weights.on;
 
   std::vector<std::unique_ptr<Sequence>> all;
   std::deque<Sequence*> waiting;

@@ -98,6 +98,7 @@ struct GenerationStats {
   int64_t preemptions = 0;
   int64_t peak_running = 0;  // most sequences running at once
   int64_t peak_cache_blocks = 0;
+  bool packed_weights = false;  // packed steps multiplied by oneDNN-packed weights
   double prefill_seconds = 0;
   double decode_seconds = 0;
 };

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "engine/errors.h"
+#include "engine/packed_linear.h"
 #include "engine/tensor_parallel.h"
 #include "engine/vocab_parallel.h"
 
@@ -349,16 +350,30 @@ at::Tensor Transformer::forward_paged(const PagedStep& step, KvCache& cache) {
     layers_[i]->forward_paged(h, a, paged_ws_);
   }
   auto hl = rms_norm(h.index_select(0, step.last), final_norm_, config_.rms_norm_eps);
-  auto logits = gather_from_tp_region(lm_head(hl), state_->tp());
+  auto logits = gather_from_tp_region(lm_head(hl, packed_lm_head_), state_->tp());
   return padded_vocab_ == config_.vocab_size ? logits : logits.narrow(1, 0, config_.vocab_size);
 }
 
-at::Tensor Transformer::lm_head(const at::Tensor& h) {
+bool Transformer::pack_paged_weights() {
+  if (!supports_paged_step() || !packed_linear_available()) return false;
+  for (const auto& layer : layers_) layer->pack_paged_weights();
+  packed_lm_head_ =
+      pack_linear_weight(output_weight_.defined() ? output_weight_ : embedding_->weight);
+  return true;
+}
+
+void Transformer::drop_paged_weights() {
+  for (const auto& layer : layers_) layer->drop_paged_weights();
+  packed_lm_head_ = at::Tensor();
+}
+
+at::Tensor Transformer::lm_head(const at::Tensor& h, const at::Tensor& packed) {
   const Group& tp = state_->tp();
   auto x =
       options_.sequence_parallel ? gather_from_sequence_region(h, tp) : copy_to_tp_region(h, tp);
   const at::Tensor& w = output_weight_.defined() ? output_weight_ : embedding_->weight;
-  at::Tensor logits = at::linear(x, w);
+  at::Tensor logits =
+      packed.defined() ? packed_linear(x.contiguous(), packed, at::Tensor()) : at::linear(x, w);
   // Padded columns can never win: probability exactly 0 in any softmax, never
   // a max or argmax, and (the fill's backward) zero gradient.
   if (vocab_shard_.padding() > 0)

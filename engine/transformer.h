@@ -103,6 +103,15 @@ class Transformer : public torch::nn::Module {
   at::Tensor forward_paged(const PagedStep& step, KvCache& cache);
   // forward_cached's conditions, and fp32 parameters on the CPU.
   bool supports_paged_step() const;
+  // Packs the weights forward_paged multiplies by for oneDNN
+  // (engine/packed_linear.h: a copy, taken now); until drop_paged_weights(),
+  // forward_paged uses that copy, so the parameters must not change in
+  // between. GenerationEngine::generate packs at its start and drops at its
+  // end. Returns false, packing nothing, without supports_paged_step() or
+  // without oneDNN in this LibTorch (forward_paged then multiplies with mm).
+  bool pack_paged_weights();
+  void drop_paged_weights();
+  bool paged_weights_packed() const { return packed_lm_head_.defined(); }
   // A KV cache fitting this rank's layers, kv heads, dtype and device.
   std::unique_ptr<KvCache> make_kv_cache(const KvCacheOptions& options) const;
 
@@ -151,7 +160,9 @@ class Transformer : public torch::nn::Module {
   }
 
  private:
-  at::Tensor lm_head(const at::Tensor& h);
+  // `packed`: the output weight packed for oneDNN (one TP rank, no
+  // sequence parallelism), or undefined.
+  at::Tensor lm_head(const at::Tensor& h, const at::Tensor& packed = {});
   // EngineError when an id is a padding row rather than a token.
   void check_token_ids(const at::Tensor& ids, const char* who) const;
   at::Tensor value_head(const at::Tensor& h);
@@ -172,6 +183,7 @@ class Transformer : public torch::nn::Module {
   PagedWorkspace paged_ws_;
   at::Tensor paged_hidden_;  // the residual stream [capacity, H]
   Rotary paged_rotary_;
+  at::Tensor packed_lm_head_;  // pack_paged_weights(); undefined otherwise
   std::function<void(bool last)> backward_hook_;
 };
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "engine/errors.h"
+#include "engine/packed_linear.h"
 #include "engine/tensor_parallel.h"
 
 namespace baton::engine {
@@ -167,20 +168,31 @@ namespace {
 
 // out = x · Wᵀ (+ bias) of a column-parallel layer's local shard, into a
 // preallocated buffer (no TP communication: the input is replicated).
-void linear_into(at::Tensor out, const at::Tensor& x, const ColumnParallelLinear& layer) {
+// x · Wᵀ + bias of a column-parallel layer: into `out` by mm, or, with
+// packed weights, a new tensor from oneDNN.
+at::Tensor column_parallel(at::Tensor out, const at::Tensor& x, const ColumnParallelLinear& layer,
+                           const at::Tensor& packed) {
+  if (packed.defined()) return packed_linear(x, packed, layer->bias);
   if (layer->bias.defined())
     at::addmm_out(out, layer->bias, x, layer->weight.t());
   else
     at::mm_out(out, x, layer->weight.t());
+  return out;
 }
 
-// h += reduce_tp(x · Wᵀ) + bias of a row-parallel layer; with one TP rank the
-// product accumulates straight into h (BLAS beta = 1).
-void add_row_parallel(at::Tensor& h, const at::Tensor& x, const RowParallelLinear& layer) {
-  if (layer->tp().size == 1)
+// h += reduce_tp(x · Wᵀ) + bias of a row-parallel layer; by mm with one TP
+// rank the product accumulates straight into h (BLAS beta = 1).
+void add_row_parallel(at::Tensor& h, const at::Tensor& x, const RowParallelLinear& layer,
+                      const at::Tensor& packed) {
+  const bool one = layer->tp().size == 1;
+  if (packed.defined()) {
+    at::Tensor y = packed_linear(x, packed, at::Tensor());
+    h.add_(one ? y : reduce_from_tp_region(y, layer->tp()));
+  } else if (one) {
     h.addmm_(x, layer->weight.t());
-  else
+  } else {
     h.add_(reduce_from_tp_region(at::mm(x, layer->weight.t()), layer->tp()));
+  }
   if (layer->bias.defined()) h.add_(layer->bias);
 }
 
@@ -190,9 +202,7 @@ void TransformerLayer::forward_paged(at::Tensor& h, const cpu::PagedAttention& a
                                      PagedWorkspace& ws) {
   const int64_t t = h.size(0), hidden = h.size(1);
   auto normed = ws.normed.narrow(0, 0, t);
-  auto qkv = ws.qkv.narrow(0, 0, t);
   auto ctx = ws.ctx.narrow(0, 0, t);
-  auto gate_up = ws.gate_up.narrow(0, 0, t);
   auto act = ws.act.narrow(0, 0, t);
   // The kernels show in LibTorch's profiler traces under these names.
   {
@@ -200,25 +210,32 @@ void TransformerLayer::forward_paged(at::Tensor& h, const cpu::PagedAttention& a
     cpu::rms_norm(h.data_ptr<float>(), input_norm_.data_ptr<float>(), normed.data_ptr<float>(), t,
                   hidden, config_.rms_norm_eps);
   }
-  linear_into(qkv, normed, qkv_);
+  at::Tensor qkv = column_parallel(ws.qkv.narrow(0, 0, t), normed, qkv_, packed_.qkv);
   {
     RECORD_FUNCTION("baton::paged_attention", std::vector<c10::IValue>());
     attention.rotate_and_store(qkv.data_ptr<float>(), t);
     attention.attend(qkv.data_ptr<float>(), t, ctx.data_ptr<float>());
   }
-  add_row_parallel(h, ctx, proj_);
+  add_row_parallel(h, ctx, proj_, packed_.proj);
   {
     RECORD_FUNCTION("baton::rms_norm", std::vector<c10::IValue>());
     cpu::rms_norm(h.data_ptr<float>(), post_norm_.data_ptr<float>(), normed.data_ptr<float>(), t,
                   hidden, config_.rms_norm_eps);
   }
-  linear_into(gate_up, normed, fc1_);
+  at::Tensor gate_up = column_parallel(ws.gate_up.narrow(0, 0, t), normed, fc1_, packed_.fc1);
   {
     RECORD_FUNCTION("baton::silu_mul", std::vector<c10::IValue>());
     cpu::silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), t, act.size(1));
   }
-  add_row_parallel(h, act, fc2_);
+  add_row_parallel(h, act, fc2_, packed_.fc2);
 }
+
+void TransformerLayer::pack_paged_weights() {
+  packed_ = {pack_linear_weight(qkv_->weight), pack_linear_weight(proj_->weight),
+             pack_linear_weight(fc1_->weight), pack_linear_weight(fc2_->weight)};
+}
+
+void TransformerLayer::drop_paged_weights() { packed_ = {}; }
 
 void TransformerLayer::reserve(PagedWorkspace& ws, int64_t tokens) const {
   const int64_t g = local_groups_, r = config_.num_heads / config_.num_kv_heads;

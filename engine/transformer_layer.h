@@ -93,6 +93,11 @@ class TransformerLayer : public torch::nn::Module {
   void forward_paged(at::Tensor& h, const cpu::PagedAttention& attention, PagedWorkspace& ws);
   // Grows `ws` to hold `tokens` rows of this layer's buffers.
   void reserve(PagedWorkspace& ws, int64_t tokens) const;
+  // forward_paged's weights packed for oneDNN (engine/packed_linear.h), a
+  // copy taken now: until dropped, forward_paged multiplies by them and not
+  // by the parameters. REQUIRES packed_linear_available().
+  void pack_paged_weights();
+  void drop_paged_weights();
 
   // Kv heads this rank holds (num_key_value_heads / tp).
   int64_t local_kv_heads() const { return local_groups_; }
@@ -115,6 +120,9 @@ class TransformerLayer : public torch::nn::Module {
   RowParallelLinear proj_{nullptr};
   ColumnParallelLinear fc1_{nullptr};
   RowParallelLinear fc2_{nullptr};
+  struct PackedWeights {
+    at::Tensor qkv, proj, fc1, fc2;  // undefined: forward_paged uses mm
+  } packed_;
 };
 
 }  // namespace baton::engine

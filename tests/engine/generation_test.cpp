@@ -4,12 +4,14 @@
 // layout and rollout log-probs against the training log-probs.
 #include "engine/generation.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
 #include <vector>
 
+#include "engine/packed_linear.h"
 #include "engine/safetensors.h"
 #include "engine/weight_conversion.h"
 #include "tests/engine/expect_error.h"
@@ -182,6 +184,40 @@ TEST_P(Generation, PackedStepsEqualPaddedSteps) {
     }
     EXPECT_EQ(packed.cache().free_blocks(), packed.cache().usable_blocks());
   }
+}
+
+// The packed step multiplies by oneDNN-packed copies of the weights
+// (engine/packed_linear.h), taken at the start of each generate() and
+// dropped at its end. After the parameters change, the next generate follows
+// them: the same tokens as the padded step, which multiplies the parameters
+// themselves, and log-probs within the chain of a log-prob.
+TEST(Generation, PackedWeightsFollowTheParameters) {
+  auto model = load_model("tiny-qwen2");
+  ASSERT_TRUE(packed_linear_available()) << "x86-64 LibTorch ships oneDNN";
+  auto ps = prompts(4, model->config().vocab_size, 29);
+  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));
+  const auto before = engine.generate(ps, greedy(8));
+  EXPECT_TRUE(engine.last_stats().packed_weights);
+  EXPECT_FALSE(model->paged_weights_packed());
+  {
+    at::NoGradGuard no_grad;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    for (auto& [name, p] : model->named_params())
+      if (p.dim() == 2) p.add_(at::randn(p.sizes(), gen) * p.std());
+  }
+  const auto after = engine.generate(ps, greedy(8));
+  GenerationEngine padded(model,
+                          GenerationOptions().set_cache_bytes(1 << 20).set_packed_cpu_steps(false));
+  const auto want = padded.generate(ps, greedy(8));
+  ASSERT_EQ(after.size(), want.size());
+  const Tolerance tol = log_prob_tolerance(*model, want, 13 + 8);
+  bool changed = false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(after[i].response, want[i].response) << "sequence " << i;
+    expect_close(after[i].log_probs, want[i].log_probs, tol, "sequence " + std::to_string(i));
+    changed = changed || after[i].response != before[i].response;
+  }
+  EXPECT_TRUE(changed) << "the new weights were meant to change some tokens";
 }
 
 // Prefix sharing: the n samples of a prompt admitted together prefill it
