@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <set>
+#include <utility>
 
 #include "engine/errors.h"
 #include "engine/optimizer_kernels.h"
@@ -61,6 +62,18 @@ bool is_view_of(const at::Tensor& t, const at::Tensor& base, int64_t offset) {
          t.data_ptr() == static_cast<const char*>(base.data_ptr()) + offset * base.element_size();
 }
 
+// Makes p's gradient its view of `base` at `offset`; a gradient that was
+// replaced (released, or accumulated before the views existed) is copied in.
+void adopt_grad_view(at::Tensor& p, const at::Tensor& base, int64_t offset) {
+  if (is_view_of(p.grad(), base, offset)) return;
+  at::Tensor view = base.narrow(0, offset, p.numel()).view(p.sizes());
+  if (p.grad().defined())
+    view.copy_(p.grad());
+  else
+    view.zero_();
+  p.mutable_grad() = view;
+}
+
 // Runs `fn` after a parameter's gradient accumulation.
 class AfterAccumulation : public torch::autograd::FunctionPostHook {
  public:
@@ -98,23 +111,12 @@ struct Optimizer::Overlap {
   size_t started = 0;  // buckets [0, started) have their all-reduce under way
   int64_t started_in_backward = 0;
 
-  at::Tensor view(size_t slot) const {
-    const at::Tensor& p = params[slot];
-    return buckets[bucket_of[slot]].flat.narrow(0, offset_of[slot], p.numel()).view(p.sizes());
-  }
-  // Makes the parameter's gradient its bucket view; one that was replaced
-  // (released, or accumulated before the views existed) is copied in.
+  bool late_backward = false;  // a backward after the last one wrote into a started bucket
+
+  // Makes the parameter's gradient its bucket view.
   void attach(size_t slot) {
-    if (bucket_of[slot] == kNone) return;
-    at::Tensor& p = params[slot];
-    const at::Tensor& flat = buckets[bucket_of[slot]].flat;
-    if (is_view_of(p.grad(), flat, offset_of[slot])) return;
-    at::Tensor v = view(slot);
-    if (p.grad().defined())
-      v.copy_(p.grad());
-    else
-      v.zero_();
-    p.mutable_grad() = v;
+    if (bucket_of[slot] != kNone)
+      adopt_grad_view(params[slot], buckets[bucket_of[slot]].flat, offset_of[slot]);
   }
   void start(Bucket& b) {
     for (size_t slot : b.slots) attach(slot);
@@ -137,7 +139,13 @@ struct Optimizer::Overlap {
   }
   // The hook: slot's gradient is final for this step.
   void on_final(size_t slot) {
-    if (!armed || final_grad[slot] || bucket_of[slot] == kNone) return;
+    if (!armed || bucket_of[slot] == kNone) return;
+    if (final_grad[slot]) {
+      // A second backward after forward_backward's last one: its gradients
+      // went into a bucket that may be on its way. step() refuses it.
+      late_backward = true;
+      return;
+    }
     final_grad[slot] = 1;
     if (--buckets[bucket_of[slot]].pending != 0) return;
     while (started < buckets.size() && buckets[started].pending == 0) start(buckets[started++]);
@@ -153,10 +161,21 @@ struct Optimizer::Overlap {
       b.work.reset();
     }
     started = 0;
+    if (late_backward) {
+      late_backward = false;
+      throw EngineError(
+          "Optimizer (overlap_grad_reduce): a backward ran after forward_backward and before "
+          "step(); its gradients were added while the DP all-reduce was under way, so they are "
+          "lost or half reduced. Call zero_grad() and redo the step; put all of a step's "
+          "backwards inside its forward_backward");
+    }
   }
-  // Waits for any bucket still under way, without starting the rest.
+  // Waits for any bucket still under way, without starting the rest (a
+  // rank that started fewer than its peers leaves them waiting on theirs
+  // until the group's timeout: only after a failure).
   void drain() {
     armed = false;
+    late_backward = false;
     for (size_t i = 0; i < started; ++i)
       if (buckets[i].work) {
         buckets[i].work->wait();
@@ -202,7 +221,7 @@ Optimizer::Optimizer(std::shared_ptr<Transformer> model, OptimizerOptions option
 
 Optimizer::~Optimizer() {
   if (!overlap_) return;
-  model_->set_backward_hook({});
+  model_->clear_backward_hook(overlap_.get());
   try {
     overlap_->drain();  // no all-reduce may outlive the buckets it writes
   } catch (const std::exception&) {
@@ -271,7 +290,7 @@ void Optimizer::build_overlap() {
     o->accumulators.push_back(std::move(acc));
   }
   for (size_t k = 0; k < n; ++k) o->attach(k);
-  model_->set_backward_hook([weak](bool last) {
+  model_->set_backward_hook(o.get(), [weak](bool last) {
     if (auto live = weak.lock()) live->before_backward(last);
   });
   overlap_ = std::move(o);
@@ -331,16 +350,8 @@ void Optimizer::attach_grads() {
   // was replaced (released, or accumulated before the views existed) is
   // copied in and replaced by the view.
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    at::Tensor& p = slots_[i].param;
-    if (is_view_of(p.grad(), flat_->grads, flat_->offset[i])) continue;
-    at::Tensor view = flat_->grads.narrow(0, flat_->offset[i], p.numel()).view(p.sizes());
-    if (p.grad().defined())
-      view.copy_(p.grad());
-    else
-      view.zero_();
-    p.mutable_grad() = view;
-  }
+  for (size_t i = 0; i < slots_.size(); ++i)
+    adopt_grad_view(slots_[i].param, flat_->grads, flat_->offset[i]);
 }
 
 void Optimizer::zero_grad() {
@@ -391,12 +402,14 @@ void Optimizer::all_reduce_buckets(std::vector<at::Tensor> grads, const Group& g
   }
 }
 
-bool Optimizer::reduced_before_dp(const Slot& s) const {
-  const ParallelState& ps = model_->parallel();
-  if (model_->options().sequence_parallel && s.tp_replicated) return true;
-  return model_->config().tie_word_embeddings && ps.config().pp > 1 &&
+bool Optimizer::tied_across_stages(const Slot& s) const {
+  return model_->config().tie_word_embeddings && model_->parallel().config().pp > 1 &&
          (model_->first_stage() || model_->last_stage()) &&
          (s.name == "embedding.word_embeddings.weight" || s.name == "output_layer.weight");
+}
+
+bool Optimizer::reduced_before_dp(const Slot& s) const {
+  return (model_->options().sequence_parallel && s.tp_replicated) || tied_across_stages(s);
 }
 
 void Optimizer::reduce_gradients() {
@@ -415,12 +428,8 @@ void Optimizer::reduce_gradients() {
   }
   // Tied embeddings over stages: the first stage's embedding and the last
   // stage's output layer are one parameter; sum their gradients.
-  if (model_->config().tie_word_embeddings && ps.config().pp > 1 &&
-      (model_->first_stage() || model_->last_stage())) {
-    for (auto& s : slots_)
-      if (s.name == "embedding.word_embeddings.weight" || s.name == "output_layer.weight")
-        all_reduce(s.param.mutable_grad(), ps.embedding());
-  }
+  for (auto& s : slots_)
+    if (tied_across_stages(s)) all_reduce(s.param.mutable_grad(), ps.embedding());
   if (flat_) {
     reduce_scatter_flat();
     return;
@@ -579,14 +588,21 @@ StepStats Optimizer::step() {
   return stats;
 }
 
-std::vector<at::Tensor*> Optimizer::state_tensors() {
-  std::vector<at::Tensor*> out;
-  for (auto& s : slots_)
-    for (at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq})
+std::vector<const at::Tensor*> Optimizer::state_tensors() const {
+  std::vector<const at::Tensor*> out;
+  for (const auto& s : slots_)
+    for (const at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq})
       if (t->defined()) out.push_back(t);
   if (flat_)
-    for (at::Tensor* t : {&flat_->master, &flat_->exp_avg, &flat_->exp_avg_sq})
+    for (const at::Tensor* t : {&flat_->master, &flat_->exp_avg, &flat_->exp_avg_sq})
       if (t->defined()) out.push_back(t);
+  return out;
+}
+
+std::vector<at::Tensor*> Optimizer::state_tensors() {
+  std::vector<at::Tensor*> out;
+  for (const at::Tensor* t : std::as_const(*this).state_tensors())
+    out.push_back(const_cast<at::Tensor*>(t));  // this optimizer's own, non-const members
   return out;
 }
 
@@ -611,13 +627,7 @@ void Optimizer::reload() {
 
 int64_t Optimizer::state_bytes() const {
   int64_t bytes = 0;
-  auto add = [&](const at::Tensor& t) {
-    if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
-  };
-  for (const auto& s : slots_)
-    for (const at::Tensor* t : {&s.master, &s.exp_avg, &s.exp_avg_sq}) add(*t);
-  if (flat_)
-    for (const at::Tensor* t : {&flat_->master, &flat_->exp_avg, &flat_->exp_avg_sq}) add(*t);
+  for (const at::Tensor* t : state_tensors()) bytes += static_cast<int64_t>(t->nbytes());
   if (flat_ && !flat_->grad_shard.is_alias_of(flat_->grads))
     bytes += static_cast<int64_t>(flat_->grad_shard.nbytes());
   return bytes;

@@ -195,8 +195,11 @@ class Optimizer {
   struct Overlap;
 
   void all_reduce_buckets(std::vector<at::Tensor> grads, const Group& group);
+  // The embedding or the tied output layer, on different stages: their
+  // gradients are summed over the embedding group.
+  bool tied_across_stages(const Slot& s) const;
   // Whether the slot's gradient is reduced over TP (sequence parallelism)
-  // or the embedding group (tied embeddings across stages) before DP.
+  // or the embedding group before DP.
   bool reduced_before_dp(const Slot& s) const;
   void build_overlap();
   void build_flat();
@@ -207,7 +210,9 @@ class Optimizer {
   // full's own slice. Collective over DP.
   void all_gather_into(const at::Tensor& mine, at::Tensor& full) const;
   at::Tensor gather_shard(const at::Tensor& shard) const;
-  std::vector<at::Tensor*> state_tensors();  // moments and masters, defined ones
+  // Moments and masters, the defined ones.
+  std::vector<const at::Tensor*> state_tensors() const;
+  std::vector<at::Tensor*> state_tensors();
 
   std::shared_ptr<Transformer> model_;
   OptimizerOptions options_;

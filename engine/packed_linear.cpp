@@ -24,7 +24,8 @@ const Ops& ops() {
     r.reorder = d.findSchema({"mkldnn::_reorder_linear_weight", ""});
     r.linear = d.findSchema({"mkldnn::_linear_pointwise", ""});
     // Registered schemas without a CPU kernel would fail at the first call.
-    if (r.reorder && !r.reorder->hasKernelForDispatchKey(c10::DispatchKey::CPU)) r.reorder.reset();
+    for (auto* op : {&r.reorder, &r.linear})
+      if (*op && !(*op)->hasKernelForDispatchKey(c10::DispatchKey::CPU)) op->reset();
     return r;
   }();
   return o;

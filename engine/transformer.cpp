@@ -356,9 +356,15 @@ at::Tensor Transformer::forward_paged(const PagedStep& step, KvCache& cache) {
 
 bool Transformer::pack_paged_weights() {
   if (!supports_paged_step() || !packed_linear_available()) return false;
-  for (const auto& layer : layers_) layer->pack_paged_weights();
-  packed_lm_head_ =
-      pack_linear_weight(output_weight_.defined() ? output_weight_ : embedding_->weight);
+  at::NoGradGuard no_grad;  // copies, not part of any graph
+  try {
+    for (const auto& layer : layers_) layer->pack_paged_weights();
+    packed_lm_head_ =
+        pack_linear_weight(output_weight_.defined() ? output_weight_ : embedding_->weight);
+  } catch (...) {
+    drop_paged_weights();
+    throw;
+  }
   return true;
 }
 

@@ -153,8 +153,17 @@ class Transformer : public torch::nn::Module {
   // Run by forward_backward before each micro-batch's backward, `last` for
   // the last one: an optimizer that overlaps its DP gradient reduction with
   // that backward arms itself there (Optimizer, `overlap_grad_reduce`). One
-  // hook per model; an empty function removes it.
-  void set_backward_hook(std::function<void(bool last)> hook) { backward_hook_ = std::move(hook); }
+  // hook per model, replaced by the next owner's; clear_backward_hook
+  // removes it only while `owner` still holds it.
+  void set_backward_hook(const void* owner, std::function<void(bool last)> hook) {
+    backward_hook_owner_ = owner;
+    backward_hook_ = std::move(hook);
+  }
+  void clear_backward_hook(const void* owner) {
+    if (backward_hook_owner_ != owner) return;
+    backward_hook_owner_ = nullptr;
+    backward_hook_ = nullptr;
+  }
   void before_backward(bool last) const {
     if (backward_hook_) backward_hook_(last);
   }
@@ -185,6 +194,7 @@ class Transformer : public torch::nn::Module {
   Rotary paged_rotary_;
   at::Tensor packed_lm_head_;  // pack_paged_weights(); undefined otherwise
   std::function<void(bool last)> backward_hook_;
+  const void* backward_hook_owner_ = nullptr;
 };
 
 // Log-probabilities of each next token: position t scores input_ids[:, t+1]

@@ -166,10 +166,9 @@ at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& r
 
 namespace {
 
-// out = x · Wᵀ (+ bias) of a column-parallel layer's local shard, into a
-// preallocated buffer (no TP communication: the input is replicated).
-// x · Wᵀ + bias of a column-parallel layer: into `out` by mm, or, with
-// packed weights, a new tensor from oneDNN.
+// x · Wᵀ + bias of a column-parallel layer's local shard (no TP
+// communication: the input is replicated): into the preallocated `out` by
+// mm, or, with packed weights, a new tensor from oneDNN.
 at::Tensor column_parallel(at::Tensor out, const at::Tensor& x, const ColumnParallelLinear& layer,
                            const at::Tensor& packed) {
   if (packed.defined()) return packed_linear(x, packed, layer->bias);

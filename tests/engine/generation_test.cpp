@@ -206,6 +206,7 @@ TEST(Generation, PackedWeightsFollowTheParameters) {
       if (p.dim() == 2) p.add_(at::randn(p.sizes(), gen) * p.std());
   }
   const auto after = engine.generate(ps, greedy(8));
+  EXPECT_TRUE(engine.last_stats().packed_weights);
   GenerationEngine padded(model,
                           GenerationOptions().set_cache_bytes(1 << 20).set_packed_cpu_steps(false));
   const auto want = padded.generate(ps, greedy(8));

@@ -598,6 +598,24 @@ TEST_P(OverlappedGradReduce, StartsInTheBackwardAndMatchesTheBlockingReduction) 
     const StepStats a = blocking_opt.step(), b = overlapped_opt.step();
     EXPECT_EQ(overlapped_opt.buckets_started_in_backward(), 0) << where;
     EXPECT_EQ(b.grad_norm, a.grad_norm) << where;
+    // A manual backward after forward_backward adds into buckets already
+    // on their way (a layer weight: every stage has one in a bucket):
+    // step() waits for them and refuses, by name.
+    overlapped_opt.zero_grad();
+    forward_backward(*overlapped, mbs, loss);
+    for (const auto& [name, p] : overlapped->named_params())
+      if (name.find("linear_fc2.weight") != std::string::npos) {
+        (p * p).sum().backward();
+        break;
+      }
+    try {
+      overlapped_opt.step();
+      ADD_FAILURE() << where << ": a backward after forward_backward was accepted";
+    } catch (const EngineError& e) {
+      EXPECT_NE(std::string(e.what()).find("a backward ran after forward_backward"),
+                std::string::npos)
+          << e.what();
+    }
     // Two forward_backward calls for one step: the second would add to
     // gradients already being reduced; refused on every rank, by name.
     overlapped_opt.zero_grad();
