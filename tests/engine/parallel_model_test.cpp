@@ -380,6 +380,41 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout("tiny-qwen2", 2, 2, 1).with_sequence_parallel().with_recompute()),
     layout_name);
 
+// One rank of a DP layout on a fixture: the model's config and weights, the
+// reference batch, this DP rank's rows as one micro-batch each, and the
+// token-mean loss over the whole batch (summed over DP ranks).
+struct DpRank {
+  ModelConfig cfg;
+  TensorMap hf;
+  Batch batch;
+  double tokens = 0;
+  std::shared_ptr<ParallelState> ps;
+  std::vector<MicroBatch> mbs;
+
+  DpRank(const Layout& l, int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    const std::string dir = kFixtures + "/" + l.fixture;
+    cfg = ModelConfig::load(dir);
+    hf = read_hf_weights(dir);
+    batch = make_batch(read_safetensors(dir + "/reference.safetensors"), cfg.vocab_size);
+    tokens = batch.loss_mask.sum().item<double>();
+    ParallelConfig pc;
+    pc.tp = l.tp;
+    pc.pp = l.pp;
+    pc.dp = l.dp;
+    ps = ParallelState::create(std::move(store), rank, pc);
+    const int64_t rows = batch.ids.size(0) / l.dp, row0 = ps->coords().dp * rows;
+    mbs = micro_batches(batch, row0, row0 + rows);
+  }
+  LossFn loss() const {
+    const Group* tp = &ps->tp();
+    const double n = tokens;
+    return [tp, n](const at::Tensor& logits, const MicroBatch& mb) {
+      return -(next_token_log_probs(logits, mb.input_ids, *tp) * mb.extra.at("loss_mask")).sum() /
+             n;
+    };
+  }
+};
+
 // The distributed optimizer (ZeRO-1) against the plain one in the same
 // layout and process, three steps from the same weights on the same batch.
 // Both reduce the same gradients (over two DP ranks a sum is one addition,
@@ -420,23 +455,10 @@ TEST_P(DistributedOptimizer, MatchesThePlainOptimizerAndShardsItsState) {
   const ZeroCase zc = GetParam();
   const Layout l = zc.layout;
   run_world(l.tp * l.pp * l.dp, [l, zc](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
-    auto dir = kFixtures + "/" + l.fixture;
-    auto cfg = ModelConfig::load(dir);
-    auto hf = read_hf_weights(dir);
-    auto batch = make_batch(read_safetensors(dir + "/reference.safetensors"), cfg.vocab_size);
-    double tokens = batch.loss_mask.sum().item<double>();
-    ParallelConfig pc;
-    pc.tp = l.tp;
-    pc.pp = l.pp;
-    pc.dp = l.dp;
-    auto ps = ParallelState::create(store, rank, pc);
-    const int64_t rows = batch.ids.size(0) / l.dp, row0 = ps->coords().dp * rows;
-    auto mbs = micro_batches(batch, row0, row0 + rows);
-    const Group& tp = ps->tp();
-    auto loss = [&](const at::Tensor& logits, const MicroBatch& mb) {
-      return -(next_token_log_probs(logits, mb.input_ids, tp) * mb.extra.at("loss_mask")).sum() /
-             tokens;
-    };
+    const DpRank d(l, rank, store);
+    const auto& [cfg, hf, batch, tokens, ps, mbs] =
+        std::tie(d.cfg, d.hf, d.batch, d.tokens, d.ps, d.mbs);
+    const LossFn loss = d.loss();
     OptimizerOptions oo;
     oo.lr = 1e-3;
     oo.clip_grad = 0.5;
@@ -542,24 +564,11 @@ class OverlappedGradReduce : public ::testing::TestWithParam<Layout> {};
 TEST_P(OverlappedGradReduce, StartsInTheBackwardAndMatchesTheBlockingReduction) {
   const Layout l = GetParam();
   run_world(l.tp * l.pp * l.dp, [l](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
-    auto dir = kFixtures + "/" + l.fixture;
-    auto cfg = ModelConfig::load(dir);
-    auto hf = read_hf_weights(dir);
-    auto batch = make_batch(read_safetensors(dir + "/reference.safetensors"), cfg.vocab_size);
-    double tokens = batch.loss_mask.sum().item<double>();
-    ParallelConfig pc;
-    pc.tp = l.tp;
-    pc.pp = l.pp;
-    pc.dp = l.dp;
-    auto ps = ParallelState::create(store, rank, pc);
-    const int64_t rows = batch.ids.size(0) / l.dp, row0 = ps->coords().dp * rows;
-    auto mbs = micro_batches(batch, row0, row0 + rows);
+    const DpRank d(l, rank, store);
+    const auto& [cfg, hf, batch, tokens, ps, mbs] =
+        std::tie(d.cfg, d.hf, d.batch, d.tokens, d.ps, d.mbs);
+    const LossFn loss = d.loss();
     ASSERT_GE(mbs.size(), 2u);
-    const Group& tp = ps->tp();
-    auto loss = [&](const at::Tensor& logits, const MicroBatch& mb) {
-      return -(next_token_log_probs(logits, mb.input_ids, tp) * mb.extra.at("loss_mask")).sum() /
-             tokens;
-    };
     OptimizerOptions bo;
     bo.lr = 1e-3;
     bo.clip_grad = 0.5;
