@@ -163,7 +163,9 @@ std::vector<double> world_max(const Group& world, std::vector<double> xs) {
   return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
 }
 
-void barrier(const Group& world) {
+// An all-reduce as the timing fence (every rank's queued work is done when
+// it returns, where a Gloo barrier only waits for arrival).
+void fence(const Group& world) {
   std::vector<at::Tensor> ts{at::zeros({1})};
   world.pg->allreduce(ts)->wait();
 }
@@ -206,7 +208,7 @@ json run_case(const Case& c, const Args& args, const LocalRank& me, const ModelC
   double rss_growth = 0, peak_buffer = 0;
   ReshardStats stats;
   for (int i = 0; i < args.warmup + args.repeats; ++i) {
-    barrier(world);
+    fence(world);
     reset_peak_rss();
     const double rss_before = static_cast<double>(proc_status_bytes("VmRSS"));
     auto t0 = Clock::now();
@@ -228,7 +230,7 @@ json run_case(const Case& c, const Args& args, const LocalRank& me, const ModelC
     std::vector<std::vector<at::Tensor>> out(1);
     for (int64_t r = 0; r < kWorld; ++r) out[0].push_back(at::empty({chunk}, at::kByte));
     for (int i = 0; i < args.warmup + args.repeats; ++i) {
-      barrier(world);
+      fence(world);
       std::vector<at::Tensor> ins{in};
       auto t0 = Clock::now();
       world.pg->allgather(out, ins)->wait();
@@ -302,7 +304,7 @@ json run_sync_case(const Case& c, const Args& args, const LocalRank& me, const M
   double rss_growth = 0, peak_buffer = 0;
   WeightSyncStats stats;
   for (int i = 0; i < args.warmup + args.repeats; ++i) {
-    barrier(all);
+    fence(all);
     reset_peak_rss();
     const double rss_before = static_cast<double>(proc_status_bytes("VmRSS"));
     auto t0 = Clock::now();
@@ -324,7 +326,7 @@ json run_sync_case(const Case& c, const Args& args, const LocalRank& me, const M
   {
     auto buf = at::ones({stats.model_bytes}, at::kByte);
     for (int i = 0; i < args.warmup + args.repeats; ++i) {
-      barrier(all);
+      fence(all);
       auto t0 = Clock::now();
       if (plain) {
         std::vector<at::Tensor> ts{buf};

@@ -2,8 +2,11 @@
 # the project's venv by scripts/setup_python.sh (a CUDA build, so the NCCL and
 # CUDA path — BATON_CUDA — compiles and links in every build, GPU or not).
 #
-# Another LibTorch 2.x works too: pass -DTorch_DIR=... (or CMAKE_PREFIX_PATH),
-# and -DBATON_CUDA=OFF when it is a CPU-only build.
+# Supported: LibTorch 2.11 to 2.15 (the venv pins 2.15; GPU machines often
+# ship 2.11, and scripts/check_torch_headers.sh compiles every module against
+# its headers). Another LibTorch in that range: pass -DTorch_DIR=... (or
+# CMAKE_PREFIX_PATH), or -DBATON_PYTHON=<a python with torch>, and
+# -DBATON_CUDA=OFF when it is a CPU-only build.
 
 option(BATON_CUDA "Compile the CUDA/NCCL path (needs a CUDA LibTorch and nvcc)" ON)
 
@@ -58,9 +61,13 @@ if(NOT Torch_FOUND)
                       "PyPI's torch into ${BATON_PYTHON}), or pass -DTorch_DIR=<LibTorch>/share/cmake/Torch")
 endif()
 if(Torch_VERSION VERSION_LESS 2.0)
-  message(FATAL_ERROR "baton: needs LibTorch 2.x, found ${Torch_VERSION} in ${Torch_DIR}")
+  message(FATAL_ERROR "baton: needs LibTorch 2.11 to 2.15, found ${Torch_VERSION} in ${Torch_DIR}")
 endif()
-message(STATUS "baton: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
+if(Torch_VERSION VERSION_LESS 2.11 OR Torch_VERSION VERSION_GREATER_EQUAL 2.16)
+  message(WARNING "baton: supports LibTorch 2.11 to 2.15; ${Torch_VERSION} in ${Torch_DIR} "
+                  "is outside that range and may not compile")
+endif()
+message(STATUS "baton: LibTorch ${Torch_VERSION} from ${Torch_DIR} (supported: 2.11 to 2.15)")
 # Two LibTorches in one process crash at start-up: every library must be the
 # package's own.
 foreach(_baton_lib IN ITEMS TORCH_LIBRARY c10_LIBRARY C10_CUDA_LIBRARY)

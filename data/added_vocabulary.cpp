@@ -59,6 +59,7 @@ AddedVocabulary::AddedVocabulary(const nlohmann::json& tokens, const Normalizer*
     if (form.empty()) continue;
     starts_[token.normalized ? 1 : 0][static_cast<unsigned char>(form[0])].push_back(
         tokens_.size());
+    has_normalized_ = has_normalized_ || token.normalized;
     by_content_[token.content] = token.id;
     by_id_[token.id] = tokens_.size();
     tokens_.push_back(std::move(token));
@@ -150,7 +151,11 @@ std::vector<AddedVocabulary::Segment> AddedVocabulary::split(std::string_view te
       out.push_back(std::move(raw));
       continue;
     }
-    const std::string norm = normalizer != nullptr ? normalizer->normalize(raw.text) : raw.text;
+    std::string norm = normalizer != nullptr ? normalizer->normalize(raw.text) : raw.text;
+    if (!has_normalized_) {
+      if (!norm.empty()) out.push_back({std::move(norm), std::nullopt});
+      continue;
+    }
     for (Segment& seg : find_in(norm, /*normalized=*/true)) {
       if (!seg.text.empty()) out.push_back(std::move(seg));
     }

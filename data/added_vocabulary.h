@@ -60,6 +60,7 @@ class AddedVocabulary {
   std::vector<std::string> match_form_;  // per token: the string searched for
   // Per kind (raw, normalized) and first byte: the tokens that can start there.
   std::array<std::vector<std::size_t>, 256> starts_[2];
+  bool has_normalized_ = false;  // any token matched in the normalized text
   std::unordered_map<std::string, int32_t> by_content_;
   std::unordered_map<int32_t, std::size_t> by_id_;
   std::unique_ptr<Regex> word_char_;

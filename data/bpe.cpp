@@ -185,7 +185,7 @@ void Bpe::tokenize(std::string_view piece, std::vector<int32_t>& ids) const {
   const bool cacheable = piece.size() < kCacheMaxPieceBytes;
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    const auto it = cache_.find(std::string(piece));
+    const auto it = cache_.find(piece);
     if (it != cache_.end()) {
       ids.insert(ids.end(), it->second.begin(), it->second.end());
       return;

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -41,7 +43,12 @@ class Bpe final : public TokenizerModel {
   bool ignore_merges_ = false;
 
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;  // GUARDED_BY(cache_mutex_)
+  struct PieceHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  mutable std::unordered_map<std::string, std::vector<int32_t>, PieceHash, std::equal_to<>>
+      cache_;  // GUARDED_BY(cache_mutex_)
 };
 
 }  // namespace baton::data

@@ -1,22 +1,32 @@
 #include "data/chat_template.h"
 
-#include "data/tokenizer_error.h"
+#include <nlohmann/json.hpp>
+
+#include "data/tokenizer.h"
 
 namespace baton::data {
 namespace {
 
-// Jinja string literals in the template write a newline as the two characters \n.
-std::string unescape_jinja(const std::string& s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      const char c = s[++i];
-      out += c == 'n' ? '\n' : c == 't' ? '\t' : c;
-    } else {
-      out += s[i];
-    }
+using Json = nlohmann::ordered_json;
+
+// What transformers does to each message before rendering: keys with a null value go, and
+// reasoning given under any of its names is passed as `thinking` and `reasoning_content` too.
+Json prepare_message(const Json& message) {
+  if (!message.is_object()) return message;
+  Json m = Json::object();
+  for (const auto& [k, v] : message.items()) {
+    if (!v.is_null()) m[k] = v;
   }
-  return out;
+  for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
+    if (!m.contains(key)) continue;
+    const Json reasoning = m[key];
+    Json aliased = Json::object();
+    aliased["thinking"] = reasoning;
+    for (const auto& [k, v] : m.items()) aliased[k] = v;
+    aliased["reasoning_content"] = reasoning;
+    return aliased;
+  }
+  return m;
 }
 
 }  // namespace
@@ -24,56 +34,58 @@ std::string unescape_jinja(const std::string& s) {
 ChatTemplate ChatTemplate::from_template(const std::string& jinja_template,
                                          const std::string& source) {
   ChatTemplate t;
-  if (jinja_template.empty()) return t;
-  const bool chatml = jinja_template.find("<|im_start|>") != std::string::npos &&
-                      jinja_template.find("<|im_end|>") != std::string::npos &&
-                      jinja_template.find("message['role']") != std::string::npos &&
-                      jinja_template.find("message['content']") != std::string::npos;
-  // Templates with tools, reasoning content or images render differently from plain ChatML.
-  const bool extended = jinja_template.find("tools") != std::string::npos ||
-                        jinja_template.find("reasoning_content") != std::string::npos ||
-                        jinja_template.find("image") != std::string::npos;
-  if (!chatml || extended) {
-    throw TokenizerError(source +
-                         ": the chat_template is not one baton can render (it renders "
-                         "Qwen2's ChatML template, or concatenates the messages when the "
-                         "tokenizer has no chat_template); give string prompts instead, or "
-                         "remove chat_template from tokenizer_config.json");
-  }
-  t.kind_ = Kind::kChatMl;
-  // Qwen2's template inserts '<|im_start|>system\n...<|im_end|>\n' when messages[0] is not a
-  // system message.
-  const std::string open = "'<|im_start|>system\\n";
-  if (const std::size_t begin = jinja_template.find(open);
-      begin != std::string::npos && jinja_template.find("!= 'system'") != std::string::npos) {
-    const std::size_t text = begin + open.size();
-    const std::size_t end = jinja_template.find("<|im_end|>", text);
-    const std::string inner = jinja_template.substr(text, end - text);
-    if (end != std::string::npos && inner.find('\'') == std::string::npos) {
-      t.default_system_ = unescape_jinja(inner);
-    }
-  }
+  if (!jinja_template.empty()) t.jinja_ = JinjaTemplate::parse(jinja_template, source);
+  return t;
+}
+
+ChatTemplate ChatTemplate::from_tokenizer(const Tokenizer& tokenizer, const std::string& source) {
+  ChatTemplate t = from_template(tokenizer.chat_template(), source);
+  t.special_tokens_ = tokenizer.special_tokens();
   return t;
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt) const {
-  std::string out;
-  if (kind_ == Kind::kConcatenate) {
+  Json list = Json::array();
+  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  return render(list, add_generation_prompt, Json());
+}
+
+std::string ChatTemplate::render(const Json& messages, bool add_generation_prompt,
+                                 const Json& extra_variables,
+                                 const JinjaRenderOptions& options) const {
+  if (!messages.is_array()) {
+    throw TokenizerError("chat messages: expected a list of message objects, got " +
+                         std::string(messages.type_name()));
+  }
+  if (!jinja_) {
+    std::string out;
     for (std::size_t i = 0; i < messages.size(); ++i) {
+      const Json& content = messages[i].is_object() ? messages[i].value("content", Json()) : Json();
+      if (!content.is_string()) {
+        throw TokenizerError("chat messages[" + std::to_string(i) +
+                             "].content: without a chat_template the contents must be strings");
+      }
       if (i > 0) out += '\n';
-      out += messages[i].content;
+      out += content.get<std::string>();
     }
     return out;
   }
-  if (!messages.empty() && messages.front().role != "system" && !default_system_.empty()) {
-    out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+  if (!extra_variables.is_null() && !extra_variables.is_object()) {
+    throw TokenizerError(jinja_->source() + ": chat template variables: expected a JSON object");
   }
-  for (const ChatMessage& m : messages) {
-    out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+  Json variables = Json::object();
+  for (const auto& [name, token] : special_tokens_) variables[name] = token;
+  if (extra_variables.is_object()) {
+    for (const auto& [k, v] : extra_variables.items()) variables[k] = v;
   }
-  if (add_generation_prompt) out += "<|im_start|>assistant\n";
-  return out;
+  Json prepared = Json::array();
+  for (const Json& m : messages) prepared.push_back(prepare_message(m));
+  variables["messages"] = std::move(prepared);
+  variables["add_generation_prompt"] = add_generation_prompt;
+  if (!variables.contains("tools")) variables["tools"] = nullptr;
+  if (!variables.contains("documents")) variables["documents"] = nullptr;
+  return jinja_->render(variables, options);
 }
 
 }  // namespace baton::data

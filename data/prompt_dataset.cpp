@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "data/chat_template.h"
+#include "data/parquet_file.h"
 
 namespace baton::data {
 namespace {
@@ -19,20 +20,20 @@ std::string field_text(const nlohmann::json& value) {
   return value.is_string() ? value.get<std::string>() : value.dump();
 }
 
-std::vector<ChatMessage> parse_messages(const nlohmann::json& list, const std::string& where) {
-  std::vector<ChatMessage> messages;
+// Checks the shape of a chat prompt; the messages go to the template as they are (extra keys
+// such as tool_calls included).
+void check_messages(const nlohmann::json& list, const std::string& where) {
   for (std::size_t i = 0; i < list.size(); ++i) {
     const auto& m = list[i];
     const std::string here = where + "[" + std::to_string(i) + "]";
     if (!m.is_object()) throw RowError(here + ": expected a {\"role\", \"content\"} object");
-    for (const char* key : {"role", "content"}) {
-      if (!m.contains(key) || !m[key].is_string()) {
-        throw RowError(here + "." + key + ": expected a string");
-      }
+    if (!m.contains("role") || !m["role"].is_string()) {
+      throw RowError(here + ".role: expected a string");
     }
-    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    if (!m.contains("content") || !(m["content"].is_string() || m["content"].is_array())) {
+      throw RowError(here + ".content: expected a string or a list of content parts");
+    }
   }
-  return messages;
 }
 
 }  // namespace
@@ -67,12 +68,22 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
   const std::string& key = options.prompt_key_;
 
   for (const std::string& file : files) {
-    std::ifstream in(file);
-    if (!in) throw std::runtime_error(file + ": cannot open the dataset file (does it exist?)");
-    std::string text;
-    for (int64_t line_no = 1; std::getline(in, text); ++line_no) {
+    // Rows as JSON text: a JSONL file's lines, or a Parquet file's rows (verl's
+    // preprocessing scripts write those) as the objects a JSONL line would hold.
+    const bool parquet = file.size() >= 8 && file.compare(file.size() - 8, 8, ".parquet") == 0;
+    std::vector<std::string> texts;
+    if (parquet) {
+      for (const auto& r : read_parquet_rows(file)) texts.push_back(r.dump());
+    } else {
+      std::ifstream in(file);
+      if (!in) throw std::runtime_error(file + ": cannot open the dataset file (does it exist?)");
+      for (std::string line; std::getline(in, line);) texts.push_back(std::move(line));
+    }
+    for (int64_t line_no = 1; line_no <= static_cast<int64_t>(texts.size()); ++line_no) {
+      const std::string& text = texts[static_cast<std::size_t>(line_no - 1)];
       if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const std::string where = file + ":" + std::to_string(line_no);
+      const std::string where =
+          file + (parquet ? ": row " : ":") + std::to_string(line_no);
       try {
         nlohmann::json row;
         try {
@@ -90,10 +101,11 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
         if (prompt.is_string()) {
           out.prompt_text = prompt.get<std::string>();
         } else if (prompt.is_array()) {
-          const auto messages = parse_messages(prompt, where + ": field '" + key + "'");
-          if (!chat)
-            chat = ChatTemplate::from_template(tokenizer.chat_template(), "tokenizer_config.json");
-          out.prompt_text = chat->render(messages, /*add_generation_prompt=*/true);
+          check_messages(prompt, where + ": field '" + key + "'");
+          if (!chat) chat = ChatTemplate::from_tokenizer(tokenizer, "tokenizer_config.json");
+          // Parsed again keeping the keys' order, which the template may show (tojson).
+          const auto messages = nlohmann::ordered_json::parse(text).at(key);
+          out.prompt_text = chat->render(messages, /*add_generation_prompt=*/true, nullptr);
         } else {
           throw RowError(where + ": field '" + key +
                          "': expected a string or a list of {\"role\", \"content\"} messages");

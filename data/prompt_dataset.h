@@ -1,8 +1,10 @@
-// verl-format prompt datasets: JSONL files whose rows carry `prompt` (a string, or a list of
-// {"role", "content"} chat messages), `data_source`, `reward_model.ground_truth` and an optional
-// `extra_info` object. Chat prompts are rendered with the tokenizer's chat template
-// (chat_template.h) and tokenized without special tokens, as verl's RLHFDataset does; string
-// prompts are used as they are. Batches are left-padded to max_prompt_length.
+// verl-format prompt datasets: JSONL or Parquet files (parquet_file.h; a `.parquet` name) whose
+// rows carry `prompt` (a string, or a list of
+// {"role", "content", ...} chat messages, content a string or a list of parts), `data_source`,
+// `reward_model.ground_truth` and an optional `extra_info` object. Chat prompts are rendered
+// with the tokenizer's chat template (chat_template.h) and tokenized without special tokens, as
+// verl's RLHFDataset does; string prompts are used as they are. Batches are left-padded to
+// max_prompt_length.
 //
 // Example:
 //   auto tok = baton::data::Tokenizer::load("models/qwen2-0.5b");
@@ -66,7 +68,7 @@ struct PromptRow {
   std::string prompt_text;          // the prompt as rendered
   std::vector<int32_t> prompt_ids;  // its tokens after truncation (no padding)
   std::string file;                 // where the row came from
-  int64_t line = 0;                 // 1-based
+  int64_t line = 0;                 // 1-based (the row, in a Parquet file)
 };
 
 // A batch of prompts: row-major [size, seq_len] arrays, left-padded.
@@ -83,7 +85,7 @@ struct PromptBatch {
 
 class PromptDataset {
  public:
-  // Reads the JSONL files in order (empty lines are skipped). Throws std::runtime_error naming
+  // Reads the JSONL (or .parquet) files in order (empty lines are skipped). Throws std::runtime_error naming
   // the file, the line and the field for a missing file, malformed JSON, a missing or
   // mistyped field, an unsupported chat template, or (truncation "error") an overlong prompt.
   static PromptDataset load(const std::vector<std::string>& files, const Tokenizer& tokenizer,

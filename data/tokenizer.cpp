@@ -55,6 +55,7 @@ struct Tokenizer::Impl {
   std::optional<int32_t> bos, eos, pad;
   std::optional<bool> add_bos, add_eos;
   std::string chat_template;
+  std::vector<std::pair<std::string, std::string>> special_tokens;
 
   std::optional<int32_t> lookup(std::string_view token) const {
     if (const auto id = added->find(token)) return id;
@@ -109,6 +110,12 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
       }
       return id;
     };
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                            "cls_token", "mask_token"}) {
+      if (const auto token = config_token(config, key, config_file)) {
+        impl->special_tokens.emplace_back(key, *token);
+      }
+    }
     impl->bos = token_id("bos_token");
     impl->eos = token_id("eos_token");
     impl->pad = token_id("pad_token");
@@ -225,5 +232,8 @@ std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos; }
 std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos; }
 std::optional<int32_t> Tokenizer::pad_id() const { return impl_->pad; }
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+const std::vector<std::pair<std::string, std::string>>& Tokenizer::special_tokens() const {
+  return impl_->special_tokens;
+}
 
 }  // namespace baton::data

@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "data/tokenizer_error.h"
@@ -67,6 +68,10 @@ class Tokenizer {
   std::optional<int32_t> pad_id() const;
   // The Jinja chat template of tokenizer_config.json ("" when there is none).
   const std::string& chat_template() const;
+  // The named special tokens of tokenizer_config.json that are set (bos_token, eos_token,
+  // unk_token, sep_token, pad_token, cls_token, mask_token, in that order) with their text:
+  // the variables transformers passes to a chat template.
+  const std::vector<std::pair<std::string, std::string>>& special_tokens() const;
 
  private:
   struct Impl;

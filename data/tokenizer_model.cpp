@@ -1,5 +1,6 @@
 #include "data/tokenizer_model.h"
 
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "data/bpe.h"
@@ -8,6 +9,11 @@
 #include "data/word_level.h"
 
 namespace baton::data {
+namespace {
+
+uint64_t token_hash(std::string_view token) { return std::hash<std::string_view>{}(token); }
+
+}  // namespace
 
 Vocabulary Vocabulary::from_json(const nlohmann::json& vocab, const std::string& where) {
   if (!vocab.is_object()) throw TokenizerError(where + ": expected an object of token -> id");
@@ -28,15 +34,35 @@ Vocabulary Vocabulary::from_json(const nlohmann::json& vocab, const std::string&
     }
     v.tokens_[static_cast<std::size_t>(id)] = token;
     v.has_token_[static_cast<std::size_t>(id)] = true;
-    v.ids_.emplace(token, id);
+    ++v.size_;
+  }
+  std::size_t capacity = 16;
+  while (capacity < 2 * v.size_) capacity *= 2;
+  v.slots_.assign(capacity, 0);
+  v.mask_ = capacity - 1;
+  for (std::size_t id = 0; id < v.tokens_.size(); ++id) {
+    if (v.has_token_[id]) v.index(static_cast<int32_t>(id));
   }
   return v;
 }
 
+void Vocabulary::index(int32_t id) {
+  const uint64_t hash = token_hash(tokens_[static_cast<std::size_t>(id)]);
+  std::size_t i = hash & mask_;
+  while (slots_[i] != 0) i = (i + 1) & mask_;
+  slots_[i] = (hash & 0xFFFFFFFF00000000ull) | (static_cast<uint64_t>(id) + 1);
+}
+
 std::optional<int32_t> Vocabulary::find(std::string_view token) const {
-  const auto it = ids_.find(token);
-  if (it == ids_.end()) return std::nullopt;
-  return it->second;
+  const uint64_t hash = token_hash(token);
+  for (std::size_t i = hash & mask_;; i = (i + 1) & mask_) {
+    const uint64_t slot = slots_[i];
+    if (slot == 0) return std::nullopt;
+    if ((slot ^ hash) >> 32 == 0) {
+      const auto id = static_cast<int32_t>((slot & 0xFFFFFFFFu) - 1);
+      if (tokens_[static_cast<std::size_t>(id)] == token) return id;
+    }
+  }
 }
 
 const std::string* Vocabulary::token(int32_t id) const {

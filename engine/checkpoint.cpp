@@ -55,9 +55,6 @@ nlohmann::json checkpoint_json(const Transformer& model, int64_t step) {
   return {{"format", "baton-checkpoint-v1"}, {"step", step}, {"dp", pc.dp}, {"cp", pc.cp}};
 }
 
-void barrier(const ParallelState& ps) {
-  if (ps.world().size > 1) ps.world().pg->barrier()->wait();
-}
 
 at::Tensor rng_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
 
@@ -83,7 +80,7 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
     fs::remove_all(partial);
     fs::create_directories(partial);
   }
-  barrier(ps);
+  barrier(ps.world());
   const Coords& c = ps.coords();
   // The distributed optimizer gathers its state over DP: every rank takes part.
   std::map<std::string, at::Tensor> optim_state;
@@ -101,7 +98,7 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
     write_file_atomically(partial / "extra.json", extra.dump(2));
   }
   phase("files_written");
-  barrier(ps);  // every rank's files are on disk
+  barrier(ps.world());  // every rank's files are on disk
   if (ps.rank() == 0) {
     fsync_directory(partial);
     phase("before_publish");
@@ -117,7 +114,7 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
     fsync_directory(root);
     write_file_atomically(root / "latest", std::to_string(step) + "\n");
   }
-  barrier(ps);
+  barrier(ps.world());
 }
 
 std::optional<int64_t> latest_checkpoint(const fs::path& root) {

@@ -33,7 +33,10 @@ double seconds_since(Clock::time_point start) {
 
 std::set<int64_t> stop_tokens(const ModelConfig& cfg, const SamplingParams& params) {
   std::set<int64_t> stop(params.stop_token_ids.begin(), params.stop_token_ids.end());
-  if (!params.ignore_eos) stop.insert(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  if (!params.ignore_eos) {
+    const std::vector<int64_t>& eos = cfg.stop_token_ids();
+    stop.insert(eos.begin(), eos.end());
+  }
   return stop;
 }
 

@@ -11,6 +11,40 @@
 namespace baton::engine {
 namespace {
 
+// "eos_token_id" of an HF config or generation config: one id or a list,
+// each below vocab_size (absent or null: none).
+std::vector<int64_t> eos_ids(const nlohmann::json& json, int64_t vocab_size,
+                             const std::string& where) {
+  std::vector<int64_t> ids;
+  if (!json.contains("eos_token_id") || json["eos_token_id"].is_null()) return ids;
+  const auto& eos = json["eos_token_id"];
+  auto add = [&](const nlohmann::json& v) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab_size)
+      throw EngineError(detail::cat(where, ": eos_token_id ", v.dump(),
+                                    " is not a token id below vocab_size ", vocab_size));
+    ids.push_back(v.get<int64_t>());
+  };
+  if (eos.is_array()) {
+    for (const auto& v : eos) add(v);
+  } else {
+    add(eos);
+  }
+  return ids;
+}
+
+nlohmann::json parse_json_file(const std::filesystem::path& file, const char* what) {
+  std::ifstream in(file);
+  if (!in) throw EngineError(file.string() + ": cannot open " + what);
+  nlohmann::json json;
+  try {
+    in >> json;
+  } catch (const nlohmann::json::exception& e) {
+    throw EngineError(file.string() + ": malformed JSON: " + e.what());
+  }
+  if (!json.is_object()) throw EngineError(file.string() + ": not a JSON object");
+  return json;
+}
+
 int64_t required_size(const nlohmann::json& json, const char* key, const std::string& where) {
   if (!json.contains(key) || !json[key].is_number_integer())
     throw EngineError(detail::cat(where, ": \"", key, "\" is missing or not an integer"));
@@ -225,20 +259,7 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& json, const std::str
       c.family == ModelFamily::kQwen2 ? true : optional_value<bool>(json, "attention_bias", false);
   c.mlp_bias = optional_value<bool>(json, "mlp_bias", false);
   c.torch_dtype = read_dtype(json, where);
-  if (json.contains("eos_token_id") && !json["eos_token_id"].is_null()) {
-    const auto& eos = json["eos_token_id"];
-    auto add = [&](const nlohmann::json& v) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.vocab_size)
-        throw EngineError(detail::cat(where, ": eos_token_id ", v.dump(),
-                                      " is not a token id below vocab_size ", c.vocab_size));
-      c.eos_token_ids.push_back(v.get<int64_t>());
-    };
-    if (eos.is_array()) {
-      for (const auto& v : eos) add(v);
-    } else {
-      add(eos);
-    }
-  }
+  c.eos_token_ids = eos_ids(json, c.vocab_size, where);
   std::string act = optional_value<std::string>(json, "hidden_act", "silu");
   if (act != "silu")
     throw EngineError(where + ": hidden_act \"" + act + "\" is not supported (only silu)");
@@ -246,16 +267,15 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& json, const std::str
 }
 
 ModelConfig ModelConfig::load(const std::filesystem::path& path) {
-  auto file = std::filesystem::is_directory(path) ? path / "config.json" : path;
-  std::ifstream in(file);
-  if (!in) throw EngineError(file.string() + ": cannot open model config");
-  nlohmann::json json;
-  try {
-    in >> json;
-  } catch (const nlohmann::json::exception& e) {
-    throw EngineError(file.string() + ": malformed JSON: " + e.what());
+  const bool dir = std::filesystem::is_directory(path);
+  auto file = dir ? path / "config.json" : path;
+  ModelConfig c = from_hf_json(parse_json_file(file, "model config"), file.string());
+  const auto generation = path / "generation_config.json";
+  if (dir && std::filesystem::exists(generation)) {
+    c.generation_eos_token_ids = eos_ids(parse_json_file(generation, "generation config"),
+                                         c.vocab_size, generation.string());
   }
-  return from_hf_json(json, file.string());
+  return c;
 }
 
 nlohmann::json ModelConfig::to_hf_json(const std::string& arch) const {

@@ -39,8 +39,21 @@ struct ModelConfig {
   bool mlp_bias = false;  // Llama's "mlp_bias"
   // "torch_dtype" (transformers 4) or "dtype" (5).
   std::string torch_dtype = "float32";
-  // "eos_token_id": one id or a list (absent: none). Generation stops on them.
+  // "eos_token_id": one id or a list (absent: none).
   std::vector<int64_t> eos_token_ids;
+  // generation_config.json's "eos_token_id" (one id or a list), read by
+  // load(dir) when the model directory has that file; empty otherwise. As in HF
+  // `generate`, it replaces config.json's ids as the stop set: an instruct
+  // checkpoint lists its end-of-turn tokens there (Qwen2.5's <|im_end|> and
+  // <|endoftext|>, Llama-3.1's three), often more than config.json has.
+  // Never written to config.json (the file travels beside it).
+  std::vector<int64_t> generation_eos_token_ids;
+
+  // The ids generation stops on: generation_eos_token_ids when set, else
+  // eos_token_ids.
+  const std::vector<int64_t>& stop_token_ids() const {
+    return generation_eos_token_ids.empty() ? eos_token_ids : generation_eos_token_ids;
+  }
 
   // Parses an HF config as transformers 4 or 5 writes it. `where` names the
   // source in errors (a path). Throws EngineError for an unsupported

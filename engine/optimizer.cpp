@@ -106,7 +106,10 @@ struct Optimizer::Overlap {
   std::vector<Bucket> buckets;
   // Each parameter's AccumulateGrad node, which carries the hook; the
   // parameter itself refers to it only weakly.
-  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators;
+  // grad_accumulator returns std::shared_ptr<Node> in LibTorch 2.11 and
+  // c10::intrusive_ptr<Node> in 2.15: hold whichever it is.
+  std::vector<decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()))>
+      accumulators;
   bool armed = false;
   size_t started = 0;  // buckets [0, started) have their all-reduce under way
   int64_t started_in_backward = 0;
@@ -456,7 +459,12 @@ void Optimizer::reduce_scatter_flat() {
     at::Tensor out = f.grads.scalar_type() == at::kFloat
                          ? f.grad_shard
                          : at::empty({f.shard}, f.grads.options());
-    dp.pg->reduce_scatter_single(out, f.grads)->wait();
+    // _reduce_scatter_base / _allgather_base: the names LibTorch 2.11 to 2.15
+    // all have (2.15 deprecates them for *_single, which 2.11 lacks).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    dp.pg->_reduce_scatter_base(out, f.grads)->wait();
+#pragma GCC diagnostic pop
     if (!out.is_same(f.grad_shard)) f.grad_shard.copy_(out);
   } else if (!f.grad_shard.is_alias_of(f.grads)) {
     f.grad_shard.copy_(f.grads);
@@ -473,7 +481,10 @@ void Optimizer::all_gather_into(const at::Tensor& mine, at::Tensor& full) const 
     flat_->shm->all_gather(mine, full);  // `mine` may be full's own slice
   } else if (dp.size > 1) {
     at::Tensor in = mine.is_alias_of(full) ? mine.clone() : mine;
-    dp.pg->all_gather_single(full, in)->wait();
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    dp.pg->_allgather_base(full, in)->wait();
+#pragma GCC diagnostic pop
   } else if (!mine.is_alias_of(full)) {
     full.copy_(mine);
   }

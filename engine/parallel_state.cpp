@@ -288,6 +288,10 @@ class GroupFactory {
 
 }  // namespace
 
+void barrier(const Group& group) {
+  if (group.size > 1) group.pg->barrier()->wait();
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(c10::intrusive_ptr<c10d::Store> store,
                                                        int64_t rank, int64_t size,
                                                        std::chrono::milliseconds timeout) {

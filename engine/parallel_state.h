@@ -117,6 +117,11 @@ struct Group {
   std::vector<int64_t> ranks;  // global ranks by group rank
 };
 
+// Returns once every member of `group` has called it; a group of one returns
+// at once (a one-rank NCCL group is never asked for a barrier). Collective
+// and blocking.
+void barrier(const Group& group);
+
 // A Gloo process group of `size` ranks over `store`, bound like a
 // ParallelState's groups (GLOO_SOCKET_IFNAME, else loopback): for groups
 // outside a ParallelState, such as weight sync to separate rollout workers.

@@ -113,6 +113,10 @@ bool Transformer::first_stage() const { return state_->is_first_stage(); }
 bool Transformer::last_stage() const { return state_->is_last_stage(); }
 
 at::Device Transformer::device() const {
+  // Every parameter lives on one device: the first one found says which
+  // (without building named_params(), as forward asks on every call).
+  if (embedding_) return embedding_->weight.device();
+  if (final_norm_.defined()) return final_norm_.device();
   auto params = named_params();
   return params.empty() ? at::Device(at::kCPU) : params.front().second.device();
 }
@@ -136,8 +140,14 @@ void Transformer::check_token_ids(const at::Tensor& ids, const char* who) const 
                                   config_.vocab_size, ")"));
 }
 
-at::Tensor Transformer::forward(const at::Tensor& input, const at::Tensor& position_ids,
-                                const at::Tensor& attention_mask) {
+at::Tensor Transformer::forward(const at::Tensor& input_arg, const at::Tensor& position_ids_arg,
+                                const at::Tensor& attention_mask_arg) {
+  // Inputs on another device (a host batch for a GPU model) are moved to the
+  // parameters' device; on the same device this copies nothing.
+  const at::Device dev = device();
+  const at::Tensor input = input_arg.to(dev);
+  const at::Tensor position_ids = position_ids_arg.to(dev);
+  const at::Tensor attention_mask = attention_mask_arg.to(dev);
   if (position_ids.dim() != 2 || attention_mask.sizes() != position_ids.sizes())
     throw EngineError("Transformer::forward: position_ids " + shape_of(position_ids) +
                       " and attention_mask " + shape_of(attention_mask) + " must both be [B, S]");

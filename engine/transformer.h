@@ -78,7 +78,9 @@ class Transformer : public torch::nn::Module {
   // One stage's forward. `input`: token ids [B, S] (int64) on the first
   // stage, else the previous stage's output. `position_ids` and
   // `attention_mask` ([B, S], 1 = real token) are the whole batch's, on every
-  // stage. Token ids must be below config().vocab_size (EngineError). Returns
+  // stage; inputs on another device than the parameters (host tensors for a
+  // GPU model) are moved to it. Token ids must be below config().vocab_size
+  // (EngineError). Returns
   // the next stage's input, or on the last stage the logits shard
   // [B, S, Vp/tp] (LM; Vp = padded_vocab_size(), this rank's columns
   // vocab_shard(); padded columns hold -inf, see vocab_padding.h) or values

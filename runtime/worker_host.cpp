@@ -22,6 +22,7 @@
 #include "runtime/errors.h"
 #include "runtime/method_table.h"
 #include "runtime/role_set.h"
+#include "runtime/crash_handler.h"
 #include "runtime/value_codec.h"
 
 namespace baton {
@@ -247,6 +248,7 @@ void run_worker_host(int fd) {
   if (getppid() != env_int("BATON_DRIVER_PID", -1)) quit(70);
   fcntl(fd, F_SETFD, FD_CLOEXEC);
   setvbuf(stdout, nullptr, _IOLBF, 0);
+  install_crash_handler(env_str("BATON_CLASS") + ":" + env_str("RANK"));
   at::set_num_threads(std::max(1, env_int("BATON_THREADS", 1)));
   Host host(fd);
   host.run();

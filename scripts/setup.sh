@@ -7,6 +7,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  # The linker: several times faster than GNU ld on the LibTorch-linked tests.
+  mold
   # Gloo's headers: c10d's ProcessGroupGloo.hpp includes them and the torch
   # wheel does not ship them (its Gloo is linked into libtorch_cpu). Only
   # option and pointer types cross that boundary.
@@ -42,5 +44,8 @@ fi
 
 # LibTorch (and the HF reference the parity tests use): a venv with PyPI's
 # torch and transformers (at $BATON_VENV, default /opt/baton-venv), about 3
-# minutes the first time.
-bash "$(dirname "$0")/setup_python.sh" >/dev/null
+# minutes the first time. BATON_NO_VENV=1 skips it, for a machine whose own
+# torch is the LibTorch to build against (scripts/gpu_check.sh).
+if [[ "${BATON_NO_VENV:-0}" != 1 ]]; then
+  bash "$(dirname "$0")/setup_python.sh" >/dev/null
+fi

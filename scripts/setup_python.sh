@@ -26,6 +26,8 @@ pip_pins=(
   tokenizers==0.23.3
   safetensors==0.8.0
   huggingface_hub==2.4.0
+  # Apache Arrow's C++ libraries for verl's parquet prompt files (cmake/arrow.cmake).
+  pyarrow==26.0.1
 )
 
 sudo_cmd=()

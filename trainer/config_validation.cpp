@@ -96,6 +96,8 @@ constexpr std::initializer_list<const char*> kKlKinds = {
     "kl",  "k1",  "abs",  "mse",  "k2",  "low_var_kl",  "k3",
     "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"};
 
+constexpr std::initializer_list<const char*> kDtypes = {"float32", "bfloat16"};
+
 // A model layout: TP × PP over the world; returns its DP size, or nullopt.
 std::optional<int64_t> check_layout(Checker& c, std::optional<int64_t> world,
                                     const std::string& role, const std::string& tp_key,
@@ -230,6 +232,15 @@ void validate_ppo_config(const Config& config) {
   c.one_of("actor_rollout_ref.actor.strategy", {"megatron"});
   c.one_of("actor_rollout_ref.actor.loss_agg_mode", kLossAggModes);
   c.one_of("actor_rollout_ref.actor.kl_loss_type", kKlKinds);
+  const auto actor_dtype = c.one_of("actor_rollout_ref.actor.megatron.dtype", kDtypes);
+  c.one_of("actor_rollout_ref.ref.megatron.dtype", kDtypes);
+  // The rollout generates with the actor's parameters (the HybridEngine
+  // shares or reshards them): its dtype is theirs.
+  if (const auto rollout_dtype = c.one_of("actor_rollout_ref.rollout.dtype", kDtypes);
+      rollout_dtype && actor_dtype && *rollout_dtype != *actor_dtype)
+    c.problem(cat("actor_rollout_ref.rollout.dtype = '", *rollout_dtype,
+                  "' differs from actor_rollout_ref.actor.megatron.dtype = '", *actor_dtype,
+                  "'; the rollout generates with the actor's parameters (set them equal)"));
   check_optim(c, "actor_rollout_ref.actor.optim");
   if (c.read<std::string>("actor_rollout_ref.actor.policy_loss.loss_mode").value_or("") ==
           "vanilla" &&
@@ -240,6 +251,7 @@ void validate_ppo_config(const Config& config) {
   if (has_critic) {
     c.one_of("critic.strategy", {"megatron"});
     c.one_of("critic.loss_agg_mode", kLossAggModes);
+    c.one_of("critic.megatron.dtype", kDtypes);
     check_optim(c, "critic.optim");
   } else if (!config.is_null("critic.enable") &&
              c.read<std::string>("algorithm.adv_estimator").value_or("") == "gae") {

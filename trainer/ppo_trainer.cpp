@@ -153,6 +153,8 @@ void fill_role_options(const Config& c, Settings& s, int64_t steps) {
   o.model.tp = c.get<int64_t>(a + ".megatron.tensor_model_parallel_size");
   o.model.pp = c.get<int64_t>(a + ".megatron.pipeline_model_parallel_size");
   o.model.seed = static_cast<uint64_t>(c.get<int64_t>(a + ".megatron.seed"));
+  o.model.dtype = c.get<std::string>(a + ".megatron.dtype");
+  o.ref_dtype = c.get<std::string>("actor_rollout_ref.ref.megatron.dtype");
   const int64_t dp = s.world / (o.model.tp * o.model.pp);
   const int64_t mini_prompts = std::min(c.get<int64_t>(a + ".ppo_mini_batch_size"), s.train_batch);
   o.update.mini_batch_size = mini_prompts * s.n;
@@ -212,6 +214,7 @@ void fill_role_options(const Config& c, Settings& s, int64_t steps) {
   k.model.tp = c.get<int64_t>("critic.megatron.tensor_model_parallel_size");
   k.model.pp = c.get<int64_t>("critic.megatron.pipeline_model_parallel_size");
   k.model.seed = static_cast<uint64_t>(c.get<int64_t>("critic.megatron.seed"));
+  k.model.dtype = c.get<std::string>("critic.megatron.dtype");
   const int64_t cdp = s.world / (k.model.tp * k.model.pp);
   const int64_t cmini = std::min(c.get<int64_t>("critic.ppo_mini_batch_size"), s.train_batch);
   k.update.mini_batch_size = cmini * s.n;

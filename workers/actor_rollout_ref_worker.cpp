@@ -93,7 +93,9 @@ void ActorRolloutRefWorker::init_model() {
   actor_ = std::make_unique<RoleModel>(info(), options_.model, "actor",
                                        options_.actor ? &options_.optim : nullptr);
   if (options_.ref) {
-    ref_ = std::make_unique<RoleModel>(info(), options_.model, "ref", nullptr, actor_->state_ptr());
+    ModelOptions ref_model = options_.model;
+    ref_model.dtype = options_.ref_dtype;
+    ref_ = std::make_unique<RoleModel>(info(), ref_model, "ref", nullptr, actor_->state_ptr());
   }
   engine::HybridEngineOptions h;
   h.rollout_tp = options_.rollout.tp;
@@ -250,12 +252,13 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
     MetricLists micro_metrics;
     a.optimizer().zero_grad();
     engine::forward_backward(
-        a.model(), make_micro_batches(mini, options_.update.micro_batch_size, mb_extra),
+        a.model(),
+        make_micro_batches(mini, options_.update.micro_batch_size, mb_extra, a.model().device()),
         [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
           ResponseScores s = response_scores(logits, mb.input_ids, R, temperature, ps.tp());
-          const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat).to(logits.device());
-          const at::Tensor old = mb.extra.at("old_log_probs").to(logits.device());
-          const at::Tensor adv = mb.extra.at("advantages").to(logits.device());
+          const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat);
+          const at::Tensor old = mb.extra.at("old_log_probs");
+          const at::Tensor adv = mb.extra.at("advantages");
           algos::PolicyLossResult pl =
               algos::policy_loss(po.loss_mode, old, s.log_probs, adv, mask, plo);
           at::Tensor loss = pl.loss;
@@ -268,7 +271,7 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
             loss = loss - po.entropy_coeff * algos::agg_loss(s.entropy, mask, agg, global);
           }
           if (po.use_kl_loss) {
-            const at::Tensor ref = mb.extra.at("ref_log_prob").to(logits.device());
+            const at::Tensor ref = mb.extra.at("ref_log_prob");
             at::Tensor kl = algos::agg_loss(algos::kl_penalty(s.log_probs, ref, po.kl_loss_type),
                                             mask, agg, global);
             sums[1] += kl.item<double>();
@@ -280,7 +283,7 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
     if (ps.is_last_stage()) {
       // The micro-batch losses are shares of the mini-batch's (global
       // normalisation scales each by dp): their DP sum over dp is its value.
-      all_reduce_sum(sums, ps.dp());
+      all_reduce_sum(sums, ps.dp(), ps.device());
       const double dp = static_cast<double>(ps.config().dp);
       metrics["actor/pg_loss"].push_back(sums[0] / dp);
       if (po.use_kl_loss) {

@@ -57,13 +57,13 @@ DataProto CriticWorker::update_critic(const DataProto& batch) {
     engine::forward_backward(
         c.model(),
         make_micro_batches(mini, options_.update.micro_batch_size,
-                           {"response_mask", "values", "returns"}),
+                           {"response_mask", "values", "returns"}, c.model().device()),
         [&](const at::Tensor& out, const engine::MicroBatch& mb) {
           const int64_t S = out.size(1);
           at::Tensor vpreds = out.squeeze(-1).slice(1, S - R - 1, S - 1);
-          const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat).to(out.device());
-          auto vl = algos::compute_value_loss(vpreds, mb.extra.at("returns").to(out.device()),
-                                              mb.extra.at("values").to(out.device()), mask,
+          const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat);
+          auto vl = algos::compute_value_loss(vpreds, mb.extra.at("returns"),
+                                              mb.extra.at("values"), mask,
                                               options_.cliprange_value, agg, global);
           const double tokens = mask.sum().item<double>();
           sums[0] += vl.loss.item<double>();
@@ -73,7 +73,7 @@ DataProto CriticWorker::update_critic(const DataProto& batch) {
         });
     const engine::StepStats step = c.optimizer().step();
     if (ps.is_last_stage()) {
-      all_reduce_sum(sums, ps.dp());
+      all_reduce_sum(sums, ps.dp(), ps.device());
       const double tokens = global.batch_num_tokens.value_or(0);
       metrics["critic/vf_loss"].push_back(sums[0] / static_cast<double>(ps.config().dp));
       if (tokens > 0) {

@@ -70,7 +70,8 @@ RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const 
   model_ = std::make_shared<engine::Transformer>(hf.config, state_, topts);
   model_->load_state_dict(engine::hf_to_shard(hf.weights, hf.config, model_->shard_spec()));
   hf.weights.clear();
-  if (info.use_gpu) model_->to(state_->device());
+  const at::ScalarType dtype = parameter_dtype(options.dtype, "RoleModel(" + tag + ")");
+  if (info.use_gpu || dtype != at::kFloat) model_->to(state_->device(), dtype);
   if (optim != nullptr) {
     optimizer_ = std::make_unique<engine::Optimizer>(model_, engine_optimizer_options(*optim));
   } else {
@@ -94,7 +95,7 @@ at::Tensor RoleModel::response_log_probs(const DataProto& batch, int64_t micro_b
   const engine::Group& tp = state_->tp();
   std::vector<at::Tensor> entropies;
   auto outs = engine::forward_only(
-      *model_, make_micro_batches(batch, micro_batch, {}),
+      *model_, make_micro_batches(batch, micro_batch, {}, model_->device()),
       [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
         ResponseScores s = response_scores(logits, mb.input_ids, R, temperature, tp);
         if (entropy != nullptr) entropies.push_back(s.entropy.to(at::kFloat).cpu());
@@ -109,7 +110,8 @@ at::Tensor RoleModel::response_values(const DataProto& batch, int64_t micro_batc
                                      bool at_tokens) {
   const int64_t R = response_width(batch);
   const int64_t shift = at_tokens ? 0 : 1;
-  auto outs = engine::forward_only(*model_, make_micro_batches(batch, micro_batch, {}),
+  auto outs = engine::forward_only(*model_,
+                                   make_micro_batches(batch, micro_batch, {}, model_->device()),
                                    [&](const at::Tensor& values, const engine::MicroBatch&) {
                                      const int64_t S = values.size(1);
                                      return values.squeeze(-1)
@@ -122,7 +124,8 @@ at::Tensor RoleModel::response_values(const DataProto& batch, int64_t micro_batc
 }
 
 std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64_t micro_batch,
-                                                   const std::vector<std::string>& extra) {
+                                                   const std::vector<std::string>& extra,
+                                                   at::Device device) {
   if (micro_batch < 1) {
     throw Error("make_micro_batches: micro-batch size " + std::to_string(micro_batch) +
                 " (must be >= 1)");
@@ -132,11 +135,19 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64
       throw Error(std::string("make_micro_batches: the batch has no tensor '") + key + "'");
     }
   }
-  const at::Tensor& ids = batch.tensor("input_ids");
-  const at::Tensor mask = batch.tensor("attention_mask").to(at::kLong);
+  // One host-to-device copy per tensor, then the micro-batches are views.
+  const at::Tensor ids = batch.tensor("input_ids").to(device);
+  const at::Tensor mask = batch.tensor("attention_mask").to(device, at::kLong);
   const at::Tensor pos = batch.has_tensor("position_ids")
-                             ? batch.tensor("position_ids")
+                             ? batch.tensor("position_ids").to(device)
                              : (mask.cumsum(1) - 1).clamp_min(0);
+  std::map<std::string, at::Tensor> extras;
+  for (const auto& key : extra) {
+    if (!batch.has_tensor(key)) {
+      throw Error("make_micro_batches: the batch has no tensor '" + key + "'");
+    }
+    extras[key] = batch.tensor(key).to(device);
+  }
   std::vector<engine::MicroBatch> out;
   const int64_t n = batch.size();
   for (int64_t start = 0; start < n; start += micro_batch) {
@@ -145,12 +156,7 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64
     mb.input_ids = ids.slice(0, start, end);
     mb.attention_mask = mask.slice(0, start, end);
     mb.position_ids = pos.slice(0, start, end);
-    for (const auto& key : extra) {
-      if (!batch.has_tensor(key)) {
-        throw Error("make_micro_batches: the batch has no tensor '" + key + "'");
-      }
-      mb.extra[key] = batch.tensor(key).slice(0, start, end);
-    }
+    for (const auto& [key, t] : extras) mb.extra[key] = t.slice(0, start, end);
     out.push_back(std::move(mb));
   }
   return out;
@@ -186,12 +192,14 @@ ResponseScores response_scores(const at::Tensor& logits_shard, const at::Tensor&
   return {both.log_probs, both.entropy};
 }
 
-void all_reduce_sum(std::vector<double>& values, const engine::Group& group) {
+void all_reduce_sum(std::vector<double>& values, const engine::Group& group, at::Device device) {
   if (group.size <= 1 || values.empty()) return;
-  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device);
   std::vector<at::Tensor> ts{t};
   group.pg->allreduce(ts)->wait();
-  for (size_t i = 0; i < values.size(); ++i) values[i] = t[static_cast<int64_t>(i)].item<double>();
+  const at::Tensor host = t.cpu();
+  const double* sums = host.data_ptr<double>();
+  std::copy(sums, sums + values.size(), values.begin());
 }
 
 void export_hf_model(RoleModel& role, const std::string& dir) {
@@ -212,11 +220,11 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
     fs::create_directories(shards);
     engine::write_sharded_layout(shards, cfg, layout, &base);
   }
-  ps.world().pg->barrier()->wait();
+  engine::barrier(ps.world());
   if (c.dp == 0 && c.cp == 0) {
     engine::write_sharded_rank(shards, c.tp, c.pp, role.model().state_dict());
   }
-  ps.world().pg->barrier()->wait();
+  engine::barrier(ps.world());
   if (ps.rank() == 0) {
     const auto saved = engine::load_sharded_layout(shards);
     engine::TensorMap hf = engine::shards_to_hf(engine::load_sharded_all(shards), cfg,
@@ -232,7 +240,13 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
       fs::copy_file(e.path(), out / name, fs::copy_options::overwrite_existing);
     }
   }
-  ps.world().pg->barrier()->wait();
+  engine::barrier(ps.world());
+}
+
+at::ScalarType parameter_dtype(const std::string& name, const std::string& where) {
+  if (name == "float32" || name == "fp32") return at::kFloat;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  throw Error(where + ": parameter dtype '" + name + "' (known: float32, bfloat16)");
 }
 
 engine::OptimizerOptions engine_optimizer_options(const OptimOptions& optim) {

@@ -83,9 +83,11 @@ class RoleModel {
 
 // `batch` cut into micro-batches of `micro_batch` rows (the last may be
 // shorter): input_ids, attention_mask, position_ids (from the batch, or the
-// cumulative mask when it has none), and the tensors named in `extra`.
+// cumulative mask when it has none), and the tensors named in `extra`, each
+// on `device` (the model's: a worker's batch arrives in host memory).
 std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64_t micro_batch,
-                                                   const std::vector<std::string>& extra);
+                                                   const std::vector<std::string>& extra,
+                                                   at::Device device);
 
 // The response width R of an RL batch (responses' columns, else
 // response_mask's); baton::Error naming the keys when neither is there.
@@ -106,7 +108,9 @@ ResponseScores response_scores(const at::Tensor& logits_shard, const at::Tensor&
                                const engine::Group& tp);
 
 // Sums `values` element-wise over `group` in place (a no-op for size 1).
-void all_reduce_sum(std::vector<double>& values, const engine::Group& group);
+// `device`: where the group's collectives run (ParallelState::device(): a GPU
+// for NCCL groups, which take no host tensors).
+void all_reduce_sum(std::vector<double>& values, const engine::Group& group, at::Device device);
 
 // Writes the role's model as an HF model directory `dir` (config.json,
 // safetensors, and the source directory's other files such as the
@@ -114,6 +118,11 @@ void all_reduce_sum(std::vector<double>& values, const engine::Group& group);
 // position writes its shard under `dir`.shards, rank 0 merges them and
 // removes that directory.
 void export_hf_model(RoleModel& role, const std::string& dir);
+
+// ModelOptions::dtype as a LibTorch dtype: "float32"/"fp32" or
+// "bfloat16"/"bf16"; baton::Error naming `where` and the accepted names
+// otherwise.
+at::ScalarType parameter_dtype(const std::string& name, const std::string& where);
 
 // OptimOptions → the engine's optimizer settings (clip, schedule, AdamW).
 engine::OptimizerOptions engine_optimizer_options(const OptimOptions& optim);

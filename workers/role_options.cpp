@@ -32,7 +32,8 @@ const json& section(const json& j, const char* key, const std::string& where) {
 
 json to_j(const ModelOptions& m) {
   return {{"path", m.path}, {"value_model", m.value_model}, {"tp", m.tp},
-          {"pp", m.pp},     {"vocab_divisible_by", m.vocab_divisible_by}, {"seed", m.seed}};
+          {"pp", m.pp},     {"vocab_divisible_by", m.vocab_divisible_by}, {"seed", m.seed},
+          {"dtype", m.dtype}};
 }
 void from_j(const json& j, ModelOptions& m, const std::string& w) {
   read(j, "path", m.path, w);
@@ -41,6 +42,7 @@ void from_j(const json& j, ModelOptions& m, const std::string& w) {
   read(j, "pp", m.pp, w);
   read(j, "vocab_divisible_by", m.vocab_divisible_by, w);
   read(j, "seed", m.seed, w);
+  read(j, "dtype", m.dtype, w);
 }
 
 json to_j(const OptimOptions& o) {
@@ -134,7 +136,7 @@ json parse(const std::string& text, const char* what) {
 std::string ActorRolloutRefOptions::to_json() const {
   json j = {{"model", to_j(model)},   {"optim", to_j(optim)},     {"update", to_j(update)},
             {"policy", to_j(policy)}, {"rollout", to_j(rollout)}, {"actor", actor},
-            {"ref", ref}};
+            {"ref", ref},             {"ref_dtype", ref_dtype}};
   return j.dump();
 }
 
@@ -149,6 +151,7 @@ ActorRolloutRefOptions ActorRolloutRefOptions::from_json(const std::string& text
   from_j(section(j, "rollout", w), o.rollout, w + ".rollout");
   read(j, "actor", o.actor, w);
   read(j, "ref", o.ref, w);
+  read(j, "ref_dtype", o.ref_dtype, w);
   return o;
 }
 

@@ -25,7 +25,11 @@ struct ModelOptions {
   int64_t pp = 1;                // pipeline stages
   int64_t vocab_divisible_by = 128;  // Megatron's make_vocab_size_divisible_by
   uint64_t seed = 42;                // fresh parameters (a value head) and dropout-free RNG
+  // The parameters' dtype: "float32" or "bfloat16". A trained model keeps
+  // fp32 master weights and optimizer state either way (engine::Optimizer).
+  std::string dtype = "float32";
 };
+
 
 struct OptimOptions {
   double lr = 1e-6;
@@ -83,6 +87,7 @@ struct ActorRolloutRefOptions {
   RolloutOptions rollout;
   bool actor = true;  // the actor role (training); false: rollout/ref only
   bool ref = false;   // keep a frozen copy of the initial weights (ref log-probs)
+  std::string ref_dtype = "float32";  // the reference copy's parameter dtype (ModelOptions::dtype)
 
   std::string to_json() const;
   // Throws baton::Error naming the key for a malformed or incomplete text.

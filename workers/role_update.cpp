@@ -34,7 +34,7 @@ std::vector<DataProto> local_mini_batches(const DataProto& batch, const UpdateOp
 algos::GlobalBatchInfo global_batch_info(const DataProto& mini, const engine::ParallelState& ps) {
   std::vector<double> counts = {response_mask_of(mini).sum().item<double>(),
                                 static_cast<double>(mini.size())};
-  all_reduce_sum(counts, ps.dp());
+  all_reduce_sum(counts, ps.dp(), ps.device());
   algos::GlobalBatchInfo info;
   info.dp_size = ps.config().dp;
   info.batch_num_tokens = counts[0];

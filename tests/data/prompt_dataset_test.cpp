@@ -182,8 +182,7 @@ TEST_F(PromptFiles, UnsupportedChatTemplateFailsOnTheFirstChatRow) {
                                    std::istreambuf_iterator<char>());
   const Tokenizer tok = Tokenizer::from_json(
       tokenizer_json,
-      R"({"eos_token": "<|im_end|>", "chat_template": "{{ messages[0]['content'] }}"})",
-      "models/m");
+      R"({"eos_token": "<|im_end|>", "chat_template": "{% include 'chat.jinja' %}"})", "models/m");
   const std::string path = write(
       "t.jsonl",
       row("strings need no template") +

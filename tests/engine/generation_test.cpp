@@ -314,6 +314,20 @@ TEST(Generation, StopsOnStopTokensAndEos) {
   EXPECT_EQ(ended.response, stopped.response);
   eos.ignore_eos = true;
   EXPECT_EQ(eos_engine.generate({prompt}, eos)[0].response, free_run);
+
+  // generation_config.json's ids (several, as instruct checkpoints list) are
+  // the stop set when present, config.json's are not.
+  auto gen_cfg = model->config();
+  int64_t unused = 0;
+  while (std::find(free_run.begin(), free_run.end(), unused) != free_run.end()) ++unused;
+  gen_cfg.generation_eos_token_ids = {unused, free_run[3]};
+  auto with_gen = std::make_shared<Transformer>(gen_cfg, ParallelState::single());
+  with_gen->load_state_dict(model->state_dict());
+  GenerationEngine gen_engine(with_gen, GenerationOptions().set_cache_bytes(1 << 20));
+  eos.ignore_eos = false;
+  auto gen_ended = gen_engine.generate({prompt}, eos)[0];
+  EXPECT_EQ(gen_ended.finish_reason, "stop");
+  EXPECT_EQ(gen_ended.response, stopped.response);
 }
 
 TEST(Generation, SleepReleasesTheCacheAndWakeRestoresIt) {

@@ -90,6 +90,36 @@ TEST(ModelConfig, SaveThenLoadRoundTrips) {
   std::filesystem::remove_all(dir);
 }
 
+// generation_config.json's eos_token_id (a list in instruct checkpoints) is
+// the stop set, as in HF generate; config.json's stays what it was.
+TEST(ModelConfig, GenerationConfigEosIdsReplaceConfigsAsTheStopSet) {
+  auto dir = std::filesystem::temp_directory_path() / ("baton_gen_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto json = qwen2_json();
+  json["eos_token_id"] = 7;
+  { std::ofstream(dir / "config.json") << json.dump(); }
+  auto c = ModelConfig::load(dir);
+  EXPECT_EQ(c.stop_token_ids(), std::vector<int64_t>{7});
+  EXPECT_TRUE(c.generation_eos_token_ids.empty());
+
+  { std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [7, 9], "top_p": 0.8})"; }
+  c = ModelConfig::load(dir);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{7});
+  EXPECT_EQ(c.stop_token_ids(), (std::vector<int64_t>{7, 9}));
+  EXPECT_EQ(c.to_hf_json()["eos_token_id"], 7);  // config.json is not rewritten with the list
+
+  { std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 3})"; }
+  EXPECT_EQ(ModelConfig::load(dir).stop_token_ids(), std::vector<int64_t>{3});
+
+  { std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [7, 128]})"; }
+  expect_error([&] { ModelConfig::load(dir); },
+               {(dir / "generation_config.json").string(), "eos_token_id 128", "vocab_size 128"});
+  { std::ofstream(dir / "generation_config.json") << "{ not json"; }
+  expect_error([&] { ModelConfig::load(dir); },
+               {(dir / "generation_config.json").string(), "malformed JSON"});
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ModelConfig, MalformedFileNamesThePath) {
   auto file = std::filesystem::temp_directory_path() /
               ("baton_bad_" + std::to_string(::getpid()) + ".json");

@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "runtime/baton.h"
 
@@ -95,6 +98,79 @@ INSTANTIATE_TEST_SUITE_P(
                       DeathCase{"segfault", "killed by signal 11 (SIGSEGV)"},
                       DeathCase{"exit", "exited with status 3"}),
     [](const auto& info) { return std::string(info.param.how); });
+
+// Everything written to this process's stderr (fd 2) while it lives, for a
+// test to wait on: the log pump forwards a worker's stderr there.
+class StderrTap {
+ public:
+  StderrTap() {
+    int fds[2];
+    if (pipe(fds) != 0) throw std::runtime_error("pipe");
+    std::fflush(stderr);
+    saved_ = dup(STDERR_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[1]);
+    reader_ = std::thread([this, fd = fds[0]] {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) {
+        std::lock_guard<std::mutex> lock(mu_);
+        text_.append(buf, static_cast<size_t>(n));
+        cv_.notify_all();
+      }
+      close(fd);
+    });
+  }
+  ~StderrTap() {
+    std::fflush(stderr);
+    dup2(saved_, STDERR_FILENO);  // the pipe's last writer goes: the reader sees EOF
+    close(saved_);
+    reader_.join();
+    std::fwrite(text_.data(), 1, text_.size(), stderr);  // still shown in the test's log
+  }
+  // Whether `needle` was written within `timeout`.
+  bool wait_for(const std::string& needle, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return text_.find(needle) != std::string::npos; });
+  }
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return text_;
+  }
+
+ private:
+  int saved_ = -1;
+  std::thread reader_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string text_;
+};
+
+// A worker killed by a fatal signal logs where before it dies: the signal,
+// its pid and label, and a backtrace whose frames in the executable carry
+// function, file and line (addr2line over the -g1 line tables).
+TEST(WorkerCrash, FatalSignalLogsASymbolisedBacktraceBeforeTheWorkerDies) {
+  // A loaded CI machine may take a while to read the test binary's line tables.
+  setenv("BATON_BACKTRACE_TIMEOUT_MS", "20000", 1);
+  StderrTap tap;
+  {
+    ResourcePool pool = ResourcePool::cpu(1);
+    WorkerGroup g = WorkerGroup::spawn("TestWorker", pool);
+    const pid_t pid = g.pids()[0];
+    const std::string err = died_error(g.call_rank(0, "crash", {"segfault"}), std::chrono::seconds(30));
+    EXPECT_NE(err.find("killed by signal 11 (SIGSEGV)"), std::string::npos) << err;
+    ASSERT_TRUE(tap.wait_for("TestWorker::crash", std::chrono::seconds(10))) << tap.text();
+    const std::string log = tap.text();
+    EXPECT_NE(log.find("[TestWorker:0] baton: fatal signal 11 (SIGSEGV), fault address"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("pid " + std::to_string(pid) + " (TestWorker:0); backtrace:"),
+              std::string::npos)
+        << log;
+    // The frame of the method that raised names its source line.
+    EXPECT_NE(log.find("test_workers.cpp:"), std::string::npos) << log;
+  }
+  unsetenv("BATON_BACKTRACE_TIMEOUT_MS");
+}
 
 int count_dev_shm() {
   int n = 0;

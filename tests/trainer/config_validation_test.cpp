@@ -168,6 +168,23 @@ TEST(ConfigValidation, ChoicesAreChecked) {
       "algorithm.kl_ctrl.horizon must be > 0");
 }
 
+TEST(ConfigValidation, ParameterDtypesAreCheckedAndTheRolloutFollowsTheActor) {
+  EXPECT_EQ(problems_with(small_with({"actor_rollout_ref.actor.megatron.dtype=bfloat16"})), "");
+  const std::string message = problems_with(small_with(
+      {"actor_rollout_ref.actor.megatron.dtype=float16", "critic.megatron.dtype=bf16"}));
+  EXPECT_CONTAINS(message,
+                  "actor_rollout_ref.actor.megatron.dtype = 'float16' is not one of: float32, "
+                  "bfloat16");
+  // The reference and the rollout follow the actor's key unless set.
+  EXPECT_CONTAINS(message, "actor_rollout_ref.ref.megatron.dtype = 'float16' is not one of");
+  EXPECT_CONTAINS(problems_with(small_with({"actor_rollout_ref.rollout.dtype=bfloat16"})),
+                  "actor_rollout_ref.rollout.dtype = 'bfloat16' differs from "
+                  "actor_rollout_ref.actor.megatron.dtype = 'float32'");
+  EXPECT_EQ(problems_with(small_with({"actor_rollout_ref.actor.megatron.dtype=bfloat16",
+                                      "actor_rollout_ref.ref.megatron.dtype=float32"})),
+            "");
+}
+
 TEST(ConfigValidation, OptimizerSettingsAreInRange) {
   const std::string message =
       problems_with(small_with({"actor_rollout_ref.actor.optim.betas=[0.9]", "critic.optim.lr=-1",

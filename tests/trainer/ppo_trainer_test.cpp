@@ -136,6 +136,30 @@ TEST_F(PpoTrainerTest, PpoWithACriticAndKlInTheRewardReportsCriticMetrics) {
   expect_finite_metrics(r, keys);
 }
 
+// bf16 parameters (fp32 masters and AdamW state in the optimizer) for the
+// actor, its reference copy and the critic: PPO with the KL loss trains,
+// reports finite metrics, and exports bf16 weights.
+TEST_F(PpoTrainerTest, Bf16ParametersTrainActorReferenceAndCriticAndExportBf16) {
+  TempDir out;
+  Config c = config("ppo_toy", out.path());
+  c.apply_overrides({"actor_rollout_ref.actor.megatron.dtype=bfloat16",
+                     "critic.megatron.dtype=bfloat16", "actor_rollout_ref.actor.use_kl_loss=true",
+                     "trainer.test_freq=-1"});
+  PpoTrainer trainer(c);
+  const FitResult r = trainer.fit();
+  EXPECT_EQ(r.steps, 2);
+  std::vector<std::string> keys = kActorMetrics;
+  for (const char* k : {"critic/values/mean", "critic/vf_loss", "critic/grad_norm", "actor/kl_loss",
+                        "timing_s/ref"})
+    keys.push_back(k);
+  std::erase(keys, "val-core/openai/gsm8k/reward/mean@1");
+  expect_finite_metrics(r, keys);
+  EXPECT_GT(r.last_metrics.at("actor/grad_norm"), 0.0);
+  const engine::HfModel hf = engine::load_hf_model(r.hf_dir);
+  ASSERT_FALSE(hf.weights.empty());
+  for (const auto& [name, w] : hf.weights) EXPECT_EQ(w.scalar_type(), at::kBFloat16) << name;
+}
+
 TEST_F(PpoTrainerTest, AValueModelRewardReplacesTheRuleRewardInTrainingAndValidation) {
   TempDir out;
   Config c = config("grpo_toy", out.path());
