@@ -121,11 +121,19 @@ class PeakRss:
         self._thread.start()
 
     def _children(self, pid):
+        # Every thread's children: the runtime spawns workers from its own thread.
+        out = []
         try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                return [int(c) for c in f.read().split()]
+            tasks = os.listdir(f"/proc/{pid}/task")
         except OSError:
-            return []
+            return out
+        for t in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{t}/children") as f:
+                    out.extend(int(c) for c in f.read().split())
+            except OSError:
+                pass
+        return out
 
     def _run(self):
         while not self._stop:
