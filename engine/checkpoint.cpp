@@ -55,7 +55,6 @@ nlohmann::json checkpoint_json(const Transformer& model, int64_t step) {
   return {{"format", "baton-checkpoint-v1"}, {"step", step}, {"dp", pc.dp}, {"cp", pc.cp}};
 }
 
-
 at::Tensor rng_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
 
 void set_rng_state(const at::Tensor& state) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/errors.h"
+#include "engine/hf_model.h"
 
 namespace baton::engine {
 namespace {
@@ -30,19 +31,6 @@ std::vector<int64_t> eos_ids(const nlohmann::json& json, int64_t vocab_size,
     add(eos);
   }
   return ids;
-}
-
-nlohmann::json parse_json_file(const std::filesystem::path& file, const char* what) {
-  std::ifstream in(file);
-  if (!in) throw EngineError(file.string() + ": cannot open " + what);
-  nlohmann::json json;
-  try {
-    in >> json;
-  } catch (const nlohmann::json::exception& e) {
-    throw EngineError(file.string() + ": malformed JSON: " + e.what());
-  }
-  if (!json.is_object()) throw EngineError(file.string() + ": not a JSON object");
-  return json;
 }
 
 int64_t required_size(const nlohmann::json& json, const char* key, const std::string& where) {
@@ -269,11 +257,12 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& json, const std::str
 ModelConfig ModelConfig::load(const std::filesystem::path& path) {
   const bool dir = std::filesystem::is_directory(path);
   auto file = dir ? path / "config.json" : path;
-  ModelConfig c = from_hf_json(parse_json_file(file, "model config"), file.string());
+  ModelConfig c = from_hf_json(read_json_file(file), file.string());
   const auto generation = path / "generation_config.json";
   if (dir && std::filesystem::exists(generation)) {
-    c.generation_eos_token_ids = eos_ids(parse_json_file(generation, "generation config"),
-                                         c.vocab_size, generation.string());
+    const nlohmann::json g = read_json_file(generation);
+    if (!g.is_object()) throw EngineError(generation.string() + ": not a JSON object");
+    c.generation_eos_token_ids = eos_ids(g, c.vocab_size, generation.string());
   }
   return c;
 }

@@ -18,11 +18,11 @@
 #include <mutex>
 
 #include "runtime/channel.h"
+#include "runtime/crash_handler.h"
 #include "runtime/driver.h"
 #include "runtime/errors.h"
 #include "runtime/method_table.h"
 #include "runtime/role_set.h"
-#include "runtime/crash_handler.h"
 #include "runtime/value_codec.h"
 
 namespace baton {
