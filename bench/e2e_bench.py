@@ -1,25 +1,40 @@
 #!/usr/bin/env python3
-"""End-to-end GRPO benchmark on the toy task: baton's grpo driver, and with
---with-trl HF TRL's GRPOTrainer on the same model, data and hyperparameters.
+"""End-to-end GRPO benchmark: baton's grpo driver, and with --with-trl HF TRL's
+GRPOTrainer on the same model, data and hyperparameters.
 
-    build/examples/toy_task --out toy && build/examples/sft --config configs/sft_toy.yaml
-    /opt/baton-venv/bin/python bench/e2e_bench.py [--with-trl] [--steps 30] \
-        [--model toy/sft/model] [--train toy/data/train.jsonl] [--val toy/data/val.jsonl] \
-        [-- key=value ...]
+    /opt/baton-venv/bin/python bench/e2e_bench.py [--task toy|add3] [--with-trl] \
+        [--steps 30] [--val-every 5] [--workers N] [--busy K] [--budget 150] \
+        [--model DIR] [--train FILE] [--val FILE] [-- key=value ...]
 
-Runs `build/examples/grpo --config configs/grpo_toy.yaml` with
+Tasks (each a directory the project's own tools make; see docs/benchmarks.md):
+  toy   two-digit addition, a ~100k-parameter Qwen2 (configs/grpo_toy.yaml):
+            build/examples/toy_task --out toy
+            build/examples/sft --config configs/sft_toy.yaml
+  add3  three-digit addition, a ~1M-parameter Qwen2 (configs/grpo_add3.yaml):
+            build/examples/toy_task --out add3 --max-operand 1000 --train-size 100000 \
+                --val-size 512 --hidden 128 --layers 6 --heads 4
+            build/examples/sft --config configs/sft_add3.yaml
+
+Runs `build/examples/grpo --config <the task's config>` with
 trainer.default_local_dir set to a fresh directory (plus --steps, --val-every,
-the model and data paths, and every key=value after `--`), reads the
-metrics.jsonl it writes there, then (--with-trl) runs bench/trl_grpo_toy.py
-(scripts/setup_bench.sh installs TRL) on the same model and data. With
---baton-metrics FILE it reads an existing metrics.jsonl instead of running
-baton. Nothing else should run on the machine meanwhile: both sides use its
-cores.
+the model and data paths, --workers as trainer.n_gpus_per_node, and every
+key=value after `--`), reads the metrics.jsonl it writes there, then
+(--with-trl) runs bench/trl_grpo_toy.py (scripts/setup_bench.sh installs TRL)
+on the same model and data, with the batch sizes, n, response length and
+learning rate read from the same config (its `base:` chain and the overrides
+resolved). With --baton-metrics FILE it reads an existing metrics.jsonl
+instead of running baton. With --busy K, K single-threaded busy processes
+(`while True: pass`) run beside each tool for its whole run: a shared machine.
+Nothing else should run on the machine meanwhile: both sides use its cores.
 
 Prints one JSON object:
   {"baton": {seconds_per_step, tokens_per_s, phases, validation_s,
-             val_accuracy, seconds_to_90pct, total_seconds, steps, metrics_file},
-   "trl": {... bench/trl_grpo_toy.py's object ...},
+             val_accuracy, seconds_to, seconds_to_90pct, step_seconds,
+             total_seconds, steps, metrics_file},
+   "trl": {... bench/trl_grpo_toy.py's object, plus seconds_to ...},
+   "comparison": {step_speedup, budget_s, target_accuracy,
+                  baton_seconds_to_target, trl_seconds_to_target,
+                  time_to_target_speedup},
    "machine": {cores, cpu_model, python, torch_version},
    "settings": {...}}
 
@@ -34,14 +49,21 @@ Definitions (the same for both tools; bench/trl_grpo_toy.py measures TRL's):
     divides by the number of workers as well.
   - phases: means of timing_s/<phase> over steps 2..N (baton); TRL's split is
     gen / score_and_old_log_prob / update_actor (see its header).
-  - val_accuracy: [[step, greedy accuracy on val.jsonl]], step 0 = before
+  - val_accuracy: [[step, greedy accuracy on the val file]], step 0 = before
     training. baton: val-core/<data source>/reward/mean@1 (mean over the data
     sources if there are several).
-  - seconds_to_90pct: the summed step seconds of steps 1..k, k the first
-    validation step with accuracy >= 0.9 (0 if the base is already there,
-    null if never). Validation time is left out on both sides: the two
-    validate differently (baton on its workers, TRL's side in a plain HF
-    generate loop), and it is the training speed that is compared.
+  - seconds_to: {threshold: training seconds to reach it}: the summed step
+    seconds of steps 1..k, k the first validation step with accuracy >= the
+    threshold (0 if the base is already there, null if never), for the
+    thresholds 0.5, 0.6, ..., 0.9, 0.95. seconds_to_90pct is seconds_to["0.9"].
+    Validation time is left out on both sides: the two validate differently
+    (baton on its workers, TRL's side in a plain HF generate loop), and it is
+    the training speed that is compared.
+  - comparison (with --with-trl): step_speedup = TRL's seconds_per_step /
+    baton's; target_accuracy = the best validation accuracy TRL reached within
+    its first --budget training seconds (150 by default); the seconds each
+    tool took to reach it, and time_to_target_speedup = TRL's / baton's (null
+    when baton never reached it).
   - total_seconds: wall time of the whole command (process start, model load,
     validations included).
 """
@@ -55,6 +77,14 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TASKS = {
+    "toy": {"config": "configs/grpo_toy.yaml", "model": "toy/sft/model",
+            "train": "toy/data/train.jsonl", "val": "toy/data/val.jsonl"},
+    "add3": {"config": "configs/grpo_add3.yaml", "model": "add3/sft/model",
+             "train": "add3/data/train.jsonl", "val": "add3/data/val.jsonl"},
+}
+THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
 
 
 def fail(message):
@@ -94,6 +124,94 @@ def val_of(metrics):
     return sum(metrics[k] for k in keys) / len(keys) if keys else None
 
 
+def resolve_config(path, overrides):
+    """The config baton's driver would read: the `base:` chain merged (a later
+    file's keys over its base's), then the key=value overrides."""
+    import yaml
+
+    def load(p, seen):
+        if p in seen:
+            fail(f"{p}: a base: cycle")
+        with open(os.path.join(ROOT, p)) as f:
+            doc = yaml.safe_load(f) or {}
+        base = doc.pop("base", None)
+        if base is None:
+            return doc
+        merged = load(os.path.join(os.path.dirname(p), base), seen | {p})
+        merge(merged, doc)
+        return merged
+
+    def merge(into, doc):
+        for k, v in doc.items():
+            if isinstance(v, dict) and isinstance(into.get(k), dict):
+                merge(into[k], v)
+            else:
+                into[k] = v
+
+    cfg = load(path, frozenset())
+    for o in overrides:
+        if "=" not in o:
+            fail(f"override {o!r} is not key=value")
+        key, value = o.split("=", 1)
+        node = cfg
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(value)
+    return cfg
+
+
+def get(cfg, key):
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            fail(f"the config has no {key}")
+        node = node[part]
+    return node
+
+
+def seconds_to(val_accuracy, step_seconds):
+    """{threshold: summed seconds of steps 1..k}, k the first validation step
+    at or above the threshold; step_seconds[i] is step i+1's."""
+    out = {}
+    for t in THRESHOLDS:
+        out[str(t)] = None
+        for step, acc in val_accuracy:
+            if acc is not None and acc >= t:
+                out[str(t)] = sum(step_seconds[:step])
+                break
+    return out
+
+
+def comparison(baton, trl, budget):
+    """Step speed-up, and the time each tool took to the accuracy TRL reached
+    within `budget` training seconds."""
+    def elapsed(r):
+        return [(step, acc, sum(r["step_seconds"][:step])) for step, acc in r["val_accuracy"]]
+
+    within = [acc for step, acc, t in elapsed(trl) if t <= budget]
+    target = max(within) if within else None
+
+    def time_to(r):
+        if target is None:
+            return None
+        for step, acc, t in elapsed(r):
+            if acc >= target:
+                return t
+        return None
+
+    b, t = time_to(baton), time_to(trl)
+    return {
+        "step_speedup": trl["seconds_per_step"] / baton["seconds_per_step"],
+        "budget_s": budget,
+        "trl_trained_s": sum(trl["step_seconds"]),
+        "target_accuracy": target,
+        "baton_seconds_to_target": b,
+        "trl_seconds_to_target": t,
+        "time_to_target_speedup": (t / b if b else None) if b is not None and t is not None else None,
+    }
+
+
 def summarize_baton(steps):
     train = sorted(s for s, m in steps.items() if s > 0 and "timing_s/step" in m)
     if not train:
@@ -108,11 +226,8 @@ def summarize_baton(steps):
                 phases.setdefault(k[len("timing_s/"):], []).append(v)
     tests = [steps[s]["timing_s/testing"] for s in train if "timing_s/testing" in steps[s]]
     val = [[s, val_of(m)] for s, m in sorted(steps.items()) if val_of(m) is not None]
-    to_90 = None
-    for s, acc in val:
-        if acc >= 0.9:
-            to_90 = sum(steps[t]["timing_s/step"] for t in train if t <= s)
-            break
+    step_seconds = [steps[t]["timing_s/step"] for t in train]
+    reached = seconds_to(val, step_seconds)
     return {
         "steps": len(train),
         "seconds_per_step": seconds / len(timed),
@@ -120,16 +235,24 @@ def summarize_baton(steps):
         "phases": {k: sum(v) / len(v) for k, v in sorted(phases.items())},
         "validation_s": sum(tests) / len(tests) if tests else None,
         "val_accuracy": val,
-        "seconds_to_90pct": to_90,
+        "seconds_to": reached,
+        "seconds_to_90pct": reached["0.9"],
+        "step_seconds": step_seconds,
     }
 
 
-def run(cmd, log_path, what):
+def run(cmd, log_path, what, busy=0):
     print(f"e2e_bench: {what}: {' '.join(cmd)} (log: {log_path})", file=sys.stderr)
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
-    seconds = time.perf_counter() - t0
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    try:
+        t0 = time.perf_counter()
+        with open(log_path, "w") as log:
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+        seconds = time.perf_counter() - t0
+    finally:
+        for sp in spinners:
+            sp.kill()
+            sp.wait()
     with open(log_path, "a") as log:
         log.write(proc.stdout)
     if proc.returncode != 0:
@@ -167,10 +290,18 @@ def main():
         argv, overrides = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--grpo", default="build/examples/grpo", help="baton's GRPO driver")
-    p.add_argument("--config", default="configs/grpo_toy.yaml")
-    p.add_argument("--model", default="toy/sft/model")
-    p.add_argument("--train", default="toy/data/train.jsonl")
-    p.add_argument("--val", default="toy/data/val.jsonl")
+    p.add_argument("--task", default="toy", choices=sorted(TASKS),
+                   help="sets --config, --model, --train and --val (each may still be given)")
+    p.add_argument("--config", default=None)
+    p.add_argument("--model", default=None)
+    p.add_argument("--train", default=None)
+    p.add_argument("--val", default=None)
+    p.add_argument("--workers", type=int, default=None,
+                   help="baton's worker processes (trainer.n_gpus_per_node; default: the config's)")
+    p.add_argument("--busy", type=int, default=0,
+                   help="single-threaded busy processes beside each tool while it runs")
+    p.add_argument("--budget", type=float, default=150.0,
+                   help="TRL training seconds whose best accuracy is the comparison's target")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--val-every", type=int, default=5)
     p.add_argument("--out", default=None, help="directory for both runs' outputs and logs (default: a new temporary one)")
@@ -179,13 +310,18 @@ def main():
     p.add_argument("--trl-python", default=sys.executable, help="the Python that has TRL")
     p.add_argument("--trl-threads", type=int, default=2)
     args = p.parse_args(argv)
+    for key in ("config", "model", "train", "val"):
+        if getattr(args, key) is None:
+            setattr(args, key, TASKS[args.task][key])
+    if args.workers is not None:
+        overrides = [f"trainer.n_gpus_per_node={args.workers}"] + overrides
 
     out = os.path.abspath(args.out or tempfile.mkdtemp(prefix="e2e_bench."))
     os.makedirs(out, exist_ok=True)
     for path in (args.model, args.train, args.val):
         if not os.path.exists(os.path.join(ROOT, path)):
-            fail(f"{path} does not exist (run build/examples/toy_task --out toy and "
-                 f"build/examples/sft --config configs/sft_toy.yaml first)")
+            fail(f"{path} does not exist (make the {args.task} task first: see this "
+                 f"script's header)")
     result = {}
 
     if args.baton_metrics:
@@ -205,7 +341,7 @@ def main():
                f"data.val_files=[{args.val}]",
                # TRL's side runs a constant learning rate (grpo_toy.yaml decays it).
                "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"] + overrides
-        _, baton_seconds = run(cmd, os.path.join(out, "baton.log"), "baton grpo")
+        _, baton_seconds = run(cmd, os.path.join(out, "baton.log"), "baton grpo", args.busy)
         metrics_file = os.path.join(baton_dir, "metrics.jsonl")
     baton = summarize_baton(read_metrics(metrics_file))
     baton["total_seconds"] = baton_seconds
@@ -213,19 +349,30 @@ def main():
     result["baton"] = baton
 
     if args.with_trl:
+        cfg = resolve_config(args.config, overrides)
+        mini = get(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
         cmd = [args.trl_python, os.path.join(ROOT, "bench", "trl_grpo_toy.py"),
                "--model", args.model, "--train", args.train, "--val", args.val,
                "--steps", str(args.steps), "--val-every", str(args.val_every),
-               "--threads", str(args.trl_threads)]
-        stdout, _ = run(cmd, os.path.join(out, "trl.log"), "TRL GRPO")
+               "--threads", str(args.trl_threads),
+               "--prompts-per-step", str(get(cfg, "data.train_batch_size")),
+               "--n", str(get(cfg, "actor_rollout_ref.rollout.n")),
+               "--mini-batch-prompts", str(mini),
+               "--response-length", str(get(cfg, "data.max_response_length")),
+               "--lr", str(get(cfg, "actor_rollout_ref.actor.optim.lr"))]
+        stdout, _ = run(cmd, os.path.join(out, "trl.log"), "TRL GRPO", args.busy)
         lines = [l for l in stdout.splitlines() if l.startswith("{")]
         if not lines:
             fail(f"bench/trl_grpo_toy.py printed no JSON (see {out}/trl.log)")
-        result["trl"] = json.loads(lines[-1])
+        trl = json.loads(lines[-1])
+        trl["seconds_to"] = seconds_to(trl["val_accuracy"], trl["step_seconds"])
+        result["trl"] = trl
+        result["comparison"] = comparison(baton, trl, args.budget)
 
     result["machine"] = machine()
-    result["settings"] = {"config": args.config, "model": args.model, "steps": args.steps,
-                          "val_every": args.val_every, "overrides": overrides, "out": out}
+    result["settings"] = {"task": args.task, "config": args.config, "model": args.model,
+                          "steps": args.steps, "val_every": args.val_every, "busy": args.busy,
+                          "overrides": overrides, "out": out}
     print(json.dumps(result))
 
 

@@ -3,13 +3,17 @@
 
     /opt/baton-venv/bin/python bench/trl_grpo_toy.py --model toy/sft/model \
         [--train toy/data/train.jsonl] [--val toy/data/val.jsonl] [--steps 30] \
-        [--val-every 5] [--threads 2] [--seed 1]
+        [--val-every 5] [--threads 2] [--seed 1] [--prompts-per-step 32] [--n 8] \
+        [--mini-batch-prompts 16] [--response-length 10] [--lr 1e-4]
+
+The defaults are configs/grpo_toy.yaml's; bench/e2e_bench.py passes the values
+of whichever config it runs baton with.
 
 Needs TRL in the venv (scripts/setup_bench.sh installs the pinned version).
 Prints one JSON object on stdout (everything else goes to stderr):
   {"tool": "trl", "trl_version", "torch_version", "transformers_version",
    "steps", "seconds_per_step", "tokens_per_s", "phases", "val_accuracy",
-   "seconds_to_90pct", "total_seconds", "threads", "settings"}
+   "seconds_to_90pct", "step_seconds", "total_seconds", "threads", "settings"}
 
 A "step" here is baton's (verl's) step: one generation batch of 32 prompts x
 8 samples, then the PPO update over it. TRL counts optimizer steps, so one
@@ -83,11 +87,6 @@ import sys
 import tempfile
 import time
 
-RESPONSE_LENGTH = 10  # data.max_response_length of configs/grpo_toy.yaml
-PROMPTS_PER_STEP = 32
-N_SAMPLES = 8
-MINI_BATCH_PROMPTS = 16
-LEARNING_RATE = 1e-4
 CLIP = 0.2
 
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -131,7 +130,7 @@ def load_tokenizer(model_dir):
     return tok
 
 
-def greedy_accuracy(model, tok, rows, batch=256):
+def greedy_accuracy(model, tok, rows, response_length, batch=256):
     """Greedy validation accuracy: the share of rows the strict scorer gives 1.0."""
     import torch
 
@@ -143,7 +142,7 @@ def greedy_accuracy(model, tok, rows, batch=256):
         for s in range(0, len(rows), batch):
             chunk = rows[s : s + batch]
             enc = tok([r["prompt"] for r in chunk], return_tensors="pt", padding=True)
-            out = model.generate(**enc, max_new_tokens=RESPONSE_LENGTH, do_sample=False,
+            out = model.generate(**enc, max_new_tokens=response_length, do_sample=False,
                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
             texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
             correct += sum(gsm8k_strict_score(t, r["ground_truth"]) for t, r in zip(texts, chunk))
@@ -161,6 +160,11 @@ def main():
     p.add_argument("--val-every", type=int, default=5, help="validate every this many steps (<=0: never)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--prompts-per-step", type=int, default=32, help="data.train_batch_size")
+    p.add_argument("--n", type=int, default=8, help="actor_rollout_ref.rollout.n")
+    p.add_argument("--mini-batch-prompts", type=int, default=16, help="actor.ppo_mini_batch_size")
+    p.add_argument("--response-length", type=int, default=10, help="data.max_response_length")
+    p.add_argument("--lr", type=float, default=1e-4, help="actor.optim.lr")
     p.add_argument("--loss-type", default="bnpo", help="TRL loss_type (bnpo = verl's token-mean here)")
     args = p.parse_args()
     t_start = time.perf_counter()
@@ -188,9 +192,12 @@ def main():
     def gsm8k_reward(prompts, completions, ground_truth, **kwargs):
         return [gsm8k_strict_score(c, g) for c, g in zip(completions, ground_truth)]
 
-    samples_per_step = PROMPTS_PER_STEP * N_SAMPLES
-    mini_batch_samples = MINI_BATCH_PROMPTS * N_SAMPLES
-    updates_per_step = samples_per_step // mini_batch_samples  # 2
+    if args.prompts_per_step % args.mini_batch_prompts != 0:
+        sys.exit(f"trl_grpo_toy: --mini-batch-prompts {args.mini_batch_prompts} does not divide "
+                 f"--prompts-per-step {args.prompts_per_step}")
+    samples_per_step = args.prompts_per_step * args.n
+    mini_batch_samples = args.mini_batch_prompts * args.n
+    updates_per_step = samples_per_step // mini_batch_samples  # 2 for the toy config
     out_dir = tempfile.mkdtemp(prefix="trl_grpo_toy.")
     config = GRPOConfig(
         output_dir=out_dir,
@@ -203,8 +210,8 @@ def main():
         gradient_accumulation_steps=1,
         steps_per_generation=updates_per_step,
         num_iterations=1,
-        num_generations=N_SAMPLES,
-        max_completion_length=RESPONSE_LENGTH,
+        num_generations=args.n,
+        max_completion_length=args.response_length,
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -213,7 +220,7 @@ def main():
         loss_type=args.loss_type,
         scale_rewards="group",
         mask_truncated_completions=False,
-        learning_rate=LEARNING_RATE,
+        learning_rate=args.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.01,
@@ -274,7 +281,7 @@ def main():
             self.phase_last = (clock["gen"], clock["score"])
             self.tokens_last = state.num_input_tokens_seen
             if args.val_every > 0 and (step % args.val_every == 0 or step == args.steps):
-                acc = greedy_accuracy(kw["model"], tok, val_rows)
+                acc = greedy_accuracy(kw["model"], tok, val_rows, args.response_length)
                 val_accuracy.append([step, acc])
                 print(f"trl_grpo_toy: step {step}: val accuracy {acc:.3f}", file=sys.stderr)
             print(f"trl_grpo_toy: step {step}: {seconds:.2f} s", file=sys.stderr)
@@ -283,7 +290,7 @@ def main():
     # Transformers' Trainer prints its log dicts on stdout; stdout is for the JSON.
     real_stdout = sys.stdout
     sys.stdout = sys.stderr
-    acc0 = greedy_accuracy(model, tok, val_rows)
+    acc0 = greedy_accuracy(model, tok, val_rows, args.response_length)
     val_accuracy.append([0, acc0])
     print(f"trl_grpo_toy: before training: val accuracy {acc0:.3f}", file=sys.stderr)
     trainer = TimedGRPOTrainer(
@@ -318,11 +325,12 @@ def main():
                    for k in ("gen", "score_and_old_log_prob", "update_actor")} if timed else {},
         "val_accuracy": val_accuracy,
         "seconds_to_90pct": to_90,
+        "step_seconds": [s["seconds"] for s in steps],
         "total_seconds": total_seconds,
         "threads": args.threads,
-        "settings": {"prompts_per_step": PROMPTS_PER_STEP, "n": N_SAMPLES,
-                     "mini_batch_prompts": MINI_BATCH_PROMPTS, "response_length": RESPONSE_LENGTH,
-                     "lr": LEARNING_RATE, "clip": CLIP, "loss_type": args.loss_type, "beta": 0.0,
+        "settings": {"prompts_per_step": args.prompts_per_step, "n": args.n,
+                     "mini_batch_prompts": args.mini_batch_prompts,
+                     "response_length": args.response_length, "lr": args.lr, "clip": CLIP, "loss_type": args.loss_type, "beta": 0.0,
                      "model": os.path.abspath(args.model)},
     }
     print(json.dumps(result))

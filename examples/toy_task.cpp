@@ -1,7 +1,8 @@
 // toy_task: the project's own RL toy task, small enough to learn on 2 CPU cores.
 //
 //   toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]
-//            [--carry-noise P] [--hidden H] [--layers L] [--heads A]
+//            [--train-size T] [--carry-noise P] [--hidden H] [--layers L]
+//            [--heads A]
 //
 // The task is addition: the prompt "a+b=" (0 <= a, b < N), the answer in
 // GSM8K's strict form "#### c". DIR receives
@@ -9,6 +10,7 @@
 //                                     "openai/gsm8k", so the registry's GSM8K
 //                                     reward scores them; ground_truth "c");
 //                                     val holds V problems, train the rest
+//                                     (the next T of them with --train-size)
 //   data/sft.jsonl                    {"prompt": "a+b=", "response": "#### c"}
 //                                     for every train problem (the SFT driver
 //                                     appends the eos token); with probability
@@ -52,7 +54,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]\n"
-    "                [--carry-noise P] [--hidden H] [--layers L] [--heads A]\n";
+    "                [--train-size T] [--carry-noise P] [--hidden H] [--layers L]\n"
+    "                [--heads A]\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -63,6 +66,7 @@ struct Options {
   uint64_t seed = 1;
   int64_t max_operand = 100;  // operands in [0, max_operand)
   int64_t val_size = 256;
+  int64_t train_size = -1;  // -1: every problem that is not in val
   double carry_noise = 0.5;  // share of carrying SFT answers that drop the carry
   int64_t hidden = 64;
   int64_t layers = 2;
@@ -108,6 +112,8 @@ Options parse_args(int argc, char** argv) {
       o.max_operand = parse_int(value, flag, 2);
     } else if (flag == "--val-size") {
       o.val_size = parse_int(value, flag, 1);
+    } else if (flag == "--train-size") {
+      o.train_size = parse_int(value, flag, 1);
     } else if (flag == "--carry-noise") {
       o.carry_noise = parse_probability(value, flag);
     } else if (flag == "--hidden") {
@@ -124,6 +130,10 @@ Options parse_args(int argc, char** argv) {
   if (o.val_size >= o.max_operand * o.max_operand)
     throw UsageError("--val-size must leave training problems (at most " +
                      std::to_string(o.max_operand * o.max_operand - 1) + ")");
+  if (o.train_size > o.max_operand * o.max_operand - o.val_size)
+    throw UsageError("--train-size " + std::to_string(o.train_size) + " is more than the " +
+                     std::to_string(o.max_operand * o.max_operand - o.val_size) +
+                     " problems --val-size leaves");
   if (o.hidden % o.heads != 0)
     throw UsageError("--heads (" + std::to_string(o.heads) + ") must divide --hidden (" +
                      std::to_string(o.hidden) + ")");
@@ -257,7 +267,9 @@ void write_data(const Options& o) {
   // A stream of its own, so that the noise does not change the problems' order.
   std::mt19937_64 noise(o.seed ^ 0x9e3779b97f4a7c15ULL);
   std::string train, val, sft;
-  for (std::size_t i = 0; i < problems.size(); ++i) {
+  const std::size_t rows =
+      o.train_size < 0 ? problems.size() : static_cast<std::size_t>(o.val_size + o.train_size);
+  for (std::size_t i = 0; i < rows; ++i) {
     const Problem& p = problems[i];
     const bool is_val = static_cast<int64_t>(i) < o.val_size;
     const std::string answer = std::to_string(p.a + p.b);

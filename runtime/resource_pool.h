@@ -12,12 +12,19 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/threads.h"
+
 namespace baton {
 
 struct ResourcePoolOptions {
   std::vector<int> processes_on_nodes = {1};  // workers per node; one entry per node
   bool use_gpu = false;                        // one GPU per worker (CUDA_VISIBLE_DEVICES)
   int max_colocate_count = 1;                  // groups that may share a slot
+  // LibTorch intra-op threads of each worker; 0: usable_cores() / workers on
+  // the node (at least 1). See runtime/threads.h for the rule.
+  int intra_op_threads = 0;
+  // How the workers' OpenMP threads wait between parallel regions.
+  WaitPolicy wait_policy = WaitPolicy::kPassive;
 
   ResourcePoolOptions& processes_per_node(std::vector<int> n) {
     processes_on_nodes = std::move(n);
@@ -29,6 +36,14 @@ struct ResourcePoolOptions {
   }
   ResourcePoolOptions& colocate(int count) {
     max_colocate_count = count;
+    return *this;
+  }
+  ResourcePoolOptions& threads(int n) {
+    intra_op_threads = n;
+    return *this;
+  }
+  ResourcePoolOptions& wait(WaitPolicy policy) {
+    wait_policy = policy;
     return *this;
   }
 };

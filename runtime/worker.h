@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "runtime/parallel_layout.h"
+#include "runtime/threads.h"
 
 namespace baton {
 
@@ -50,6 +51,7 @@ struct WorkerInfo {
   // `slot` when that is unset). Otherwise a CPU slot index.
   int slot = 0;
   int intra_op_threads = 1;   // LibTorch intra-op threads set for this worker
+  WaitPolicy wait_policy = WaitPolicy::kPassive;  // its OpenMP threads' (runtime/threads.h)
   std::string master_addr;    // rendezvous: a c10d TCPStore the driver hosts
   int master_port = 0;
   ParallelLayout layout;      // given at spawn (default: all data parallel)

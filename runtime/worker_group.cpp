@@ -236,11 +236,6 @@ namespace asio = boost::asio;
 
 std::atomic<int> group_counter{0};
 
-int cores() {
-  unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(n);
-}
-
 Value list_to_value(const List& l) { return Value(l); }
 List value_to_list(const Value& v) { return v.as_list(); }
 
@@ -534,7 +529,10 @@ WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& 
     info.use_gpu = po.use_gpu;
     info.device = po.use_gpu ? 0 : -1;
     info.slot = p.local_rank;
-    info.intra_op_threads = std::max(1, cores() / p.local_world_size);
+    info.intra_op_threads = po.intra_op_threads > 0
+                                ? po.intra_op_threads
+                                : std::max(1, usable_cores() / p.local_world_size);
+    info.wait_policy = po.wait_policy;
     info.master_addr = "127.0.0.1";
     info.master_port = s->store->getPort();
     info.layout = s->layout;

@@ -1,6 +1,5 @@
 #include "runtime/worker_host.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #if defined(BATON_CUDA)
 #include <c10/cuda/CUDAFunctions.h>
@@ -23,6 +22,7 @@
 #include "runtime/errors.h"
 #include "runtime/method_table.h"
 #include "runtime/role_set.h"
+#include "runtime/threads.h"
 #include "runtime/value_codec.h"
 
 namespace baton {
@@ -249,7 +249,7 @@ void run_worker_host(int fd) {
   fcntl(fd, F_SETFD, FD_CLOEXEC);
   setvbuf(stdout, nullptr, _IOLBF, 0);
   install_crash_handler(env_str("BATON_CLASS") + ":" + env_str("RANK"));
-  at::set_num_threads(std::max(1, env_int("BATON_THREADS", 1)));
+  set_intra_op_threads(env_int("BATON_THREADS", 1));
   Host host(fd);
   host.run();
 }

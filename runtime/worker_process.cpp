@@ -24,6 +24,7 @@
 #include "runtime/driver.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
+#include "runtime/threads.h"
 #include "runtime/value_codec.h"
 
 extern char** environ;
@@ -97,6 +98,7 @@ std::vector<std::string> worker_environment(const WorkerInfo& info) {
   add("BATON_USE_GPU", info.use_gpu ? "1" : "0");
   add("BATON_THREADS", std::to_string(info.intra_op_threads));
   add("OMP_NUM_THREADS", std::to_string(info.intra_op_threads));
+  apply_wait_policy(info.wait_policy, env);
   add("RANK", std::to_string(info.rank));
   add("WORLD_SIZE", std::to_string(info.world_size));
   add("LOCAL_RANK", std::to_string(info.local_rank));

@@ -2,6 +2,7 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/ones.h>
+#include <ATen/Parallel.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,6 +17,11 @@
 #endif
 
 namespace {
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
 
 class TestWorker : public baton::Worker {
  public:
@@ -43,6 +49,9 @@ class TestWorker : public baton::Worker {
                        {"device", i.device},
                        {"class", i.class_name},
                        {"omp", std::string(std::getenv("OMP_NUM_THREADS"))},
+                       {"torch_threads", static_cast<int64_t>(at::get_num_threads())},
+                       {"wait", env_or_empty("OMP_WAIT_POLICY")},
+                       {"spin", env_or_empty("GOMP_SPINCOUNT")},
                        {"pid", static_cast<int64_t>(getpid())}};
   }
   double mean(const std::vector<double>& xs) {

@@ -3,6 +3,7 @@
 #include "runtime/shared_tensor.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
@@ -11,6 +12,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -85,7 +87,7 @@ TEST_F(WorkerGroupTest, WorkersKnowTheirPlaceAndShareTheCores) {
   WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
   Value infos = g.call("info").get();
   std::set<int64_t> pids;
-  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int cores = baton::usable_cores();
   for (int r = 0; r < 4; ++r) {
     const Value& i = infos.as_list()[r];
     EXPECT_EQ(i.at("rank").as_int(), r);
@@ -96,11 +98,58 @@ TEST_F(WorkerGroupTest, WorkersKnowTheirPlaceAndShareTheCores) {
     EXPECT_EQ(i.at("class").as_string(), "TestWorker");
     EXPECT_EQ(i.at("threads").as_int(), std::max(1, cores / 4));
     EXPECT_EQ(i.at("omp").as_string(), std::to_string(std::max(1, cores / 4)));
+    EXPECT_EQ(i.at("torch_threads").as_int(), std::max(1, cores / 4));
+    EXPECT_EQ(i.at("wait").as_string(), "PASSIVE");
     pids.insert(i.at("pid").as_int());
   }
   EXPECT_EQ(pids.size(), 4u);
   std::vector<pid_t> known = g.pids();
   EXPECT_EQ(std::set<int64_t>(known.begin(), known.end()), pids);
+}
+
+// The thread rule of runtime/threads.h: the driver runs one intra-op thread;
+// a worker's wait policy is the pool's, whatever the driver's environment
+// says, unless the pool inherits it.
+TEST_F(WorkerGroupTest, ThreadsAndWaitPolicyAreThePoolsNotTheInheritedEnvironment) {
+  EXPECT_EQ(at::get_num_threads(), 1) << "baton::init leaves the driver one intra-op thread";
+  ::setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
+  ::setenv("GOMP_SPINCOUNT", "30000000", 1);
+  struct Restore {
+    ~Restore() {
+      ::unsetenv("OMP_WAIT_POLICY");
+      ::unsetenv("GOMP_SPINCOUNT");
+    }
+  } restore;
+  {
+    ResourcePool pool(ResourcePoolOptions().processes_per_node({2}).threads(3));
+    Value infos = WorkerGroup::spawn("TestWorker", pool).call("info").get();
+    for (const Value& i : infos.as_list()) {
+      EXPECT_EQ(i.at("threads").as_int(), 3);
+      EXPECT_EQ(i.at("torch_threads").as_int(), 3);
+      EXPECT_EQ(i.at("wait").as_string(), "PASSIVE");
+      EXPECT_EQ(i.at("spin").as_string(), "") << "GOMP_SPINCOUNT would override the policy";
+    }
+  }
+  {
+    ResourcePool pool(ResourcePoolOptions().wait(WaitPolicy::kActive));
+    Value i = WorkerGroup::spawn("TestWorker", pool).call("info").get().as_list().at(0);
+    EXPECT_EQ(i.at("wait").as_string(), "ACTIVE");
+    EXPECT_EQ(i.at("spin").as_string(), "");
+  }
+  {
+    ResourcePool pool(ResourcePoolOptions().wait(WaitPolicy::kInherit));
+    Value i = WorkerGroup::spawn("TestWorker", pool).call("info").get().as_list().at(0);
+    EXPECT_EQ(i.at("wait").as_string(), "ACTIVE");
+    EXPECT_EQ(i.at("spin").as_string(), "30000000");
+  }
+}
+
+TEST(UsableCores, IsTheAffinityMaskAtMost) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_GE(baton::usable_cores(), 1);
+  EXPECT_LE(baton::usable_cores(), CPU_COUNT(&set));
 }
 
 TEST_F(WorkerGroupTest, ValuesOfEveryKindRoundTrip) {
