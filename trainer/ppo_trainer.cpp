@@ -51,6 +51,8 @@ struct Settings {
   bool use_gpu = false;
   int64_t train_batch = 1, n = 1, response_length = 1;
   bool use_critic = false, use_kl_in_reward = false, use_kl_loss = false, use_ref = false;
+  // The update's own forward pass gives the old log-probs (see ppo_trainer.yaml).
+  bool old_log_prob_from_update = false;
   std::string adv_estimator, kl_penalty;
   int64_t total_steps = 0, total_epochs = 1, critic_warmup = 0;
   int64_t test_freq = -1, save_freq = -1;
@@ -162,6 +164,9 @@ void fill_role_options(const Config& c, Settings& s, int64_t steps) {
   o.update.micro_batch_size =
       c.get_optional<int64_t>(a + ".ppo_micro_batch_size_per_gpu").value_or(std::min<int64_t>(local_mini, 8));
   o.update.epochs = c.get<int64_t>(a + ".ppo_epochs");
+  s.old_log_prob_from_update = c.get<bool>(a + ".skip_old_log_prob_on_policy") &&
+                               o.update.epochs == 1 && mini_prompts == s.train_batch &&
+                               !s.use_kl_in_reward;
   o.update.shuffle = c.get<bool>(a + ".shuffle");
   o.update.loss_agg_mode = s.loss_agg_mode;
   o.update.seed = static_cast<uint64_t>(c.get<int64_t>("data.seed"));
@@ -610,7 +615,7 @@ FitResult PpoTrainer::fit() {
         batch = st.reward->with_token_level_scores(batch);
       }
     });
-    timed("old_log_prob", [&] {
+    if (!s.old_log_prob_from_update) timed("old_log_prob", [&] {
       DataProto lp = actor.call("compute_log_prob", {batch}).get().as<DataProto>();
       const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
       m["actor/entropy"] = algos::agg_loss(lp.tensor("entropys"), mask,

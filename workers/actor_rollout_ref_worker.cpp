@@ -215,8 +215,12 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
   RoleModel& a = actor();
   if (!a.trainable()) throw Error("update_actor: this worker has no actor role (options.actor)");
   const PolicyOptions& po = options_.policy;
+  // Without old_log_probs the update is on-policy: the old log-probs are
+  // this pass's own, detached (the driver skips its old-log-prob pass).
+  const bool on_policy = !batch.has_tensor("old_log_probs");
   std::vector<std::string> keys = {"input_ids", "attention_mask", "position_ids", "responses",
-                                   "response_mask", "old_log_probs", "advantages"};
+                                   "response_mask", "advantages"};
+  if (!on_policy) keys.push_back("old_log_probs");
   if (po.use_kl_loss) keys.push_back("ref_log_prob");
   require_tensors(batch, keys, "update_actor");
   const double temperature = meta_float(batch, "temperature", 1.0);
@@ -224,13 +228,18 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
   engine::ParallelState& ps = a.state();
   const int64_t R = response_width(batch);
   const algos::LossAggMode agg = algos::parse_loss_agg_mode(options_.update.loss_agg_mode);
-  const std::vector<std::string> extra = {"response_mask", "old_log_probs", "advantages"};
-  std::vector<std::string> mb_extra = extra;
+  std::vector<std::string> mb_extra = {"response_mask", "advantages"};
+  if (!on_policy) mb_extra.push_back("old_log_probs");
   if (po.use_kl_loss) mb_extra.push_back("ref_log_prob");
 
   std::vector<DataProto> minis =
       local_mini_batches(batch.select(keys), options_.update, ps.config().dp, updates_,
                          "update_actor");
+  if (on_policy && minis.size() != 1) {
+    throw Error("update_actor: the batch has no old_log_probs, which only an on-policy update "
+                "(one epoch, one mini-batch) may leave out; this one makes " +
+                std::to_string(minis.size()) + " optimizer steps (run compute_log_prob first)");
+  }
   MetricLists metrics;
   for (const DataProto& mini : minis) {
     const algos::GlobalBatchInfo global = global_batch_info(mini, ps);
@@ -257,7 +266,8 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
         [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
           ResponseScores s = response_scores(logits, mb.input_ids, R, temperature, ps.tp());
           const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat);
-          const at::Tensor old = mb.extra.at("old_log_probs");
+          const at::Tensor old =
+              on_policy ? s.log_probs.detach() : mb.extra.at("old_log_probs");
           const at::Tensor adv = mb.extra.at("advantages");
           algos::PolicyLossResult pl =
               algos::policy_loss(po.loss_mode, old, s.log_probs, adv, mask, plo);

@@ -217,6 +217,42 @@ TEST_F(PpoTrainerTest, AResumedRunTakesTheSameNextStepAsAnUninterruptedOne) {
   }
 }
 
+// An on-policy step (one epoch, one mini-batch) takes its old log-probs from
+// the update's own forward pass instead of a separate pass: that pass is not
+// run, and the run is the same as with it. The recomputed old log-probs equal
+// the update's to fp32 rounding (another micro-batching), so the ratio is 1 up
+// to that rounding and no token is clipped: the same tokens are sampled in
+// step 2 and the losses and norms agree to fp32 rounding.
+TEST_F(PpoTrainerTest, AnOnPolicyStepSkipsTheOldLogProbPassAndTrainsTheSame) {
+  FitResult runs[2];
+  for (bool skip : {false, true}) {
+    TempDir out;
+    Config c = config("grpo_toy", out.path());
+    c.apply_overrides({"actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.test_freq=-1",
+                       std::string("actor_rollout_ref.actor.skip_old_log_prob_on_policy=") +
+                           (skip ? "true" : "false")});
+    runs[skip] = PpoTrainer(c).fit();
+    ASSERT_EQ(runs[skip].steps, 2);
+    EXPECT_EQ(runs[skip].last_metrics.count("timing_s/old_log_prob"), skip ? 0u : 1u);
+    for (const char* k : {"actor/entropy", "actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac"})
+      ASSERT_EQ(runs[skip].last_metrics.count(k), 1u) << k;
+  }
+  EXPECT_EQ(runs[1].last_metrics.at("actor/pg_clipfrac"), 0.0);
+  for (const char* k : {"critic/score/mean", "response_length/mean", "critic/advantages/mean"}) {
+    EXPECT_EQ(runs[1].last_metrics.at(k), runs[0].last_metrics.at(k)) << k;
+  }
+  for (const char* k : {"actor/pg_loss", "actor/grad_norm", "actor/entropy"}) {
+    const double want = runs[0].last_metrics.at(k);
+    test::expect_near(runs[1].last_metrics.at(k), want, test::Tolerance::fp32(1000, std::abs(want)),
+                      k);
+  }
+  // Several mini-batches are off-policy after the first: the pass runs.
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  c.apply_overrides({"trainer.total_training_steps=1", "trainer.test_freq=-1"});
+  EXPECT_EQ(PpoTrainer(c).fit().last_metrics.count("timing_s/old_log_prob"), 1u);
+}
+
 // rollout.packed_cpu_steps=false (padded generation steps) against the
 // default packed steps: the same tokens are sampled and scored, so the
 // discrete outcomes and the validation accuracy are equal exactly. (The two

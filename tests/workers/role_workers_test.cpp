@@ -220,6 +220,44 @@ TEST(ActorRolloutRefWorker, AnUpdateRaisesReinforcedSamplesAndIsTheSameInEveryLa
   }
 }
 
+// Without old_log_probs an update is on-policy: the old log-probs are its own
+// forward pass's, detached. The gradient is then the one computed against a
+// separate pass's log-probs (the ratio is 1 either way, to fp32 rounding),
+// and an update of several mini-batches without them is refused.
+TEST(ActorRolloutRefWorker, AnOnPolicyUpdateWithoutOldLogProbsUsesItsOwnPass) {
+  double with_old = 0;
+  DataProto batch;
+  {
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+    batch = with_advantages(g.call("generate_sequences", {prompts()}).get().as<DataProto>());
+    batch.set_tensor("old_log_probs",
+                     g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs"));
+    with_old = metric(g.call("update_actor", {batch}).get().as<DataProto>(), "actor/grad_norm");
+  }
+  DataProto fresh = batch.select({"input_ids", "attention_mask", "position_ids", "responses",
+                                  "response_mask", "advantages"});
+  fresh.set_meta("temperature", Value(1.0));
+  {
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+    DataProto m = g.call("update_actor", {fresh}).get().as<DataProto>();
+    const auto cfg = engine::ModelConfig::load(kModel);
+    const double terms = engine::test::gradient_terms(
+        cfg, batch.tensor("input_ids").size(1), batch.tensor("response_mask").sum().item<int64_t>());
+    test::expect_near(metric(m, "actor/grad_norm"), with_old, Tolerance::fp32(terms, with_old),
+                      "on-policy grad norm");
+    EXPECT_EQ(metric(m, "actor/pg_clipfrac"), 0.0);
+  }
+  ActorRolloutRefOptions two = actor_options(1, 1, 1);
+  two.update.mini_batch_size = 4;
+  WorkerGroup g = spawn(actor_rollout_ref_worker_class(), two.to_json(), 1, 1);
+  try {
+    g.call("update_actor", {fresh}).get();
+    ADD_FAILURE() << "an update of 2 mini-batches without old_log_probs ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("no old_log_probs"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CriticWorker, ValuesComeFromAFreshHeadAndUpdatesFitTheReturns) {
   CriticOptions o;
   o.model.path = kModel;
