@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "engine/errors.h"
+#include "engine/fused_ops.h"
 #include "engine/packed_linear.h"
 #include "engine/tensor_parallel.h"
 
@@ -24,6 +25,7 @@ Rotary rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double th
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (fusable(x) && fusable(weight)) return fused_rms_norm(x, weight, eps);
   auto xf = x.to(at::kFloat);
   auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
@@ -112,6 +114,10 @@ at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary
   int64_t g = local_groups_;
   auto qkv = qkv_->forward(x);  // [B, S, g * (r + 2) * d], full sequence
   int64_t b = qkv.size(0), s = qkv.size(1);
+  if (fusable(qkv) && fusable(rotary.cos) && d % 2 == 0) {
+    QkvHeads heads = fused_qkv_rotary(qkv, rotary.cos, rotary.sin, g, r, d);
+    return proj_->forward(attend(heads.q, heads.k, heads.v, bias));
+  }
   auto grouped = qkv.view({b, s, g, r + 2, d});
   auto q = grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2);
   auto k = grouped.select(3, r).transpose(1, 2);      // [B, g, S, d]
@@ -253,6 +259,7 @@ void TransformerLayer::reserve(PagedWorkspace& ws, int64_t tokens) const {
 
 at::Tensor TransformerLayer::mlp(const at::Tensor& x) {
   auto gate_up = fc1_->forward(x);
+  if (fusable(gate_up)) return fc2_->forward(fused_silu_mul(gate_up));
   auto parts = gate_up.chunk(2, -1);
   return fc2_->forward(at::silu(parts[0]) * parts[1]);
 }
