@@ -5,6 +5,12 @@
 //
 //   ./build/bench/engine_bench [--layouts tp1,tp2,pp2,dp2,dp2-overlap,dp2-zero,dp2-zero-gloo]
 //                              [--warmup 1] [--iters 3] [--torch-json FILE] [--profile DIR]
+//                              [--shape default|add3]
+//
+// --shape add3: the model and batch of the GRPO add3 task's update
+// (configs/grpo_add3.yaml: 128 sequences of 18 tokens, hidden 128, 6 layers,
+// 4 heads, vocabulary 19, one micro-batch of 64 per DP rank); default: a
+// 4-layer, hidden-256 Llama on 8 x 48 tokens.
 //
 // The last line of stdout is JSON. FILE holds the JSON line printed by
 // bench/engine_bench_torch.py (the same model as HF LlamaForCausalLM in
@@ -84,6 +90,21 @@ struct BenchConfig {
   uint64_t seed = 1234;    // weights; tokens use seed + 1
   double init_std = 0.02;  // HF's initializer_range
 
+  // The add3 task's update (see the top of this file).
+  static BenchConfig add3() {
+    BenchConfig b;
+    b.vocab = 19;
+    b.hidden = 128;
+    b.intermediate = 256;
+    b.layers = 6;
+    b.heads = 4;
+    b.kv_heads = 4;
+    b.batch = 128;
+    b.seq = 18;
+    b.micro = 64;
+    return b;
+  }
+
   json model_json() const {
     return {{"architectures", {"LlamaForCausalLM"}},
             {"model_type", "llama"},
@@ -137,13 +158,14 @@ struct Args {
   std::string profile;  // TP1 traces go here
   std::string layout;   // in a child world: the layout it runs
   std::string result;   // in a child world: where rank 0 writes its JSON
+  std::string shape = "default";
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "engine_bench: %s\nusage: engine_bench [--layouts "
                "tp1,tp2,pp2,dp2,dp2-overlap,dp2-zero,dp2-zero-gloo] [--warmup N] "
-               "[--iters N] [--torch-json FILE] [--profile DIR]\n",
+               "[--iters N] [--torch-json FILE] [--profile DIR] [--shape default|add3]\n",
                why.c_str());
   std::exit(2);
 }
@@ -165,6 +187,9 @@ Args parse(int argc, char** argv) try {
       a.layout = v;
     } else if (k == "--result") {
       a.result = v;
+    } else if (k == "--shape") {
+      if (v != "default" && v != "add3") usage("--shape is default or add3, not " + v);
+      a.shape = v;
     } else {
       cli::unknown_option(k);
     }
@@ -403,8 +428,8 @@ json run_child_world(const Layout& l, const Args& args, const char* self) {
   auto file = std::filesystem::temp_directory_path() /
               ("engine-bench-" + std::to_string(::getpid()) + "-" + l.name + ".json");
   std::vector<std::string> words = {self, "--layout", l.name, "--result", file.string()};
-  words.insert(words.end(),
-               {"--warmup", std::to_string(args.warmup), "--iters", std::to_string(args.iters)});
+  words.insert(words.end(), {"--warmup", std::to_string(args.warmup), "--iters",
+                             std::to_string(args.iters), "--shape", args.shape});
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
   argv.push_back(nullptr);
@@ -447,7 +472,7 @@ json read_last_json_line(const std::string& path) {
 int main(int argc, char** argv) {
   Args args = parse(argc, argv);
   for (const auto& name : args.layouts) find_layout(name);  // exits on an unknown one
-  BenchConfig bench;
+  const BenchConfig bench = args.shape == "add3" ? BenchConfig::add3() : BenchConfig();
   try {
     auto me = local_world_rank();
     if (me) {  // a rank of a child world

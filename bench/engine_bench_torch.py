@@ -3,10 +3,10 @@
 
 The same config, weights, batch, micro-batches, loss and thread count as
 engine_bench's TP1 layout, run as an HF transformers ``LlamaForCausalLM``
-(eager attention) in one process:
+(eager attention, or --attn sdpa) in one process:
 
     /opt/baton-venv/bin/python bench/engine_bench_torch.py [--threads N] [--warmup 1] [--iters 3]
-                                                         [--profile DIR]
+                                                         [--profile DIR] [--shape default|add3]
     /opt/baton-venv/bin/python bench/engine_bench_torch.py --summarize DIR
 
 (/opt/baton-venv comes from scripts/setup_python.sh: PyPI's torch, the same
@@ -36,6 +36,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 # Keep in step with BenchConfig in bench/engine_bench.cpp.
 CONFIG = dict(vocab=2048, hidden=256, intermediate=704, layers=4, heads=8, kv_heads=4,
               batch=8, seq=48, micro=2, seed=1234, init_std=0.02)
+# BenchConfig::add3(): the GRPO add3 task's update.
+SHAPES = {"default": CONFIG,
+          "add3": dict(CONFIG, vocab=19, hidden=128, intermediate=256, layers=6, heads=4,
+                       kv_heads=4, batch=128, seq=18, micro=64)}
 
 
 def hf_weights(c):
@@ -125,12 +129,16 @@ def main():
     ap.add_argument("--summarize", metavar="DIR",
                     help="only print the self time per op of DIR/{baton,torch}_*.trace "
                          "(written by both --profile options) and exit")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="default",
+                    help="engine_bench's --shape: the model and batch")
+    ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
+                    help="HF's attention implementation (sdpa: what TRL runs by default)")
     args = ap.parse_args()
     if args.summarize:
         summarize(args.summarize)
         return
     torch.set_num_threads(args.threads)
-    c = CONFIG
+    c = SHAPES[args.shape]
 
     hf_config = LlamaConfig(
         vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["intermediate"],
@@ -138,10 +146,10 @@ def main():
         num_key_value_heads=c["kv_heads"], max_position_embeddings=c["seq"], rms_norm_eps=1e-6,
         rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu", use_cache=False,
         torch_dtype="float32")
-    hf_config._attn_implementation = "eager"
+    hf_config._attn_implementation = args.attn
     model = LlamaForCausalLM(hf_config)
     model.load_state_dict(hf_weights(c))
-    assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == args.attn
 
     g = torch.Generator().manual_seed(c["seed"] + 1)
     ids = torch.randint(0, c["vocab"], (c["batch"], c["seq"]), generator=g)
@@ -208,7 +216,7 @@ def main():
         prof.export_chrome_trace(os.path.join(args.profile, "torch_fwd_bwd.trace"))
 
     out = {
-        "impl": "HF LlamaForCausalLM, eager attention",
+        "impl": f"HF LlamaForCausalLM, {args.attn} attention",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
