@@ -1,6 +1,7 @@
 #include "engine/hybrid_engine.h"
 
 #include "engine/errors.h"
+#include "engine/parallel_linear.h"
 #include "engine/weight_conversion.h"
 
 namespace baton::engine {
@@ -14,6 +15,8 @@ HybridEngine::HybridEngine(std::shared_ptr<Transformer> train,
   rollout_state_ = make_rollout_state(std::move(store), ps.rank(), ps.config(), options_.rollout_tp,
                                       ps.backend());
   rollout_state_->set_num_layers(train_->config().num_layers);
+  const ParallelConfig& pc = ps.config();
+  shares_weights_ = pc.tp == 1 && pc.pp == 1 && pc.cp == 1 && options_.rollout_tp == 1;
 }
 
 ReshardStats HybridEngine::enter_rollout() {
@@ -21,9 +24,23 @@ ReshardStats HybridEngine::enter_rollout() {
   if (options_.release_grads) {
     for (auto& p : train_->parameters()) p.mutable_grad() = at::Tensor();
   }
+  if (shares_weights_) {
+    // Both layouts hold the whole model on every rank: generate with the
+    // training model itself (no copy, nothing to reshard).
+    ReshardStats stats;
+    for (const auto& [name, t] : train_->named_params())
+      stats.model_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    engine_ = std::make_unique<GenerationEngine>(train_, options_.generation);
+    rollout_ = train_;
+    return stats;
+  }
   TransformerOptions opts;
   opts.value_model = train_->options().value_model;
-  auto rollout = std::make_shared<Transformer>(train_->config(), rollout_state_, opts);
+  std::shared_ptr<Transformer> rollout;
+  {
+    SkipWeightInit uninitialised;  // reshard_weights writes every weight
+    rollout = std::make_shared<Transformer>(train_->config(), rollout_state_, opts);
+  }
   // A Transformer is built in fp32 on the CPU; the rollout model lives where
   // the training model does, in its dtype (bf16 on the GPU, say).
   const at::Device device = train_->device();
@@ -51,6 +68,7 @@ void HybridEngine::exit_rollout() {
 int64_t HybridEngine::rollout_bytes() const {
   if (!in_rollout()) return 0;
   int64_t bytes = engine_->cache().allocated_bytes();
+  if (shares_weights_) return bytes;  // the weights are the training model's
   for (const auto& [name, t] : rollout_->named_params())
     bytes += t.numel() * static_cast<int64_t>(t.element_size());
   return bytes;

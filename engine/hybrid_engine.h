@@ -24,6 +24,11 @@
 //     ... forward_backward + optimizer step on train_model ...
 //   }
 //
+// When both layouts hold the whole model on every rank (training TP = PP =
+// CP = 1 and rollout TP 1: pure data parallelism, the usual CPU run), there is
+// nothing to reshard: the rollout generates with the training model itself,
+// and only the KV cache is allocated and freed (shares_training_weights()).
+//
 // On a GPU the rollout model and KV cache live on the training model's device,
 // in its dtype. The optimizer state is the caller's: Optimizer::offload()
 // before enter_rollout() and reload() after exit_rollout() move it to pinned
@@ -82,8 +87,11 @@ class HybridEngine {
   int64_t rollout_replica() const { return rollout_state_->coords().dp; }
   int64_t rollout_replicas() const { return rollout_state_->config().dp; }
   const ParallelState& rollout_state() const { return *rollout_state_; }
-  // Bytes held for the rollout now: its weights plus the KV cache (0 outside rollout).
+  // Bytes held for the rollout now: its weights (none when it shares the
+  // training model's) plus the KV cache (0 outside rollout).
   int64_t rollout_bytes() const;
+  // True when the rollout generates with the training model itself.
+  bool shares_training_weights() const { return shares_weights_; }
   // The rollout model (REQUIRES: in rollout), e.g. to compare weights.
   Transformer& rollout_model();
 
@@ -93,6 +101,7 @@ class HybridEngine {
   std::shared_ptr<ParallelState> rollout_state_;
   std::shared_ptr<Transformer> rollout_;
   std::unique_ptr<GenerationEngine> engine_;
+  bool shares_weights_ = false;
 };
 
 }  // namespace baton::engine

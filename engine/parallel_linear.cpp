@@ -20,11 +20,17 @@ int64_t per_rank(int64_t global, const Group& tp, const char* layer, const char*
   return global / tp.size;
 }
 
+thread_local bool skip_weight_init = false;
+
 at::Tensor init_weight(std::initializer_list<int64_t> shape) {
-  return at::empty(shape, at::kFloat).normal_(0.0, 0.02);
+  at::Tensor w = at::empty(shape, at::kFloat);
+  return skip_weight_init ? w : w.normal_(0.0, 0.02);
 }
 
 }  // namespace
+
+SkipWeightInit::SkipWeightInit() : previous_(skip_weight_init) { skip_weight_init = true; }
+SkipWeightInit::~SkipWeightInit() { skip_weight_init = previous_; }
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions options, Group tp)
     : options_(options), tp_(std::move(tp)) {

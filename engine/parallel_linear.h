@@ -27,6 +27,21 @@
 
 namespace baton::engine {
 
+// While one is alive on this thread, new parallel layers leave their weights
+// uninitialised (at::empty instead of N(0, 0.02)): for a model whose every
+// weight is about to be overwritten, such as the HybridEngine's rollout model
+// (its random initialisation cost as much as the reshard that follows).
+class SkipWeightInit {
+ public:
+  SkipWeightInit();
+  ~SkipWeightInit();
+  SkipWeightInit(const SkipWeightInit&) = delete;
+  SkipWeightInit& operator=(const SkipWeightInit&) = delete;
+
+ private:
+  bool previous_;
+};
+
 struct ColumnParallelLinearOptions {
   int64_t in_features = 0;
   int64_t out_features = 0;  // global; must divide by tp

@@ -188,14 +188,23 @@ TEST_P(Generation, PackedStepsEqualPaddedSteps) {
 
 // The packed step multiplies by oneDNN-packed copies of the weights
 // (engine/packed_linear.h), taken at the start of each generate() and
-// dropped at its end. After the parameters change, the next generate follows
+// dropped at its end, when the weights are large enough to be worth it. After
+// the parameters change, the next generate follows
 // them: the same tokens as the padded step, which multiplies the parameters
 // themselves, and log-probs within the chain of a log-prob.
 TEST(Generation, PackedWeightsFollowTheParameters) {
   auto model = load_model("tiny-qwen2");
   ASSERT_TRUE(packed_linear_available()) << "x86-64 LibTorch ships oneDNN";
   auto ps = prompts(4, model->config().vocab_size, 29);
-  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));
+  // The tiny model is under the default size to pack (its weights stay in
+  // the cache): packed only when asked.
+  {
+    GenerationEngine small(model, GenerationOptions().set_cache_bytes(1 << 20));
+    small.generate(ps, greedy(2));
+    EXPECT_FALSE(small.last_stats().packed_weights);
+  }
+  GenerationEngine engine(
+      model, GenerationOptions().set_cache_bytes(1 << 20).set_pack_min_weight_bytes(0));
   const auto before = engine.generate(ps, greedy(8));
   EXPECT_TRUE(engine.last_stats().packed_weights);
   EXPECT_FALSE(model->paged_weights_packed());

@@ -247,6 +247,7 @@ TEST_P(HybridLayouts, RolloutGeneratesWhatOneProcessGenerates) {
     ParallelConfig pc;
     pc.tp = l.tp;
     pc.pp = l.pp;
+    pc.dp = 2 / (l.tp * l.pp);
     auto ps = ParallelState::create(store, rank, pc);
     auto train = training_model("tiny-llama", ps);
     auto full = read_hf_weights(kFixtures + "/tiny-llama");
@@ -254,8 +255,14 @@ TEST_P(HybridLayouts, RolloutGeneratesWhatOneProcessGenerates) {
     options.rollout_tp = l.rollout_tp;
     options.generation.cache.budget_bytes = 1 << 20;
     HybridEngine hybrid(train, store, options);
-    hybrid.enter_rollout();
+    const ReshardStats stats = hybrid.enter_rollout();
     EXPECT_EQ(hybrid.rollout_replicas(), 2 / l.rollout_tp);
+    // Pure DP: the rollout is the training model itself, nothing resharded.
+    const bool shared = l.tp == 1 && l.pp == 1 && l.rollout_tp == 1;
+    EXPECT_EQ(hybrid.shares_training_weights(), shared);
+    EXPECT_EQ(&hybrid.rollout_model() == train.get(), shared);
+    EXPECT_EQ(stats.buckets == 0, shared);
+    EXPECT_GT(stats.model_bytes, 0);
     expect_reference_sequences(hybrid.generate(kPrompts, greedy()), train->config(), full, greedy(),
                                l.name);
     expect_reference_sequences(hybrid.generate(kPrompts, sampled()), train->config(), full,
@@ -266,7 +273,8 @@ TEST_P(HybridLayouts, RolloutGeneratesWhatOneProcessGenerates) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, HybridLayouts,
                          ::testing::Values(Layouts{"tp2_to_tp1", 2, 1, 1},
-                                           Layouts{"pp2_to_tp2", 1, 2, 2}),
+                                           Layouts{"pp2_to_tp2", 1, 2, 2},
+                                           Layouts{"dp2_to_tp1", 1, 1, 1}),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace
