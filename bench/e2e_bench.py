@@ -3,7 +3,7 @@
 GRPOTrainer on the same model, data and hyperparameters.
 
     /opt/baton-venv/bin/python bench/e2e_bench.py [--task toy|add3] [--with-trl] \
-        [--steps 30] [--val-every 5] [--workers N] [--busy K] [--budget 150] \
+        [--steps 30] [--baton-steps N] [--val-every 5] [--workers N] [--busy K] [--budget 150] \
         [--model DIR] [--train FILE] [--val FILE] [-- key=value ...]
 
 Tasks (each a directory the project's own tools make; see docs/benchmarks.md):
@@ -63,7 +63,10 @@ Definitions (the same for both tools; bench/trl_grpo_toy.py measures TRL's):
     baton's; target_accuracy = the best validation accuracy TRL reached within
     its first --budget training seconds (150 by default); the seconds each
     tool took to reach it, and time_to_target_speedup = TRL's / baton's (null
-    when baton never reached it).
+    when baton never reached it: give baton --baton-steps enough to train
+    --budget / 1.5 seconds). "smoothed": the same on the mean of each three
+    consecutive validations, where a single validation's noise (one problem
+    of the set) cannot decide the target.
   - total_seconds: wall time of the whole command (process start, model load,
     validations included).
 """
@@ -189,27 +192,42 @@ def comparison(baton, trl, budget):
     def elapsed(r):
         return [(step, acc, sum(r["step_seconds"][:step])) for step, acc in r["val_accuracy"]]
 
-    within = [acc for step, acc, t in elapsed(trl) if t <= budget]
-    target = max(within) if within else None
+    def smoothed(points):
+        # The mean of each validation and the two before it: one validation
+        # set's noise (a problem or two) no longer decides a peak.
+        return [(step, sum(a for _, a, _ in points[i - 2:i + 1]) / 3, t)
+                for i, (step, _, t) in enumerate(points) if i >= 2]
 
-    def time_to(r):
-        if target is None:
+    def compare(b_points, t_points):
+        within = [acc for step, acc, t in t_points if t <= budget]
+        target = max(within) if within else None
+
+        def time_to(points):
+            if target is None:
+                return None
+            for step, acc, t in points:
+                if acc >= target - 1e-12:
+                    return t
             return None
-        for step, acc, t in elapsed(r):
-            if acc >= target:
-                return t
-        return None
 
-    b, t = time_to(baton), time_to(trl)
-    return {
+        b, t = time_to(b_points), time_to(t_points)
+        return {
+            "target_accuracy": target,
+            "baton_seconds_to_target": b,
+            "trl_seconds_to_target": t,
+            "baton_best": max((a for _, a, _ in b_points), default=None),
+            "time_to_target_speedup": (t / b if b else None) if b is not None and t is not None else None,
+        }
+
+    out = {
         "step_speedup": trl["seconds_per_step"] / baton["seconds_per_step"],
         "budget_s": budget,
         "trl_trained_s": sum(trl["step_seconds"]),
-        "target_accuracy": target,
-        "baton_seconds_to_target": b,
-        "trl_seconds_to_target": t,
-        "time_to_target_speedup": (t / b if b else None) if b is not None and t is not None else None,
+        "baton_trained_s": sum(baton["step_seconds"]),
     }
+    out.update(compare(elapsed(baton), elapsed(trl)))
+    out["smoothed"] = compare(smoothed(elapsed(baton)), smoothed(elapsed(trl)))
+    return out
 
 
 def summarize_baton(steps):
@@ -303,6 +321,8 @@ def main():
     p.add_argument("--budget", type=float, default=150.0,
                    help="TRL training seconds whose best accuracy is the comparison's target")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--baton-steps", type=int, default=None,
+                   help="baton's steps, if not --steps (e.g. enough to train --budget / 1.5 s)")
     p.add_argument("--val-every", type=int, default=5)
     p.add_argument("--out", default=None, help="directory for both runs' outputs and logs (default: a new temporary one)")
     p.add_argument("--baton-metrics", default=None, help="read this metrics.jsonl instead of running baton")
@@ -334,7 +354,7 @@ def main():
         baton_dir = os.path.join(out, "baton")
         cmd = [grpo, "--config", args.config,
                f"trainer.default_local_dir={baton_dir}",
-               f"trainer.total_training_steps={args.steps}",
+               f"trainer.total_training_steps={args.baton_steps or args.steps}",
                f"trainer.test_freq={args.val_every}",
                f"actor_rollout_ref.model.path={args.model}",
                f"data.train_files=[{args.train}]",
