@@ -379,9 +379,7 @@ json run_layout(const BenchConfig& b, const Layout& l, const Args& args,
   // last stages' DP ranks (tp rank 0 only: the values are replicated).
   int64_t n = ps->world().size;
   auto gathered = at::zeros({2 * n + 2}, at::kDouble);
-  int64_t bytes = 0;
-  for (const auto& [name, p] : model->named_params()) bytes += static_cast<int64_t>(p.nbytes());
-  gathered[ps->rank()] = static_cast<double>(bytes);
+  gathered[ps->rank()] = static_cast<double>(model->param_bytes());
   gathered[n + 2 + ps->rank()] = static_cast<double>(opt.state_bytes());
   if (ps->is_last_stage() && ps->coords().tp == 0) {
     gathered[n] = first_loss;

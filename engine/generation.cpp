@@ -97,8 +97,6 @@ GenerationEngine::GenerationEngine(std::shared_ptr<Transformer> model, Generatio
   cache_ = model_->make_kv_cache(options_.cache);
   tensors_ = model_->named_params().front().second.options();
   packed_ = options_.packed_cpu_steps && model_->supports_paged_step();
-  for (const auto& [name, t] : model_->named_params())
-    weight_bytes_ += t.numel() * static_cast<int64_t>(t.element_size());
 }
 
 void GenerationEngine::sleep() { cache_->sleep(); }
@@ -134,7 +132,7 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
     ~PackedWeights() {
       if (on) model.drop_paged_weights();
     }
-  } packed_weights{*model_, packed_ && weight_bytes_ >= options_.pack_min_weight_bytes &&
+  } packed_weights{*model_, packed_ && model_->param_bytes() >= options_.pack_min_weight_bytes &&
                                 model_->pack_paged_weights()};
   stats_.packed_weights = packed_weights.on;
 

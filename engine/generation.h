@@ -167,7 +167,6 @@ class GenerationEngine {
   std::unique_ptr<KvCache> cache_;
   at::TensorOptions tensors_;  // the model's dtype and device
   bool packed_ = false;
-  int64_t weight_bytes_ = 0;  // the model's parameters
   GenerationStats stats_;
 };
 

@@ -28,8 +28,7 @@ ReshardStats HybridEngine::enter_rollout() {
     // Both layouts hold the whole model on every rank: generate with the
     // training model itself (no copy, nothing to reshard).
     ReshardStats stats;
-    for (const auto& [name, t] : train_->named_params())
-      stats.model_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    stats.model_bytes = train_->param_bytes();
     engine_ = std::make_unique<GenerationEngine>(train_, options_.generation);
     rollout_ = train_;
     return stats;
@@ -67,11 +66,9 @@ void HybridEngine::exit_rollout() {
 
 int64_t HybridEngine::rollout_bytes() const {
   if (!in_rollout()) return 0;
-  int64_t bytes = engine_->cache().allocated_bytes();
-  if (shares_weights_) return bytes;  // the weights are the training model's
-  for (const auto& [name, t] : rollout_->named_params())
-    bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  return bytes;
+  const int64_t cache = engine_->cache().allocated_bytes();
+  // Shared weights are the training model's, not the rollout's.
+  return shares_weights_ ? cache : cache + rollout_->param_bytes();
 }
 
 Transformer& HybridEngine::rollout_model() {

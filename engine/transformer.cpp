@@ -406,6 +406,12 @@ at::Tensor Transformer::value_head(const at::Tensor& h) {
   return gather_from_tp_region(v.transpose(1, 2), state_->tp()).transpose(1, 2);
 }
 
+int64_t Transformer::param_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, p] : named_params()) bytes += static_cast<int64_t>(p.nbytes());
+  return bytes;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> Transformer::named_params() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   if (embedding_) out.emplace_back("embedding.word_embeddings.weight", embedding_->weight);

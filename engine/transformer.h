@@ -120,6 +120,8 @@ class Transformer : public torch::nn::Module {
   // This rank's parameters under their engine names (docs/engine.md), in a
   // fixed order. The tensors are the parameters themselves.
   std::vector<std::pair<std::string, at::Tensor>> named_params() const;
+  // The bytes of this rank's parameters (named_params()).
+  int64_t param_bytes() const;
   // Whether a parameter is the same on every TP rank (norm weights, value
   // head) rather than a shard.
   static bool tp_replicated(const std::string& name);

@@ -7,8 +7,8 @@
 
 #include "runtime/driver.h"
 #include "runtime/errors.h"
-#include "runtime/worker.h"
 #include "runtime/threads.h"
+#include "runtime/worker.h"
 #include "runtime/worker_host.h"
 
 namespace baton {

@@ -11,18 +11,6 @@
 
 namespace baton {
 
-const char* to_string(WaitPolicy policy) {
-  switch (policy) {
-    case WaitPolicy::kPassive:
-      return "passive";
-    case WaitPolicy::kActive:
-      return "active";
-    case WaitPolicy::kInherit:
-      return "inherit";
-  }
-  return "?";
-}
-
 namespace {
 
 int affinity_cores() {

@@ -31,8 +31,6 @@ enum class WaitPolicy {
   kInherit,  // the driver's environment, or libgomp's default (spin, then sleep)
 };
 
-const char* to_string(WaitPolicy policy);
-
 // Cores this process may run on: its CPU affinity mask, capped by a cgroup
 // v2 CPU quota (cpu.max) when one is set. At least 1.
 int usable_cores();
