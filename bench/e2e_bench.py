@@ -4,7 +4,7 @@ GRPOTrainer on the same model, data and hyperparameters.
 
     /opt/baton-venv/bin/python bench/e2e_bench.py [--task toy|add3] [--with-trl] \
         [--steps 30] [--baton-steps N] [--val-every 5] [--workers N] [--busy K] [--budget 150] \
-        [--model DIR] [--train FILE] [--val FILE] [-- key=value ...]
+        [--seeds 1,2,3] [--model DIR] [--train FILE] [--val FILE] [-- key=value ...]
 
 Tasks (each a directory the project's own tools make; see docs/benchmarks.md):
   toy   two-digit addition, a ~100k-parameter Qwen2 (configs/grpo_toy.yaml):
@@ -12,7 +12,7 @@ Tasks (each a directory the project's own tools make; see docs/benchmarks.md):
             build/examples/sft --config configs/sft_toy.yaml
   add3  three-digit addition, a ~1M-parameter Qwen2 (configs/grpo_add3.yaml):
             build/examples/toy_task --out add3 --max-operand 1000 --train-size 100000 \
-                --val-size 512 --hidden 128 --layers 6 --heads 4
+                --val-size 512 --hidden 128 --layers 6 --heads 4 --carry-noise 0.9
             build/examples/sft --config configs/sft_add3.yaml
 
 Runs `build/examples/grpo --config <the task's config>` with
@@ -67,6 +67,13 @@ Definitions (the same for both tools; bench/trl_grpo_toy.py measures TRL's):
     --budget / 1.5 seconds). "smoothed": the same on the mean of each three
     consecutive validations, where a single validation's noise (one problem
     of the set) cannot decide the target.
+  - --seeds S1,S2,...: one run of each tool per seed (baton's data.seed and
+    actor_rollout_ref.rollout.seed, TRL's --seed; each seed's baton run, then
+    its TRL run). "baton" and "trl" are then the mean over the runs: step
+    seconds step by step, validation accuracy at each validation step, the
+    scalar timings; each run's own object is under "runs". The comparison is
+    made on those mean curves: one run's curve on a slow climb is too noisy
+    to time (its best validation is as much the set's noise as the policy).
   - total_seconds: wall time of the whole command (process start, model load,
     validations included).
 """
@@ -259,6 +266,100 @@ def summarize_baton(steps):
     }
 
 
+def seed_list(text):
+    try:
+        seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct seeds")
+    return seeds
+
+
+def mean_run(runs, tool):
+    """The mean of one tool's runs over seeds: step seconds step by step,
+    validation accuracy at each validation step every run has, and the
+    scalar timings; each run's own summary stays under "runs"."""
+    n = min(len(r["step_seconds"]) for r in runs)
+    step_seconds = [sum(r["step_seconds"][i] for r in runs) / len(runs) for i in range(n)]
+    per_run = [dict(r["val_accuracy"]) for r in runs]
+    common = sorted(set.intersection(*(set(v) for v in per_run)))
+    val = [[s, sum(v[s] for v in per_run) / len(per_run)] for s in common if s <= n]
+    if not val:
+        fail(f"{tool}'s runs share no validation step")
+
+    def mean_of(key):
+        xs = [r.get(key) for r in runs]
+        return sum(xs) / len(xs) if None not in xs else None
+
+    phases = {k: sum(r["phases"][k] for r in runs) / len(runs)
+              for k in runs[0].get("phases", {}) if all(k in r.get("phases", {}) for r in runs)}
+    reached = seconds_to(val, step_seconds)
+    return {
+        "seeds": len(runs),
+        "steps": n,
+        "seconds_per_step": mean_of("seconds_per_step"),
+        "tokens_per_s": mean_of("tokens_per_s"),
+        "phases": phases,
+        "val_accuracy": val,
+        "seconds_to": reached,
+        "seconds_to_90pct": reached["0.9"],
+        "step_seconds": step_seconds,
+        "runs": runs,
+    }
+
+
+def run_baton(args, overrides, out, tag):
+    """One baton run (or --baton-metrics read), summarised."""
+    if args.baton_metrics:
+        metrics_file = args.baton_metrics
+        baton_seconds = None
+    else:
+        grpo = os.path.join(ROOT, args.grpo)
+        if not os.access(grpo, os.X_OK):
+            fail(f"{args.grpo} is not built (cmake --build build --target grpo)")
+        baton_dir = os.path.join(out, "baton" + tag)
+        cmd = [grpo, "--config", args.config,
+               f"trainer.default_local_dir={baton_dir}",
+               f"trainer.total_training_steps={args.baton_steps or args.steps}",
+               f"trainer.test_freq={args.val_every}",
+               f"actor_rollout_ref.model.path={args.model}",
+               f"data.train_files=[{args.train}]",
+               f"data.val_files=[{args.val}]",
+               # TRL's side runs a constant learning rate (grpo_toy.yaml decays it).
+               "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"] + overrides
+        _, baton_seconds = run(cmd, os.path.join(out, f"baton{tag}.log"), "baton grpo", args.busy)
+        metrics_file = os.path.join(baton_dir, "metrics.jsonl")
+    baton = summarize_baton(read_metrics(metrics_file))
+    baton["total_seconds"] = baton_seconds
+    baton["metrics_file"] = os.path.abspath(metrics_file)
+    return baton
+
+
+def run_trl(args, cfg, out, tag, seed):
+    """One bench/trl_grpo_toy.py run with the config's batch sizes, n,
+    response length and learning rate."""
+    mini = get(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    cmd = [args.trl_python, os.path.join(ROOT, "bench", "trl_grpo_toy.py"),
+           "--model", args.model, "--train", args.train, "--val", args.val,
+           "--steps", str(args.steps), "--val-every", str(args.val_every),
+           "--threads", str(args.trl_threads),
+           "--prompts-per-step", str(get(cfg, "data.train_batch_size")),
+           "--n", str(get(cfg, "actor_rollout_ref.rollout.n")),
+           "--mini-batch-prompts", str(mini),
+           "--response-length", str(get(cfg, "data.max_response_length")),
+           "--lr", str(get(cfg, "actor_rollout_ref.actor.optim.lr"))]
+    if seed is not None:
+        cmd += ["--seed", str(seed)]
+    stdout, _ = run(cmd, os.path.join(out, f"trl{tag}.log"), "TRL GRPO", args.busy)
+    lines = [l for l in stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        fail(f"bench/trl_grpo_toy.py printed no JSON (see {out}/trl{tag}.log)")
+    trl = json.loads(lines[-1])
+    trl["seconds_to"] = seconds_to(trl["val_accuracy"], trl["step_seconds"])
+    return trl
+
+
 def run(cmd, log_path, what, busy=0):
     print(f"e2e_bench: {what}: {' '.join(cmd)} (log: {log_path})", file=sys.stderr)
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
@@ -329,6 +430,10 @@ def main():
     p.add_argument("--with-trl", action="store_true")
     p.add_argument("--trl-python", default=sys.executable, help="the Python that has TRL")
     p.add_argument("--trl-threads", type=int, default=2)
+    p.add_argument("--seeds", type=seed_list, default=None,
+                   help="comma-separated seeds: one run of each tool per seed "
+                        "(baton's data.seed and rollout.seed, TRL's --seed), compared "
+                        "on the runs' mean curves")
     args = p.parse_args(argv)
     for key in ("config", "model", "train", "val"):
         if getattr(args, key) is None:
@@ -343,55 +448,29 @@ def main():
             fail(f"{path} does not exist (make the {args.task} task first: see this "
                  f"script's header)")
     result = {}
-
-    if args.baton_metrics:
-        metrics_file = args.baton_metrics
-        baton_seconds = None
-    else:
-        grpo = os.path.join(ROOT, args.grpo)
-        if not os.access(grpo, os.X_OK):
-            fail(f"{args.grpo} is not built (cmake --build build --target grpo)")
-        baton_dir = os.path.join(out, "baton")
-        cmd = [grpo, "--config", args.config,
-               f"trainer.default_local_dir={baton_dir}",
-               f"trainer.total_training_steps={args.baton_steps or args.steps}",
-               f"trainer.test_freq={args.val_every}",
-               f"actor_rollout_ref.model.path={args.model}",
-               f"data.train_files=[{args.train}]",
-               f"data.val_files=[{args.val}]",
-               # TRL's side runs a constant learning rate (grpo_toy.yaml decays it).
-               "actor_rollout_ref.actor.optim.lr_scheduler_type=constant"] + overrides
-        _, baton_seconds = run(cmd, os.path.join(out, "baton.log"), "baton grpo", args.busy)
-        metrics_file = os.path.join(baton_dir, "metrics.jsonl")
-    baton = summarize_baton(read_metrics(metrics_file))
-    baton["total_seconds"] = baton_seconds
-    baton["metrics_file"] = os.path.abspath(metrics_file)
-    result["baton"] = baton
-
+    cfg = resolve_config(args.config, overrides) if args.with_trl else None
+    seeds = [None] if args.seeds is None else args.seeds
+    if args.baton_metrics and args.seeds is not None:
+        fail("--baton-metrics reads one run; it does not take --seeds")
+    baton_runs, trl_runs = [], []
+    for seed in seeds:
+        # One seed's baton run, then its TRL run: a drift of the machine's
+        # speed during the benchmark reaches both tools alike.
+        tag = "" if seed is None else f"_seed{seed}"
+        seeded = overrides if seed is None else overrides + [
+            f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}"]
+        baton_runs.append(run_baton(args, seeded, out, tag))
+        if args.with_trl:
+            trl_runs.append(run_trl(args, cfg, out, tag, seed))
+    result["baton"] = baton_runs[0] if len(baton_runs) == 1 else mean_run(baton_runs, "baton")
     if args.with_trl:
-        cfg = resolve_config(args.config, overrides)
-        mini = get(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
-        cmd = [args.trl_python, os.path.join(ROOT, "bench", "trl_grpo_toy.py"),
-               "--model", args.model, "--train", args.train, "--val", args.val,
-               "--steps", str(args.steps), "--val-every", str(args.val_every),
-               "--threads", str(args.trl_threads),
-               "--prompts-per-step", str(get(cfg, "data.train_batch_size")),
-               "--n", str(get(cfg, "actor_rollout_ref.rollout.n")),
-               "--mini-batch-prompts", str(mini),
-               "--response-length", str(get(cfg, "data.max_response_length")),
-               "--lr", str(get(cfg, "actor_rollout_ref.actor.optim.lr"))]
-        stdout, _ = run(cmd, os.path.join(out, "trl.log"), "TRL GRPO", args.busy)
-        lines = [l for l in stdout.splitlines() if l.startswith("{")]
-        if not lines:
-            fail(f"bench/trl_grpo_toy.py printed no JSON (see {out}/trl.log)")
-        trl = json.loads(lines[-1])
-        trl["seconds_to"] = seconds_to(trl["val_accuracy"], trl["step_seconds"])
-        result["trl"] = trl
-        result["comparison"] = comparison(baton, trl, args.budget)
+        result["trl"] = trl_runs[0] if len(trl_runs) == 1 else mean_run(trl_runs, "trl")
+        result["comparison"] = comparison(result["baton"], result["trl"], args.budget)
 
     result["machine"] = machine()
     result["settings"] = {"task": args.task, "config": args.config, "model": args.model,
                           "steps": args.steps, "val_every": args.val_every, "busy": args.busy,
+                          "seeds": args.seeds,
                           "overrides": overrides, "out": out}
     print(json.dumps(result))
 

@@ -68,12 +68,14 @@ baton::algos::AdvantageResult range_normalised(const baton::algos::AdvantageInpu
   const at::Tensor per_token = adv.unsqueeze(1) * in.response_mask;
   return {per_token, per_token};
 }
+// Registered in every process of this executable, before main() (this loop
+// computes advantages in the driver; a loss would run in the workers).
+BATON_ADVANTAGE_ESTIMATOR("range_normalised", range_normalised);
 
 int main(int argc, char** argv) {
   baton::init(argc, argv);  // in a worker process this runs the worker and never returns
   const std::string toy = argc > 1 ? argv[1] : "toy";
   const int steps = argc > 2 ? std::stoi(argv[2]) : 10;
-  baton::algos::register_advantage_estimator("range_normalised", range_normalised);
 
   // Data: the toy task's prompts, 16 per step.
   auto tokenizer = baton::data::Tokenizer::load(toy + "/sft/model");
@@ -104,6 +106,10 @@ int main(int argc, char** argv) {
     prompts.set_tensor("input_ids", as_tensor(pb.input_ids));
     prompts.set_tensor("attention_mask", as_tensor(pb.attention_mask));
     prompts.set_meta("n", baton::Value(int64_t{8}));
+    // One seed per prompt, never repeated across steps: the samples are
+    // reproducible and differ between prompts, samples and steps.
+    prompts.set_tensor("request_seed",
+                       at::arange(pb.size, at::kLong) + static_cast<int64_t>(step) * pb.size);
     prompts.set_meta("pad_token_id", baton::Value(static_cast<int64_t>(dataset.pad_id())));
 
     // Generate 8 answers per prompt; columns for the reward and the groups.

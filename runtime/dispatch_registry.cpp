@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 
+#include "runtime/did_you_mean.h"
 #include "runtime/errors.h"
 #include "runtime/method_table.h"
 #include "runtime/worker_group.h"
@@ -33,25 +34,6 @@ DispatchPlan all_to_all(const WorkerGroup& g, const List& args) {
 }
 
 Value collect_all(const CollectInput& in) { return Value(in.outputs); }
-
-// Levenshtein distance, case-insensitive: "DP_COMPUT_PROTO" is 1 from
-// "DP_COMPUTE_PROTO", "dp_compute_proto" 0.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      bool same = std::toupper(static_cast<unsigned char>(a[i - 1])) ==
-                  std::toupper(static_cast<unsigned char>(b[j - 1]));
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (same ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
 
 Registry& registry() {
   static Registry* r = [] {
@@ -102,16 +84,14 @@ DispatchMode find_dispatch_mode(const std::string& name) {
   auto it = r.modes.find(name);
   if (it != r.modes.end()) return it->second;
   std::string known;
-  std::string closest;
-  size_t closest_distance = 4;  // suggest only near misses: a typo, not another mode
+  std::vector<std::string> names;
   for (const auto& [n, m] : r.modes) {
     known += (known.empty() ? "" : ", ") + n;
-    size_t d = edit_distance(name, n);
-    if (d < closest_distance) {
-      closest_distance = d;
-      closest = n;
-    }
+    names.push_back(n);
   }
+  // Only near misses (a typo, not another mode), case-insensitive:
+  // "dp_comput_proto" → DP_COMPUTE_PROTO.
+  const std::string closest = closest_match(name, names, 3, /*ignore_case=*/true);
   throw CallError("dispatch mode '" + name + "' is not registered" +
                   (closest.empty() ? "" : " (did you mean " + closest + "?)") +
                   "; registered: " + known +

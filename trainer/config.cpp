@@ -1,5 +1,7 @@
 #include "trainer/config.h"
 
+#include "runtime/did_you_mean.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <regex>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -630,20 +633,72 @@ std::vector<T> read_list(const ConfigNode& value, const std::string& key, Read r
 
 // ---- Config ----------------------------------------------------------------
 
+struct Config::ReadLog {
+  std::mutex mutex;
+  std::set<std::string, std::less<>> keys;
+};
+
 Config::Config() : root_(std::make_unique<ConfigNode>()) {}
 Config::~Config() = default;
 Config::Config(std::unique_ptr<ConfigNode> root) : root_(std::move(root)) {}
-Config::Config(const Config& other) : root_(std::make_unique<ConfigNode>(*other.root_)) {}
+Config::Config(const Config& other)
+    : root_(std::make_unique<ConfigNode>(*other.root_)), reads_(other.reads_), prefix_(other.prefix_) {}
 Config& Config::operator=(const Config& other) {
-  if (this != &other) root_ = std::make_unique<ConfigNode>(*other.root_);
+  if (this != &other) {
+    root_ = std::make_unique<ConfigNode>(*other.root_);
+    reads_ = other.reads_;
+    prefix_ = other.prefix_;
+  }
   return *this;
 }
-Config::Config(Config&& other) noexcept : root_(std::move(other.root_)) {
+Config::Config(Config&& other) noexcept
+    : root_(std::move(other.root_)), reads_(std::move(other.reads_)), prefix_(std::move(other.prefix_)) {
   other.root_ = std::make_unique<ConfigNode>();
 }
 Config& Config::operator=(Config&& other) noexcept {
   std::swap(root_, other.root_);
+  std::swap(reads_, other.reads_);
+  std::swap(prefix_, other.prefix_);
   return *this;
+}
+
+Config Config::derived(std::unique_ptr<ConfigNode> root, std::string prefix) const {
+  Config out(std::move(root));
+  out.reads_ = reads_;
+  out.prefix_ = std::move(prefix);
+  return out;
+}
+
+void Config::note_read(std::string_view key) const {
+  if (!reads_) return;
+  std::lock_guard<std::mutex> lock(reads_->mutex);
+  reads_->keys.insert(prefix_ + std::string(key));
+}
+
+void Config::track_reads() {
+  if (!reads_) reads_ = std::make_shared<ReadLog>();
+}
+
+std::vector<std::string> Config::unread_keys() const {
+  std::set<std::string, std::less<>> read;
+  if (reads_) {
+    std::lock_guard<std::mutex> lock(reads_->mutex);
+    read = reads_->keys;
+  }
+  // A leaf counts as read when its path, or a path above it, was read.
+  std::vector<std::string> out;
+  auto walk = [&](auto&& self, const ConfigNode& node, const std::string& path) -> void {
+    const std::string full = prefix_ + path;
+    if (!path.empty() && read.count(full)) return;
+    if (node.kind != Kind::kMap || node.children.empty()) {
+      out.push_back(path);
+      return;
+    }
+    for (size_t i = 0; i < node.children.size(); ++i)
+      self(self, node.children[i], join_key(path, node.names[i]));
+  };
+  walk(walk, *root_, "");
+  return out;
 }
 
 Config Config::load(const std::filesystem::path& path) {
@@ -726,6 +781,7 @@ bool Config::has(std::string_view key) const {
 }
 
 bool Config::is_null(std::string_view key) const {
+  note_read(key);
   return resolve_key(*root_, key).kind == Kind::kNull;
 }
 
@@ -738,42 +794,49 @@ std::vector<std::string> Config::keys(std::string_view section) const {
 
 template <>
 bool Config::get<bool>(std::string_view key) const {
+  note_read(key);
   return read_bool(resolve_key(*root_, key), std::string(key));
 }
 template <>
 int64_t Config::get<int64_t>(std::string_view key) const {
+  note_read(key);
   return read_int(resolve_key(*root_, key), std::string(key));
 }
 template <>
 double Config::get<double>(std::string_view key) const {
+  note_read(key);
   return read_double(resolve_key(*root_, key), std::string(key));
 }
 template <>
 std::string Config::get<std::string>(std::string_view key) const {
+  note_read(key);
   return read_string(resolve_key(*root_, key), std::string(key));
 }
 template <>
 std::vector<int64_t> Config::get<std::vector<int64_t>>(std::string_view key) const {
+  note_read(key);
   return read_list<int64_t>(resolve_key(*root_, key), std::string(key), read_int);
 }
 template <>
 std::vector<double> Config::get<std::vector<double>>(std::string_view key) const {
+  note_read(key);
   return read_list<double>(resolve_key(*root_, key), std::string(key), read_double);
 }
 template <>
 std::vector<std::string> Config::get<std::vector<std::string>>(std::string_view key) const {
+  note_read(key);
   return read_list<std::string>(resolve_key(*root_, key), std::string(key), read_string);
 }
 
 Config Config::section(std::string_view key) const {
   ConfigNode value = resolve_key(*root_, key);
   require_kind(value, Kind::kMap, std::string(key));
-  return Config(std::make_unique<ConfigNode>(std::move(value)));
+  return derived(std::make_unique<ConfigNode>(std::move(value)), prefix_ + std::string(key) + ".");
 }
 
 Config Config::resolved() const {
   std::vector<std::string> chain;
-  return Config(std::make_unique<ConfigNode>(resolve(*root_, *root_, "", chain)));
+  return derived(std::make_unique<ConfigNode>(resolve(*root_, *root_, "", chain)), prefix_);
 }
 
 std::string Config::to_yaml() const {
@@ -820,31 +883,6 @@ CommandLineConfig config_from_command_line(int argc, const char* const* argv,
   CommandLineConfig result{Config::load(file), std::move(others)};
   result.config.apply_overrides(overrides);
   return result;
-}
-
-std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_distance = std::string::npos;
-  std::vector<size_t> previous, current;
-  for (const std::string& candidate : candidates) {
-    // Levenshtein distance, two rows.
-    previous.resize(candidate.size() + 1);
-    current.resize(candidate.size() + 1);
-    for (size_t j = 0; j <= candidate.size(); ++j) previous[j] = j;
-    for (size_t i = 1; i <= word.size(); ++i) {
-      current[0] = i;
-      for (size_t j = 1; j <= candidate.size(); ++j) {
-        const size_t substitution = previous[j - 1] + (word[i - 1] == candidate[j - 1] ? 0 : 1);
-        current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitution});
-      }
-      std::swap(previous, current);
-    }
-    if (previous[candidate.size()] < best_distance) {
-      best_distance = previous[candidate.size()];
-      best = candidate;
-    }
-  }
-  return best;
 }
 
 }  // namespace baton::trainer

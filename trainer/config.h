@@ -129,6 +129,17 @@ class Config {
   // for an interpolation naming an unknown key (with the closest known key) or
   // a cycle.
   Config resolved() const;
+  // Read tracking, for finding keys nothing reads (a config key that is
+  // accepted and then ignored). After track_reads(), every get / get_optional /
+  // is_null of this config records its key, and so do the copies, sections
+  // and resolved() configs made from it afterwards (one shared record; a
+  // section records full paths). unread_keys() lists this config's leaves
+  // (scalars, lists, nulls, empty mappings), as dotted paths in file order,
+  // that no such read has named. Without track_reads() nothing is recorded
+  // and unread_keys() lists every leaf.
+  void track_reads();
+  std::vector<std::string> unread_keys() const;
+
   // YAML text of the config as it is (interpolations kept). Strings that would
   // read back as another type are quoted, so from_yaml(to_yaml()) is the same
   // config.
@@ -138,8 +149,13 @@ class Config {
   void save(const std::filesystem::path& path) const;
 
  private:
+  struct ReadLog;
   explicit Config(std::unique_ptr<ConfigNode> root);
+  Config derived(std::unique_ptr<ConfigNode> root, std::string prefix) const;
+  void note_read(std::string_view key) const;
   std::unique_ptr<ConfigNode> root_;
+  std::shared_ptr<ReadLog> reads_;  // null: not tracking
+  std::string prefix_;              // this config's path in the tracked one ("" or "a.b.")
 };
 
 template <>
@@ -172,8 +188,5 @@ struct CommandLineConfig {
 CommandLineConfig config_from_command_line(int argc, const char* const* argv,
                                            const std::filesystem::path& default_config = {});
 
-// The closest of `candidates` to `word` by Levenshtein distance (the first of
-// equals); "" when there are none. Used for "did you mean" suggestions.
-std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
 }  // namespace baton::trainer

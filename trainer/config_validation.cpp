@@ -182,9 +182,15 @@ void validate_ppo_config(const Config& config) {
   const auto actor_dp =
       check_layout(c, world, "actor", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
                    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size");
-  check_layout(c, world, "reference policy",
-               "actor_rollout_ref.ref.megatron.tensor_model_parallel_size",
-               "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size");
+  // The reference policy is a frozen copy in the actor's processes: its layout is the actor's.
+  for (const char* size : {"tensor_model_parallel_size", "pipeline_model_parallel_size"}) {
+    const std::string ref = cat("actor_rollout_ref.ref.megatron.", size);
+    const std::string act = cat("actor_rollout_ref.actor.megatron.", size);
+    const auto r = c.read<int64_t>(ref), a = c.read<int64_t>(act);
+    if (r && a && *r != *a)
+      c.problem(cat(ref, " = ", *r, " differs from ", act, " = ", *a,
+                    "; the reference policy runs in the actor's layout (set them equal)"));
+  }
   const auto rollout_dp =
       check_layout(c, world, "rollout", "actor_rollout_ref.rollout.tensor_model_parallel_size", "");
 
@@ -228,7 +234,7 @@ void validate_ppo_config(const Config& config) {
                   "actor_rollout_ref.rollout.tensor_model_parallel_size)"));
 
   // Choices and ranges.
-  c.one_of("data.truncation", {"error", "left", "right"});
+  c.one_of("data.truncation", {"error", "left", "right", "middle"});
   c.one_of("actor_rollout_ref.actor.strategy", {"megatron"});
   c.one_of("actor_rollout_ref.actor.loss_agg_mode", kLossAggModes);
   c.one_of("actor_rollout_ref.actor.kl_loss_type", kKlKinds);

@@ -15,6 +15,7 @@
 #include "data/prompt_loader.h"
 #include "data/tokenizer.h"
 #include "dispatch/data_proto.h"
+#include "engine/sampling.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
 #include "runtime/resource_pool.h"
@@ -23,6 +24,7 @@
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
 #include "trainer/progress_line.h"
+#include "trainer/settings.h"
 #include "workers/actor_rollout_ref_worker.h"
 #include "workers/algo_registry.h"
 #include "workers/critic_worker.h"
@@ -30,6 +32,7 @@
 #include "workers/masked_reductions.h"
 #include "workers/reward_manager.h"
 #include "workers/reward_model_worker.h"
+#include "workers/reward_registry.h"
 #include "workers/role_options.h"
 
 namespace baton::trainer {
@@ -43,49 +46,7 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// verl's trainer/ppo/ray_trainer.py ties these together; here each is read
-// once from the config.
-struct Settings {
-  std::string model_path, tokenizer_path, out_dir;
-  int64_t world = 1;
-  bool use_gpu = false;
-  int64_t train_batch = 1, n = 1, response_length = 1;
-  bool use_critic = false, use_kl_in_reward = false, use_kl_loss = false, use_ref = false;
-  // The update's own forward pass gives the old log-probs (see ppo_trainer.yaml).
-  bool old_log_prob_from_update = false;
-  std::string adv_estimator, kl_penalty;
-  int64_t total_steps = 0, total_epochs = 1, critic_warmup = 0;
-  int64_t test_freq = -1, save_freq = -1;
-  bool val_before_train = true;
-  uint64_t rollout_seed = 0;
-  std::vector<std::string> loggers;
-  workers::ActorRolloutRefOptions actor;
-  workers::CriticOptions critic;
-  bool use_rm = false;
-  workers::RewardModelOptions rm;
-  algos::AdvantageOptions adv;
-  algos::KLControlOptions kl_ctrl;
-  std::string loss_agg_mode;
-};
-
-workers::OptimOptions optim_from(const Config& c, const std::string& prefix, double grad_clip,
-                                 int64_t total_updates) {
-  workers::OptimOptions o;
-  o.lr = c.get<double>(prefix + ".lr");
-  o.weight_decay = c.get<double>(prefix + ".weight_decay");
-  const auto betas = c.get<std::vector<double>>(prefix + ".betas");
-  o.beta1 = betas.at(0);
-  o.beta2 = betas.at(1);
-  o.scheduler = c.get<std::string>(prefix + ".lr_scheduler_type");
-  o.min_lr_ratio = c.get<double>(prefix + ".min_lr_ratio");
-  o.total_steps = total_updates;
-  const int64_t warmup = c.get<int64_t>(prefix + ".lr_warmup_steps");
-  o.warmup_steps = warmup >= 0 ? warmup
-                               : static_cast<int64_t>(c.get<double>(prefix + ".lr_warmup_steps_ratio") *
-                                                      static_cast<double>(total_updates));
-  o.grad_clip = grad_clip;
-  return o;
-}
+using Settings = TrainerSettings;
 
 }  // namespace
 
@@ -111,132 +72,6 @@ struct PpoTrainer::State {
 };
 
 namespace {
-
-Settings read_settings(const Config& c) {
-  Settings s;
-  s.model_path = c.get<std::string>("actor_rollout_ref.model.path");
-  s.tokenizer_path = c.get_optional<std::string>("data.tokenizer").value_or(s.model_path);
-  s.out_dir = c.get<std::string>("trainer.default_local_dir");
-  s.world = c.get<int64_t>("trainer.nnodes") * c.get<int64_t>("trainer.n_gpus_per_node");
-  s.use_gpu = c.get<std::string>("trainer.device") != "cpu";
-  s.train_batch = c.get<int64_t>("data.train_batch_size");
-  s.n = c.get<int64_t>("actor_rollout_ref.rollout.n");
-  s.response_length = c.get<int64_t>("data.max_response_length");
-  s.use_critic = critic_enabled(c);
-  s.adv_estimator = c.get<std::string>("algorithm.adv_estimator");
-  s.use_kl_in_reward = c.get<bool>("algorithm.use_kl_in_reward");
-  s.kl_penalty = c.get<std::string>("algorithm.kl_penalty");
-  s.use_kl_loss = c.get<bool>("actor_rollout_ref.actor.use_kl_loss");
-  s.use_ref = s.use_kl_in_reward || s.use_kl_loss;
-  s.total_epochs = c.get<int64_t>("trainer.total_epochs");
-  s.critic_warmup = c.get<int64_t>("trainer.critic_warmup");
-  s.test_freq = c.get<int64_t>("trainer.test_freq");
-  s.save_freq = c.get<int64_t>("trainer.save_freq");
-  s.val_before_train = c.get<bool>("trainer.val_before_train");
-  s.rollout_seed = static_cast<uint64_t>(c.get<int64_t>("actor_rollout_ref.rollout.seed"));
-  s.loggers = c.get<std::vector<std::string>>("trainer.logger");
-  s.loss_agg_mode = c.get<std::string>("actor_rollout_ref.actor.loss_agg_mode");
-
-  s.adv.gamma = c.get<double>("algorithm.gamma");
-  s.adv.lam = c.get<double>("algorithm.lam");
-  s.adv.grpo.norm_adv_by_std = c.get<bool>("algorithm.norm_adv_by_std_in_grpo");
-  s.kl_ctrl.type = c.get<std::string>("algorithm.kl_ctrl.type");
-  s.kl_ctrl.kl_coef = c.get<double>("algorithm.kl_ctrl.kl_coef");
-  s.kl_ctrl.target_kl = c.get<double>("algorithm.kl_ctrl.target_kl");
-  s.kl_ctrl.horizon = c.get<double>("algorithm.kl_ctrl.horizon");
-  return s;
-}
-
-// The actor's and the critic's options; `steps` is the number of training steps.
-void fill_role_options(const Config& c, Settings& s, int64_t steps) {
-  const std::string a = "actor_rollout_ref.actor";
-  workers::ActorRolloutRefOptions& o = s.actor;
-  o.model.path = s.model_path;
-  o.model.tp = c.get<int64_t>(a + ".megatron.tensor_model_parallel_size");
-  o.model.pp = c.get<int64_t>(a + ".megatron.pipeline_model_parallel_size");
-  o.model.seed = static_cast<uint64_t>(c.get<int64_t>(a + ".megatron.seed"));
-  o.model.dtype = c.get<std::string>(a + ".megatron.dtype");
-  o.ref_dtype = c.get<std::string>("actor_rollout_ref.ref.megatron.dtype");
-  const int64_t dp = s.world / (o.model.tp * o.model.pp);
-  const int64_t mini_prompts = std::min(c.get<int64_t>(a + ".ppo_mini_batch_size"), s.train_batch);
-  o.update.mini_batch_size = mini_prompts * s.n;
-  const int64_t local_mini = o.update.mini_batch_size / dp;
-  o.update.micro_batch_size =
-      c.get_optional<int64_t>(a + ".ppo_micro_batch_size_per_gpu").value_or(std::min<int64_t>(local_mini, 8));
-  o.update.epochs = c.get<int64_t>(a + ".ppo_epochs");
-  s.old_log_prob_from_update = c.get<bool>(a + ".skip_old_log_prob_on_policy") &&
-                               o.update.epochs == 1 && mini_prompts == s.train_batch &&
-                               !s.use_kl_in_reward;
-  o.update.shuffle = c.get<bool>(a + ".shuffle");
-  o.update.loss_agg_mode = s.loss_agg_mode;
-  o.update.seed = static_cast<uint64_t>(c.get<int64_t>("data.seed"));
-  const int64_t updates = steps * o.update.epochs * (s.train_batch / mini_prompts);
-  o.optim = optim_from(c, a + ".optim", c.get<double>(a + ".grad_clip"), updates);
-  o.optim.distributed = c.get<bool>(a + ".megatron.use_distributed_optimizer");
-  o.optim.overlap_grad_reduce = c.get<bool>(a + ".megatron.overlap_grad_reduce");
-  o.optim.bucket_bytes = c.get<int64_t>(a + ".megatron.grad_reduce_bucket_bytes");
-  workers::PolicyOptions& p = o.policy;
-  p.loss_mode = c.get<std::string>(a + ".policy_loss.loss_mode");
-  p.clip_ratio = c.get<double>(a + ".clip_ratio");
-  p.clip_ratio_low = c.get_optional<double>(a + ".clip_ratio_low").value_or(p.clip_ratio);
-  p.clip_ratio_high = c.get_optional<double>(a + ".clip_ratio_high").value_or(p.clip_ratio);
-  p.clip_ratio_c = c.get<double>(a + ".clip_ratio_c");
-  p.clip_cov_ratio = c.get<double>(a + ".policy_loss.clip_cov_ratio");
-  p.clip_cov_lb = c.get<double>(a + ".policy_loss.clip_cov_lb");
-  p.clip_cov_ub = c.get<double>(a + ".policy_loss.clip_cov_ub");
-  p.kl_cov_ratio = c.get<double>(a + ".policy_loss.kl_cov_ratio");
-  p.ppo_kl_coef = c.get<double>(a + ".policy_loss.ppo_kl_coef");
-  p.entropy_coeff = c.get<double>(a + ".entropy_coeff");
-  p.use_kl_loss = s.use_kl_loss;
-  p.kl_loss_coef = c.get<double>(a + ".kl_loss_coef");
-  p.kl_loss_type = c.get<std::string>(a + ".kl_loss_type");
-  const std::string r = "actor_rollout_ref.rollout";
-  o.rollout.tp = c.get<int64_t>(r + ".tensor_model_parallel_size");
-  o.rollout.response_length = s.response_length;
-  o.rollout.max_batch = c.get<int64_t>(r + ".max_num_seqs");
-  o.rollout.cache_bytes = c.get<int64_t>(r + ".kv_cache_bytes");
-  o.rollout.packed_cpu_steps = c.get<bool>(r + ".packed_cpu_steps");
-  o.rollout.log_prob_micro_batch_size =
-      c.get_optional<int64_t>(r + ".log_prob_micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
-  o.ref = s.use_ref;
-
-  s.use_rm = c.get<bool>("reward_model.enable");
-  if (s.use_rm) {
-    const auto path = c.get_optional<std::string>("reward_model.model.path");
-    if (!path) throw ConfigError("reward_model.enable = true needs reward_model.model.path");
-    s.rm.model.path = *path;
-    s.rm.model.value_model = true;
-    s.rm.model.tp = c.get<int64_t>("reward_model.megatron.tensor_model_parallel_size");
-    s.rm.model.pp = c.get<int64_t>("reward_model.megatron.pipeline_model_parallel_size");
-    s.rm.micro_batch_size =
-        c.get_optional<int64_t>("reward_model.micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
-  }
-
-  if (!s.use_critic) return;
-  workers::CriticOptions& k = s.critic;
-  k.model.path = c.get<std::string>("critic.model.path");
-  k.model.value_model = true;
-  k.model.tp = c.get<int64_t>("critic.megatron.tensor_model_parallel_size");
-  k.model.pp = c.get<int64_t>("critic.megatron.pipeline_model_parallel_size");
-  k.model.seed = static_cast<uint64_t>(c.get<int64_t>("critic.megatron.seed"));
-  k.model.dtype = c.get<std::string>("critic.megatron.dtype");
-  const int64_t cdp = s.world / (k.model.tp * k.model.pp);
-  const int64_t cmini = std::min(c.get<int64_t>("critic.ppo_mini_batch_size"), s.train_batch);
-  k.update.mini_batch_size = cmini * s.n;
-  k.update.micro_batch_size = c.get_optional<int64_t>("critic.ppo_micro_batch_size_per_gpu")
-                                  .value_or(std::min<int64_t>(k.update.mini_batch_size / cdp, 8));
-  k.update.epochs = c.get<int64_t>("critic.ppo_epochs");
-  k.update.shuffle = c.get<bool>("critic.shuffle");
-  k.update.loss_agg_mode = c.get<std::string>("critic.loss_agg_mode");
-  k.update.seed = o.update.seed;
-  k.optim = optim_from(c, "critic.optim", c.get<double>("critic.grad_clip"),
-                       steps * k.update.epochs * (s.train_batch / cmini));
-  k.optim.distributed = c.get<bool>("critic.megatron.use_distributed_optimizer");
-  k.optim.overlap_grad_reduce = c.get<bool>("critic.megatron.overlap_grad_reduce");
-  k.optim.bucket_bytes = c.get<int64_t>("critic.megatron.grad_reduce_bucket_bytes");
-  k.cliprange_value = c.get<double>("critic.cliprange_value");
-  k.forward_micro_batch_size = k.update.micro_batch_size;
-}
 
 DataProto prompt_proto(const data::PromptBatch& pb, const std::string& uid_prefix) {
   const auto to_tensor = [&](const std::vector<int32_t>& v) {
@@ -299,42 +134,41 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   State& st = *s_;
   st.config = config.resolved();
   const Config& c = st.config;
-  st.s = read_settings(c);
+  st.s = read_trainer_settings(c);
   Settings& s = st.s;
+  // Registry names fail here, before any file is read or worker started
+  // (std::invalid_argument naming the closest registered name).
+  algos::find_advantage_estimator(s.adv_estimator);
+  algos::find_policy_loss(s.actor.policy.loss_mode);
+  if (s.custom_reward_fn) rewards::find_reward_function(*s.custom_reward_fn);
+  if (s.adv_estimator == "remax")
+    throw ConfigError(
+        "algorithm.adv_estimator = remax needs each prompt's greedy response scored as its "
+        "baseline (reward_baselines), which this trainer does not generate; use grpo or rloo");
   fs::create_directories(s.out_dir);
   c.save(fs::path(s.out_dir) / "config.yaml");
 
   st.tokenizer.emplace(data::Tokenizer::load(s.tokenizer_path));
-  data::PromptDatasetOptions dopts;
-  dopts.max_prompt_length(c.get<int64_t>("data.max_prompt_length"))
-      .filter_overlong_prompts(c.get<bool>("data.filter_overlong_prompts"))
-      .truncation(data::parse_truncation(c.get<std::string>("data.truncation")))
-      .prompt_key(c.get<std::string>("data.prompt_key"));
-  st.train_data = data::PromptDataset::load(c.get<std::vector<std::string>>("data.train_files"),
-                                            *st.tokenizer, dopts);
-  if (auto val = c.get_optional<std::vector<std::string>>("data.val_files"); val && !val->empty()) {
-    st.val_data = data::PromptDataset::load(*val, *st.tokenizer, dopts);
-  }
+  st.train_data = data::PromptDataset::load(s.train_files, *st.tokenizer, s.dataset);
+  if (!s.val_files.empty()) st.val_data = data::PromptDataset::load(s.val_files, *st.tokenizer, s.dataset);
   st.loader = std::make_unique<data::PromptLoader>(
       *st.train_data, data::PromptLoaderOptions()
                           .batch_size(s.train_batch)
-                          .shuffle(c.get<bool>("data.shuffle"))
-                          .seed(static_cast<uint64_t>(c.get<int64_t>("data.seed"))));
+                          .shuffle(s.data_shuffle)
+                          .seed(s.data_seed));
   if (st.loader->batches_per_epoch() < 1) {
     throw ConfigError("data.train_batch_size = " + std::to_string(s.train_batch) +
                       " is more than the " + std::to_string(st.train_data->size()) +
                       " prompts of data.train_files");
   }
-  const auto steps_key = c.get_optional<int64_t>("trainer.total_training_steps");
-  s.total_steps = steps_key ? *steps_key : st.loader->batches_per_epoch() * s.total_epochs;
-  fill_role_options(c, s, s.total_steps);
+  set_total_steps(s, st.loader->batches_per_epoch());
 
   rewards::RewardManagerOptions ropts;
-  ropts.reward_fn_name(c.get_optional<std::string>("custom_reward_function.name"))
-      .reward_fn_key(c.get<std::string>("data.reward_fn_key"));
+  ropts.reward_fn_name(s.custom_reward_fn)
+      .reward_fn_key(s.reward_fn_key)
+      .zero_on_error(s.zero_on_reward_error);
   st.reward = std::make_unique<rewards::RewardManager>(*st.tokenizer, ropts);
   st.kl_ctrl = algos::make_kl_controller(s.kl_ctrl);
-  algos::find_advantage_estimator(s.adv_estimator);  // an unknown name fails before spawning
 
   ResourcePoolOptions popts;
   popts.processes_per_node({static_cast<int>(s.world)}).gpu(s.use_gpu).colocate(2);
@@ -385,13 +219,11 @@ PpoTrainer::~PpoTrainer() = default;
 std::map<std::string, double> PpoTrainer::validate() {
   State& st = *s_;
   if (!st.val_data) return {};
-  const Config& c = st.config;
-  const std::string vk = "actor_rollout_ref.rollout.val_kwargs";
-  const int64_t n = c.get<int64_t>(vk + ".n");
+  const SamplingSettings& vs = st.s.val_sampling;
+  const int64_t n = vs.n;
   WorkerGroup& actor = *st.actor;
   const int64_t replicas = st.s.world / st.s.actor.rollout.tp;
-  const int64_t batch_size = c.get_optional<int64_t>("data.val_batch_size")
-                                 .value_or(static_cast<int64_t>(st.val_data->size()));
+  const int64_t batch_size = st.s.val_batch_size.value_or(static_cast<int64_t>(st.val_data->size()));
   std::map<std::string, std::vector<double>> by_source;
   for (size_t start = 0; start < st.val_data->size(); start += static_cast<size_t>(batch_size)) {
     std::vector<size_t> idx;
@@ -404,10 +236,10 @@ std::map<std::string, double> PpoTrainer::validate() {
     for (int64_t i = 0; i < gen.size(); ++i) seeds.push_back(static_cast<int64_t>(st.s.rollout_seed) + i);
     gen.set_tensor("request_seed", at::tensor(seeds, at::kLong));
     gen.set_meta("n", Value(n));
-    gen.set_meta("do_sample", Value(c.get<bool>(vk + ".do_sample")));
-    gen.set_meta("temperature", Value(c.get<double>(vk + ".temperature")));
-    gen.set_meta("top_k", Value(c.get<int64_t>(vk + ".top_k")));
-    gen.set_meta("top_p", Value(c.get<double>(vk + ".top_p")));
+    gen.set_meta("do_sample", Value(vs.do_sample));
+    gen.set_meta("temperature", Value(vs.temperature));
+    gen.set_meta("top_k", Value(vs.top_k));
+    gen.set_meta("top_p", Value(vs.top_p));
     gen.set_meta("pad_token_id", Value(static_cast<int64_t>(st.val_data->pad_id())));
     DataProto out = actor.call("generate_sequences", {gen}).get().as<DataProto>();
     out = out.unpad(pad * n);
@@ -499,8 +331,7 @@ void save_trainer_checkpoint(PpoTrainer::State& st) {
 }
 
 bool resume_trainer_checkpoint(PpoTrainer::State& st) {
-  const Config& c = st.config;
-  const std::string mode = c.get<std::string>("trainer.resume_mode");
+  const std::string& mode = st.s.resume_mode;
   fs::path dir;
   if (mode == "disable") return false;
   if (mode == "auto") {
@@ -508,9 +339,9 @@ bool resume_trainer_checkpoint(PpoTrainer::State& st) {
     if (!fs::exists(latest)) return false;
     dir = fs::path(st.s.out_dir) / ("global_step_" + read_text(latest));
   } else if (mode == "resume_path") {
-    const auto path = c.get_optional<std::string>("trainer.resume_from_path");
-    if (!path) throw ConfigError("trainer.resume_mode = resume_path needs trainer.resume_from_path");
-    dir = *path;
+    if (!st.s.resume_from_path)
+      throw ConfigError("trainer.resume_mode = resume_path needs trainer.resume_from_path");
+    dir = *st.s.resume_from_path;
   } else {
     throw ConfigError("trainer.resume_mode = '" + mode + "' is not one of: auto, disable, resume_path");
   }
@@ -537,7 +368,6 @@ bool resume_trainer_checkpoint(PpoTrainer::State& st) {
 FitResult PpoTrainer::fit() {
   State& st = *s_;
   Settings& s = st.s;
-  const Config& c = st.config;
   FitResult result;
   WorkerGroup& actor = *st.actor;
   WorkerGroup* critic = s.use_critic ? &critic_group(st) : nullptr;
@@ -546,7 +376,7 @@ FitResult PpoTrainer::fit() {
   MetricsLoggerOptions lopts;
   lopts.dir = s.out_dir;
   lopts.loggers = s.loggers;
-  lopts.set_names(c.get<std::string>("trainer.project_name"), c.get<std::string>("trainer.experiment_name"));
+  lopts.set_names(s.project_name, s.experiment_name);
   // A resumed run keeps the metrics of the steps it resumed from.
   if (resumed) lopts.set_resume_step(st.global_step);
   st.logger = std::make_unique<MetricsLogger>(lopts);
@@ -557,9 +387,8 @@ FitResult PpoTrainer::fit() {
     result.last_validation = v;
     st.logger->log(st.global_step, v);
   }
-  const std::string r = "actor_rollout_ref.rollout";
   const int64_t replicas = s.world / s.actor.rollout.tp;
-  const double temperature = c.get<double>(r + ".temperature");
+  const double temperature = s.sampling.temperature;
   while (st.global_step < s.total_steps) {
     ++st.global_step;
     const auto step_start = Clock::now();
@@ -580,17 +409,18 @@ FitResult PpoTrainer::fit() {
       auto [padded, pad] = batch.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
       DataProto gen = padded;
       std::vector<int64_t> seeds;
-      for (int64_t i = 0; i < gen.size(); ++i) {
-        seeds.push_back(static_cast<int64_t>(s.rollout_seed * 1000003ULL +
-                                             static_cast<uint64_t>(st.global_step) * 7919ULL +
-                                             static_cast<uint64_t>(i)));
-      }
+      // Mixed through SplitMix64 (the sampler's own request seeding): a
+      // step's seed from (rollout.seed, step), each prompt's from that and
+      // its position; no linear formula whose values repeat across steps.
+      const uint64_t step_seed = engine::SequenceRng::request_seed(s.rollout_seed, st.global_step);
+      for (int64_t i = 0; i < gen.size(); ++i)
+        seeds.push_back(static_cast<int64_t>(engine::SequenceRng::request_seed(step_seed, i)));
       gen.set_tensor("request_seed", at::tensor(seeds, at::kLong));
       gen.set_meta("n", Value(s.n));
-      gen.set_meta("do_sample", Value(c.get<bool>(r + ".do_sample")));
+      gen.set_meta("do_sample", Value(s.sampling.do_sample));
       gen.set_meta("temperature", Value(temperature));
-      gen.set_meta("top_k", Value(c.get<int64_t>(r + ".top_k")));
-      gen.set_meta("top_p", Value(c.get<double>(r + ".top_p")));
+      gen.set_meta("top_k", Value(s.sampling.top_k));
+      gen.set_meta("top_p", Value(s.sampling.top_p));
       gen.set_meta("pad_token_id", Value(static_cast<int64_t>(st.train_data->pad_id())));
       out = actor.call("generate_sequences", {gen}).get().as<DataProto>().unpad(pad * s.n);
     });
@@ -613,6 +443,8 @@ FitResult PpoTrainer::fit() {
                                                    .tensor("rm_scores"));
       } else {
         batch = st.reward->with_token_level_scores(batch);
+        if (s.zero_on_reward_error)
+          m["reward/errors"] = batch.meta_value("reward_errors")->as_float();
       }
     });
     if (!s.old_log_prob_from_update) timed("old_log_prob", [&] {
@@ -666,10 +498,16 @@ FitResult PpoTrainer::fit() {
         merge_metrics(m, critic->call("update_critic", {batch}).get().as<DataProto>());
       });
     }
-    if (st.global_step > s.critic_warmup) {
+    // verl's rule (ray_trainer.py: `critic_warmup <= global_steps`, steps count from 1).
+    if (st.global_step >= s.critic_warmup) {
       timed("update_actor", [&] {
         merge_metrics(m, actor.call("update_actor", {batch}).get().as<DataProto>());
       });
+      // actor/entropy is the old-log-prob pass's (verl's); the update reports
+      // its own forward's as actor/update_entropy. Without that pass the
+      // update's first forward ran at the same weights: it is that value.
+      if (s.old_log_prob_from_update && m.count("actor/update_entropy"))
+        m["actor/entropy"] = m.at("actor/update_entropy");
     }
     timing["step"] = seconds_since(step_start);
 

@@ -132,6 +132,11 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
     for (const Value& s : stop->as_list()) sp.stop_token_ids.push_back(s.as_int());
   }
   std::vector<uint64_t> seeds;
+  if (sp.temperature > 0 && !prompts.has_tensor("request_seed")) {
+    throw Error("generate_sequences: a sampled batch (do_sample, temperature > 0) needs a "
+                "'request_seed' tensor, one int64 per prompt: without it every replica would "
+                "draw from the same streams and a run could not repeat");
+  }
   if (prompts.has_tensor("request_seed")) {
     at::Tensor s = prompts.tensor("request_seed").to(at::kLong).contiguous();
     for (int64_t i = 0; i < n_prompts; ++i) seeds.push_back(static_cast<uint64_t>(s[i].item<int64_t>()));
@@ -204,7 +209,7 @@ DataProto ActorRolloutRefWorker::compute_ref_log_prob(const DataProto& batch) {
                 "ActorRolloutRefOptions::ref = true)");
   }
   require_tensors(batch, {"input_ids", "attention_mask", "responses"}, "compute_ref_log_prob");
-  at::Tensor lp = ref_->response_log_probs(batch, options_.rollout.log_prob_micro_batch_size,
+  at::Tensor lp = ref_->response_log_probs(batch, options_.ref_log_prob_micro_batch_size,
                                            meta_float(batch, "temperature", 1.0));
   DataProto out;
   if (lp.defined()) out.set_tensor("ref_log_prob", lp);
@@ -242,7 +247,8 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
   }
   MetricLists metrics;
   for (const DataProto& mini : minis) {
-    const algos::GlobalBatchInfo global = global_batch_info(mini, ps);
+    algos::GlobalBatchInfo global = global_batch_info(mini, ps);
+    global.loss_scale_factor = options_.update.loss_scale_factor;
     algos::PolicyLossOptions plo;
     plo.clip_ratio = po.clip_ratio;
     plo.clip_ratio_low = po.clip_ratio_low;
@@ -253,6 +259,9 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
     plo.clip_cov_ub = po.clip_cov_ub;
     plo.kl_cov_ratio = po.kl_cov_ratio;
     plo.ppo_kl_coef = po.ppo_kl_coef;
+    plo.tau_pos = po.tau_pos;
+    plo.tau_neg = po.tau_neg;
+    plo.dro_beta = po.dro_beta;
     plo.agg = agg;
     plo.global = global;
 
@@ -301,7 +310,7 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
         metrics["actor/kl_coef"].push_back(po.kl_loss_coef);
       }
       if (global.batch_num_tokens && *global.batch_num_tokens > 0) {
-        metrics["actor/entropy"].push_back(sums[2] / *global.batch_num_tokens);
+        metrics["actor/update_entropy"].push_back(sums[2] / *global.batch_num_tokens);
       }
       for (auto& [k, v] : micro_metrics) {
         double total = 0;

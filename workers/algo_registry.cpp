@@ -6,24 +6,10 @@
 #include <stdexcept>
 #include <utility>
 
+#include "runtime/did_you_mean.h"
+
 namespace baton::algos {
 namespace {
-
-// Levenshtein distance, for "did you mean".
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
 
 // Name → function, guarded by a mutex; `what` names the kind in errors.
 template <typename Fn>
@@ -46,16 +32,15 @@ class Registry {
     std::lock_guard lock(mutex_);
     const auto it = entries_.find(name);
     if (it != entries_.end()) return it->second;
-    std::string known, closest;
-    size_t best = SIZE_MAX;
+    std::string known;
+    std::vector<std::string> keys;
     for (const auto& [key, fn] : entries_) {
       known += (known.empty() ? "" : ", ") + key;
-      const size_t d = edit_distance(name, key);
-      if (d < best) best = d, closest = key;
+      keys.push_back(key);
     }
     std::string message = "unknown " + what_ + " '" + std::string(name) + "'";
-    if (best <= std::max<size_t>(2, name.size() / 3))
-      message += " (did you mean '" + closest + "'?)";
+    const std::string closest = closest_match(name, keys, std::max<size_t>(2, name.size() / 3));
+    if (!closest.empty()) message += " (did you mean '" + closest + "'?)";
     throw std::invalid_argument(message + "; known: " + known + ". Register your own with " +
                                 register_call_);
   }

@@ -3,6 +3,24 @@
 // are registered from the start; a user registers their own C++ estimator or
 // loss under a new name before the config is read, and selects it the same way.
 //
+// Every process of the executable must know a name the config selects: the
+// policy loss runs in the worker processes. Register at namespace scope of a
+// .cpp file linked into the driver executable with the macros below; they
+// run before main() in the driver and in every worker it spawns (the workers
+// run the same executable). register_*() called after baton::init reaches
+// only the calling process.
+//
+//   BATON_POLICY_LOSS("scaled_vanilla", [](const at::Tensor& old_lp, const at::Tensor& lp,
+//                                         const at::Tensor& adv, const at::Tensor& mask,
+//                                         const PolicyLossOptions& o,
+//                                         const std::optional<at::Tensor>& w) {
+//     return vanilla_policy_loss(old_lp, lp, 0.5 * adv, mask, o, w);
+//   });
+//
+// A custom loss aggregates with agg_loss(per_token, mask, options.agg,
+// options.global): the global counts keep its gradient the same however the
+// mini-batch is split into micro-batches and DP ranks.
+//
 // Example:
 //   register_advantage_estimator("my_baseline",
 //       [](const AdvantageInputs& in, const AdvantageOptions&) {
@@ -15,6 +33,8 @@
 // of an unknown name throws std::invalid_argument naming it, the closest known
 // name and every known one.
 #pragma once
+
+#include "workers/static_registration.h"
 
 #include <ATen/ATen.h>
 
@@ -76,3 +96,16 @@ AdvantageResult compute_advantage(std::string_view name, const AdvantageInputs& 
                                   const AdvantageOptions& options = {});
 
 }  // namespace baton::algos
+
+// Registers a policy loss / advantage estimator in every process of the
+// executable, before main(). At namespace scope of a .cpp file; the
+// function may be a lambda (commas and all) or a function's name.
+#define BATON_POLICY_LOSS(name, ...)                                                   \
+  static const bool BATON_REGISTRATION_NAME(baton_policy_loss_registered_) =         \
+      ::baton::detail::register_at_startup("BATON_POLICY_LOSS", name,                 \
+                                           [] { ::baton::algos::register_policy_loss(name, __VA_ARGS__); })
+#define BATON_ADVANTAGE_ESTIMATOR(name, ...)                                           \
+  static const bool BATON_REGISTRATION_NAME(baton_advantage_estimator_registered_) = \
+      ::baton::detail::register_at_startup(                                           \
+          "BATON_ADVANTAGE_ESTIMATOR", name,                                          \
+          [] { ::baton::algos::register_advantage_estimator(name, __VA_ARGS__); })

@@ -182,7 +182,14 @@ PolicyLossResult geo_mean_policy_loss(const at::Tensor& old_log_prob, const at::
   const at::Tensor seq_advantage = masked_sum(A, mask, -1) / lengths;
   at::Tensor loss = -seq_advantage * ratio;
   if (w) loss = loss * (masked_sum(at::log(*w + 1e-10), mask, -1) / lengths).exp();
-  PolicyLossResult r{loss.mean(), {}};
+  // A mean over sequences: over the mini-batch's S sequences (all DP ranks,
+  // times D for the DP gradient average) when the engine gives the global
+  // counts, so the gradient does not depend on the micro-batch split.
+  const at::Tensor total = o.global.global_batch_size
+                               ? loss.sum() / *o.global.global_batch_size *
+                                     static_cast<double>(o.global.dp_size)
+                               : loss.mean();
+  PolicyLossResult r{total, {}};
   const at::Tensor clipped = delta.ne(delta_clamped);
   r.metrics["actor/pg_clipfrac"] = metric(clipped.logical_and(A.gt(0)), mask);
   r.metrics["actor/ppo_kl"] = metric(-delta, mask);

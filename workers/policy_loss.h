@@ -59,7 +59,7 @@ PolicyLossResult policy_loss(std::string_view name, const at::Tensor& old_log_pr
 
 // The built-in losses (registered under the names in quotes). All take
 // [B, L] tensors and throw std::invalid_argument on mismatched shapes.
-#define BATON_POLICY_LOSS(fn)                                                     \
+#define BATON_DECLARE_POLICY_LOSS(fn)                                             \
   PolicyLossResult fn(const at::Tensor& old_log_prob, const at::Tensor& log_prob, \
                       const at::Tensor& advantages, const at::Tensor& mask,       \
                       const PolicyLossOptions& options,                           \
@@ -70,32 +70,34 @@ PolicyLossResult policy_loss(std::string_view name, const at::Tensor& old_log_pr
 // capped at −A·clip_ratio_c (L = min(Lc, −A·c), no gradient past the cap).
 // Throws unless clip_ratio_c > 1. Metrics: pg_clipfrac = mean(L2 > L1),
 // ppo_kl = mean(−Δ), pg_clipfrac_lower = mean(Lc > −A·c ∧ A < 0).
-BATON_POLICY_LOSS(vanilla_policy_loss);
+BATON_DECLARE_POLICY_LOSS(vanilla_policy_loss);
 // "gspo": sequence ratio s = exp(δ_i), δ_i = Σ_t Δ·m / max(Σ_t m, 1), applied per
 // token as exp(min(log_prob − sg(log_prob) + sg(δ_i), 10)) (gradient s
 // w.r.t. log_prob), clipped as vanilla without dual clip; always
 // seq-mean-token-mean (options.agg ignored). Metrics: pg_clipfrac, ppo_kl,
 // pg_clipfrac_lower = 0.
-BATON_POLICY_LOSS(gspo_policy_loss);
+BATON_DECLARE_POLICY_LOSS(gspo_policy_loss);
 // "sapo": Δ clamped ±20, τ = tau_pos where A > 0 else tau_neg,
 // L = −A·sigmoid(τ(ρ − 1))·4/τ; always seq-mean-token-mean. Metrics:
 // pg_clipfrac = 0, ppo_kl, pg_clipfrac_lower = 0.
-BATON_POLICY_LOSS(sapo_policy_loss);
+BATON_DECLARE_POLICY_LOSS(sapo_policy_loss);
 // "gpg": L = −A·log_prob. No metrics.
-BATON_POLICY_LOSS(gpg_policy_loss);
+BATON_DECLARE_POLICY_LOSS(gpg_policy_loss);
 // "cispo": L = −sg(clamp(ρ, 1−εl, 1+εh))·A·log_prob (Δ clamped ±20).
 // Metrics: pg_clipfrac = mean(ρ clipped), ppo_kl, pg_clipfrac_lower = 0.
-BATON_POLICY_LOSS(cispo_policy_loss);
+BATON_DECLARE_POLICY_LOSS(cispo_policy_loss);
 // "dro": L = −(A·log_prob − dro_beta/2·Δ²); throws unless dro_beta > 0.
 // Metrics: ppo_kl.
-BATON_POLICY_LOSS(dro_policy_loss);
+BATON_DECLARE_POLICY_LOSS(dro_policy_loss);
 // "geo_mean" (GMPO): σ = sign(A), Δc = clamp(Δ, −εl, εh),
 // Δ* = σ·min(σΔ, σΔc); per row r_i = exp(Σ Δ*·m/(n_i + 1e-8)),
 // Ā_i = Σ A·m/(n_i + 1e-8), L_i = −Ā_i·r_i (times exp(Σ log(w + 1e-10)·m /
-// (n_i + 1e-8)) with w); the plain mean over all B rows (options.agg and
-// global ignored). Metrics: pg_clipfrac = mean(Δ ≠ Δc ∧ A > 0),
+// (n_i + 1e-8)) with w); the mean over rows: Σ L_i / S · D with the global
+// sequence count S (options.global.global_batch_size) and dp_size D, else
+// over the B rows here (options.agg is not used; verl takes the local mean,
+// whose gradient grows with the number of micro-batches). Metrics: pg_clipfrac = mean(Δ ≠ Δc ∧ A > 0),
 // pg_clipfrac_lower = the same with A < 0, ppo_kl.
-BATON_POLICY_LOSS(geo_mean_policy_loss);
+BATON_DECLARE_POLICY_LOSS(geo_mean_policy_loss);
 // "dppo_tv" / "dppo_kl": εl, εh are divergence thresholds. Δ clamped ±20,
 // ρt = sg(min(ρ, clip_ratio_c)), p = e^log_prob, q = e^old_log_prob.
 // TV: valid = p − q ≤ εh where A > 0, p − q ≥ −εl elsewhere.
@@ -103,23 +105,23 @@ BATON_POLICY_LOSS(geo_mean_policy_loss);
 // valid = b ≤ εh ∨ p ≤ q where A > 0, b ≤ εl ∨ p ≥ q elsewhere.
 // L = −A·ρt·log_prob·sg(valid). Metrics: pg_clipfrac = mean(¬valid),
 // pg_clipfrac_lower = mean(ρ > c ∧ valid), ppo_kl.
-BATON_POLICY_LOSS(dppo_tv_policy_loss);
-BATON_POLICY_LOSS(dppo_kl_policy_loss);
+BATON_DECLARE_POLICY_LOSS(dppo_tv_policy_loss);
+BATON_DECLARE_POLICY_LOSS(dppo_kl_policy_loss);
 // "clip_cov": L1, L2 as vanilla (no ±20 clamp); among valid unclipped tokens
 // with clip_cov_lb < (A − mean A)(log_prob − mean log_prob) < clip_cov_ub,
 // min(max(⌊clip_cov_ratio·Σm⌋, 1), #candidates) drawn uniformly at random
 // (LibTorch's default CPU generator: at::manual_seed makes it repeatable)
 // get zero loss; L = max(L1, L2) elsewhere. Throws unless clip_cov_ratio > 0.
 // Metrics: pg_clipfrac = mean(zeroed), ppo_kl.
-BATON_POLICY_LOSS(clip_cov_policy_loss);
+BATON_DECLARE_POLICY_LOSS(clip_cov_policy_loss);
 // "kl_cov": over the N valid tokens (row-major), the max(1, ⌊N·kl_cov_ratio⌋)
 // with the largest (A − mean A)(log_prob − mean log_prob) get
 // L = −Aρ + ppo_kl_coef·|Δ|, the rest L = −Aρ (no ±20 clamp). Throws unless
 // kl_cov_ratio > 0. Metrics: ppo_kl = mean(|Δ|).
-BATON_POLICY_LOSS(kl_cov_policy_loss);
+BATON_DECLARE_POLICY_LOSS(kl_cov_policy_loss);
 // "reinforce" (verl's bypass_mode with old_log_prob = the rollout's):
 // L = −A·log_prob. Metrics: ppo_kl.
-BATON_POLICY_LOSS(reinforce_policy_loss);
+BATON_DECLARE_POLICY_LOSS(reinforce_policy_loss);
 
 #undef BATON_POLICY_LOSS
 

@@ -177,10 +177,22 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
       }
       fn = &it->second;
     }
-    const double score = (*fn)({.data_source = data_source,
-                                .response = response,
-                                .ground_truth = ground_truth,
-                                .extra_info = extra_info});
+    double score = 0;
+    try {
+      score = (*fn)({.data_source = data_source,
+                     .response = response,
+                     .ground_truth = ground_truth,
+                     .extra_info = extra_info});
+    } catch (const std::exception& e) {
+      if (!options_.zero_on_error_) {
+        const std::string name = options_.reward_fn_name_ ? *options_.reward_fn_name_
+                                                          : reward_function_name_for(data_source);
+        fail("row " + std::to_string(i) + " (data_source '" + data_source +
+             "'): the reward function '" + name + "' threw: " + e.what() +
+             " (reward_model.zero_on_error=true scores such rows 0 and counts them)");
+      }
+      ++result.errors;
+    }
     double reward = score;
     if (overlong.enable) {
       const double expected = static_cast<double>(overlong.max_resp_len - overlong.len);
@@ -227,6 +239,7 @@ DataProto RewardManager::with_token_level_scores(const DataProto& batch) const {
   RewardResult result = compute(batch);
   DataProto out = batch;
   out.set_tensor("token_level_scores", std::move(result.token_level_scores));
+  out.set_meta("reward_errors", Value(result.errors));
   for (const auto& [key, values] : result.extra) {
     List column;
     column.reserve(values.size());

@@ -73,6 +73,10 @@ struct RewardManagerOptions {
   std::string reward_fn_key_ = "data_source";
   // Rows printed per data source per batch (verl's num_examine); 0: none.
   int64_t num_examine_ = 0;
+  // A reward function that throws: false (the default) fails the batch with
+  // an error naming the row, its data source and the function; true scores
+  // that row 0 and counts it in RewardResult::errors.
+  bool zero_on_error_ = false;
   OverlongBufferOptions overlong_buffer_;
 
   RewardManagerOptions& reward_fn_name(std::optional<std::string> v) {
@@ -85,6 +89,10 @@ struct RewardManagerOptions {
   }
   RewardManagerOptions& num_examine(int64_t v) {
     num_examine_ = v;
+    return *this;
+  }
+  RewardManagerOptions& zero_on_error(bool v) {
+    zero_on_error_ = v;
     return *this;
   }
   RewardManagerOptions& overlong_buffer(OverlongBufferOptions v) {
@@ -105,6 +113,8 @@ struct RewardResult {
   std::map<std::string, std::vector<double>> extra;
   // Rows with no valid response token (their score is in `scores` only).
   int64_t empty_responses = 0;
+  // Rows whose reward function threw and that were scored 0 (zero_on_error).
+  int64_t errors = 0;
 };
 
 class RewardManager {

@@ -116,6 +116,13 @@ RewardFunction find_reward_function(std::string_view name) {
   return it->second;
 }
 
+std::string reward_function_name_for(std::string_view data_source) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  const std::string* name = lookup_source(r, data_source);
+  return name ? *name : std::string();
+}
+
 RewardFunction find_reward_function_for(std::string_view data_source) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);

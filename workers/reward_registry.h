@@ -23,9 +23,16 @@
 //   double s = compute_score({.data_source = "openai/gsm8k", .response = "#### 4",
 //                             .ground_truth = "4"});          // 1.0
 //
+// In a driver, register at namespace scope with BATON_REWARD_FUNCTION(name,
+// fn) (below): it runs before main() in the driver and in every worker
+// process of the executable, so a worker that scores (a reward worker of
+// yours) knows the name too.
+//
 // Thread safety: registration and lookup may happen from any thread; the
 // functions themselves are called without a lock.
 #pragma once
+
+#include "workers/static_registration.h"
 
 #include <functional>
 #include <optional>
@@ -65,6 +72,8 @@ RewardFunction find_reward_function(std::string_view name);
 // The function for samples of `data_source`. Throws std::invalid_argument
 // naming it and every known data source, saying how to register one.
 RewardFunction find_reward_function_for(std::string_view data_source);
+// The name of that function ("" when none is registered for it).
+std::string reward_function_name_for(std::string_view data_source);
 
 // custom_reward_function.name: the named function when set, otherwise a
 // function that dispatches each sample by its data source.
@@ -78,3 +87,13 @@ std::vector<std::string> reward_function_names();
 std::vector<std::string> reward_data_sources();
 
 }  // namespace baton::rewards
+
+// Registers a reward function in every process of the executable, before
+// main(). At namespace scope of a .cpp file; the function may be a lambda
+// (commas and all) or a function's name.
+#define BATON_REWARD_FUNCTION(name, ...)                                             \
+  static const bool BATON_REGISTRATION_NAME(baton_reward_function_registered_) =   \
+      ::baton::detail::register_at_startup(                                         \
+          "BATON_REWARD_FUNCTION", name,                                            \
+          [] { ::baton::rewards::register_reward_function(name, __VA_ARGS__); })
+

@@ -202,6 +202,31 @@ void all_reduce_sum(std::vector<double>& values, const engine::Group& group, at:
   std::copy(sums, sums + values.size(), values.begin());
 }
 
+namespace {
+
+// Runs one rank's part of a collective job, then agrees with every rank on
+// whether all parts succeeded: a rank that failed rethrows its error, the
+// others throw naming the phase, so none is left waiting at a barrier for a
+// rank that threw (the all-reduce is the barrier).
+template <typename Part>
+void part_then_agree(engine::ParallelState& ps, const char* phase, Part&& part) {
+  std::exception_ptr error;
+  try {
+    part();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::vector<double> failed = {error ? 1.0 : 0.0};
+  all_reduce_sum(failed, ps.world(), ps.device());
+  if (error) std::rethrow_exception(error);
+  if (failed[0] > 0)
+    throw Error(std::string("export_hf: ") + phase + " failed on " +
+                std::to_string(static_cast<int64_t>(failed[0])) +
+                " other rank(s); their error is in their log");
+}
+
+}  // namespace
+
 void export_hf_model(RoleModel& role, const std::string& dir) {
   namespace fs = std::filesystem;
   engine::ParallelState& ps = role.state();
@@ -215,17 +240,17 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
   layout.pp = ps.config().pp;
   layout.value_model = role.options().value_model;
   layout.make_vocab_size_divisible_by = ps.config().make_vocab_size_divisible_by;
-  if (ps.rank() == 0) {
+  part_then_agree(ps, "preparing the shard folder", [&] {
+    if (ps.rank() != 0) return;
     fs::remove_all(shards);
     fs::create_directories(shards);
     engine::write_sharded_layout(shards, cfg, layout, &base);
-  }
-  engine::barrier(ps.world());
-  if (c.dp == 0 && c.cp == 0) {
-    engine::write_sharded_rank(shards, c.tp, c.pp, role.model().state_dict());
-  }
-  engine::barrier(ps.world());
-  if (ps.rank() == 0) {
+  });
+  part_then_agree(ps, "writing the shards", [&] {
+    if (c.dp == 0 && c.cp == 0) engine::write_sharded_rank(shards, c.tp, c.pp, role.model().state_dict());
+  });
+  part_then_agree(ps, "merging the shards into the HF checkpoint", [&] {
+    if (ps.rank() != 0) return;
     const auto saved = engine::load_sharded_layout(shards);
     engine::TensorMap hf = engine::shards_to_hf(engine::load_sharded_all(shards), cfg,
                                                 saved.layer_split, saved.value_model,
@@ -239,8 +264,7 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
         continue;
       fs::copy_file(e.path(), out / name, fs::copy_options::overwrite_existing);
     }
-  }
-  engine::barrier(ps.world());
+  });
 }
 
 at::ScalarType parameter_dtype(const std::string& name, const std::string& where) {

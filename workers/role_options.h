@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace baton::workers {
@@ -28,6 +29,8 @@ struct ModelOptions {
   // The parameters' dtype: "float32" or "bfloat16". A trained model keeps
   // fp32 master weights and optimizer state either way (engine::Optimizer).
   std::string dtype = "float32";
+
+  bool operator==(const ModelOptions&) const = default;
 };
 
 
@@ -45,6 +48,8 @@ struct OptimOptions {
   // its bucket size (engine::OptimizerOptions::overlap_grad_reduce).
   bool overlap_grad_reduce = true;
   int64_t bucket_bytes = 4 << 20;
+
+  bool operator==(const OptimOptions&) const = default;
 };
 
 // One PPO-style update pass over a batch (actor or critic).
@@ -54,7 +59,11 @@ struct UpdateOptions {
   int64_t epochs = 1;                 // passes over the batch
   bool shuffle = false;               // reshuffle the mini-batches every epoch
   std::string loss_agg_mode = "token-mean";
+  // seq-mean-token-sum-norm's divisor (none: the padded response length).
+  std::optional<double> loss_scale_factor;
   uint64_t seed = 0;                  // of the shuffle
+
+  bool operator==(const UpdateOptions&) const = default;
 };
 
 struct PolicyOptions {
@@ -64,10 +73,14 @@ struct PolicyOptions {
   double clip_ratio_c = 3.0;
   double clip_cov_ratio = 2e-4, clip_cov_lb = 1.0, clip_cov_ub = 5.0;
   double kl_cov_ratio = 2e-4, ppo_kl_coef = 0.1;
+  double tau_pos = 1.0, tau_neg = 1.05;  // sapo
+  std::optional<double> dro_beta;        // dro (required by it)
   double entropy_coeff = 0.0;
   bool use_kl_loss = false;
   double kl_loss_coef = 0.001;
   std::string kl_loss_type = "low_var_kl";
+
+  bool operator==(const PolicyOptions&) const = default;
 };
 
 struct RolloutOptions {
@@ -77,6 +90,8 @@ struct RolloutOptions {
   int64_t cache_bytes = 64 << 20;  // KV cache budget per rank
   bool packed_cpu_steps = true;    // GenerationOptions::packed_cpu_steps
   int64_t log_prob_micro_batch_size = 8;
+
+  bool operator==(const RolloutOptions&) const = default;
 };
 
 struct ActorRolloutRefOptions {
@@ -88,9 +103,14 @@ struct ActorRolloutRefOptions {
   bool actor = true;  // the actor role (training); false: rollout/ref only
   bool ref = false;   // keep a frozen copy of the initial weights (ref log-probs)
   std::string ref_dtype = "float32";  // the reference copy's parameter dtype (ModelOptions::dtype)
+  int64_t ref_log_prob_micro_batch_size = 8;  // rows per reference log-prob forward on one rank
 
+  bool operator==(const ActorRolloutRefOptions&) const = default;
+
+  // The JSON text of every field. from_json is its inverse: it throws
+  // baton::Error naming the key (`ActorRolloutRefOptions.optim.lr`) for
+  // malformed text, a missing or unknown key, or a value of the wrong type.
   std::string to_json() const;
-  // Throws baton::Error naming the key for a malformed or incomplete text.
   static ActorRolloutRefOptions from_json(const std::string& text);
 };
 
@@ -101,7 +121,9 @@ struct CriticOptions {
   double cliprange_value = 0.5;
   int64_t forward_micro_batch_size = 8;
 
-  std::string to_json() const;
+  bool operator==(const CriticOptions&) const = default;
+
+  std::string to_json() const;  // as ActorRolloutRefOptions'
   static CriticOptions from_json(const std::string& text);
 };
 
@@ -109,7 +131,9 @@ struct RewardModelOptions {
   ModelOptions model;                  // a value model (value_model is forced on)
   int64_t micro_batch_size = 8;        // rows per scoring forward on one rank
 
-  std::string to_json() const;
+  bool operator==(const RewardModelOptions&) const = default;
+
+  std::string to_json() const;  // as ActorRolloutRefOptions'
   static RewardModelOptions from_json(const std::string& text);
 };
 

@@ -1,5 +1,7 @@
 #include "trainer/config.h"
 
+#include "runtime/did_you_mean.h"
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -118,9 +120,9 @@ TEST(Config, IntIsAcceptedForFloatAndAnyScalarForString) {
 TEST(Config, OverridesAreSeenThroughInterpolations) {
   Config c = Config::load(kBase);
   c.apply_overrides({"actor_rollout_ref.actor.ppo_mini_batch_size=64", "trainer.project_name=math",
-                     "data.max_prompt_length=128"});
+                     "data.max_response_length=128"});
   EXPECT_EQ(c.get<int64_t>("critic.ppo_mini_batch_size"), 64);
-  EXPECT_EQ(c.get<int64_t>("actor_rollout_ref.rollout.prompt_length"), 128);
+  EXPECT_EQ(c.get<int64_t>("actor_rollout_ref.rollout.response_length"), 128);
   EXPECT_EQ(c.get<std::string>("trainer.default_local_dir"), "checkpoints/math/gsm8k");
   // Setting an interpolated key replaces the reference, leaving its target alone.
   c.apply_override("critic.ppo_mini_batch_size=32");
@@ -274,7 +276,7 @@ TEST(Config, KeysAndSections) {
   EXPECT_EQ(c.keys().front(), "data");
   const Config rollout = c.section("actor_rollout_ref.rollout");
   // A section is resolved: its references to keys outside it still work.
-  EXPECT_EQ(rollout.get<int64_t>("prompt_length"), 512);
+  EXPECT_EQ(rollout.get<int64_t>("response_length"), 512);
   EXPECT_EQ(rollout.get<int64_t>("val_kwargs.n"), 1);
   EXPECT_TRUE(c.has("data.seed"));
   EXPECT_FALSE(c.has("data.seed.x"));
@@ -416,6 +418,12 @@ TEST(Config, CommandLineGivesFileOverridesAndTheRest) {
 TEST(Config, ClosestMatchIsByEditDistance) {
   EXPECT_EQ(closest_match("lamb", {"gamma", "lam", "kl_ctrl"}), "lam");
   EXPECT_EQ(closest_match("x", {}), "");
+  // The one edit distance every module's "did you mean" uses (runtime/did_you_mean.h).
+  EXPECT_EQ(closest_match("vanila", {"gspo", "vanilla"}, 2), "vanilla");
+  EXPECT_EQ(closest_match("ppo", {"gspo", "vanilla"}, 0), "");
+  EXPECT_EQ(closest_match("dp_comput_proto", {"DP_COMPUTE_PROTO", "ONE_TO_ALL"}, 3, true),
+            "DP_COMPUTE_PROTO");
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
 }
 
 }  // namespace

@@ -56,8 +56,12 @@ TEST(ConfigValidation, WorldMustDivideEveryLayout) {
                   "trainer.n_gpus_per_node = 4 is not divisible by "
                   "actor_rollout_ref.actor.megatron.tensor_model_parallel_size x "
                   "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size = 2 x 3 = 6");
-  // The reference policy follows the actor's layout unless set.
-  EXPECT_CONTAINS(actor, "the reference policy layout does not fit");
+  // The reference policy is a copy in the actor's processes: its layout must be the actor's.
+  EXPECT_CONTAINS(
+      problems_with(small_with({"actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1"})),
+      "actor_rollout_ref.ref.megatron.tensor_model_parallel_size = 1 differs from "
+      "actor_rollout_ref.actor.megatron.tensor_model_parallel_size = 2; the reference policy "
+      "runs in the actor's layout");
   EXPECT_CONTAINS(
       problems_with(small_with({"actor_rollout_ref.rollout.tensor_model_parallel_size=3"})),
       "the rollout layout does not fit the workers: trainer.nnodes x "
@@ -145,10 +149,10 @@ TEST(ConfigValidation, CountsMustBePositive) {
 
 TEST(ConfigValidation, ChoicesAreChecked) {
   const std::string message = problems_with(small_with(
-      {"data.truncation=middle", "actor_rollout_ref.actor.loss_agg_mode=token_mean",
+      {"data.truncation=centre", "actor_rollout_ref.actor.loss_agg_mode=token_mean",
        "algorithm.kl_penalty=full", "trainer.logger=[console,wandb]", "trainer.resume_mode=always",
        "actor_rollout_ref.actor.clip_ratio_c=1.0", "actor_rollout_ref.rollout.top_p=0"}));
-  EXPECT_CONTAINS(message, "data.truncation = 'middle' is not one of: error, left, right");
+  EXPECT_CONTAINS(message, "data.truncation = 'centre' is not one of: error, left, right, middle");
   EXPECT_CONTAINS(message,
                   "actor_rollout_ref.actor.loss_agg_mode = 'token_mean' is not one of: "
                   "token-mean, token-sum");
@@ -205,7 +209,7 @@ TEST(ConfigValidation, NullWhereAValueIsNeededIsNamed) {
 
 TEST(ConfigValidation, EveryProblemIsListed) {
   const std::string message =
-      problems_with(small_with({"data.truncation=middle", "actor_rollout_ref.rollout.n=0"}));
+      problems_with(small_with({"data.truncation=centre", "actor_rollout_ref.rollout.n=0"}));
   EXPECT_CONTAINS(message, "the config cannot be used:\n  - ");
   EXPECT_CONTAINS(message, "data.truncation");
   EXPECT_CONTAINS(message, "actor_rollout_ref.rollout.n");

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -19,9 +20,36 @@
 #include "tests/tolerance.h"
 #include "trainer/config.h"
 #include "trainer/ppo_trainer.h"
+#include "workers/algo_registry.h"
+#include "workers/policy_loss.h"
+#include "workers/reward_registry.h"
 
 namespace baton::trainer {
 namespace {
+
+// A user's extensions, registered by the macros at namespace scope: in this
+// executable's every process, the driver and the workers it spawns. The loss
+// runs in the workers (an extension registered only in the driver would fail
+// there at the first update); it marks its metrics so that the test sees it ran.
+std::atomic<int> g_estimator_calls{0}, g_reward_calls{0};
+
+BATON_POLICY_LOSS("test_marked_vanilla",
+                  [](const at::Tensor& old_lp, const at::Tensor& lp, const at::Tensor& adv,
+                     const at::Tensor& mask, const algos::PolicyLossOptions& o,
+                     const std::optional<at::Tensor>& w) {
+                    algos::PolicyLossResult r = algos::vanilla_policy_loss(old_lp, lp, adv, mask, o, w);
+                    r.metrics["actor/test_marked_loss"] = 1.0;
+                    return r;
+                  });
+BATON_ADVANTAGE_ESTIMATOR("test_counted_grpo",
+                          [](const algos::AdvantageInputs& in, const algos::AdvantageOptions& o) {
+                            ++g_estimator_calls;
+                            return algos::compute_advantage("grpo", in, o);
+                          });
+BATON_REWARD_FUNCTION("test_counted_gsm8k", [](const rewards::RewardInput& in) {
+  ++g_reward_calls;
+  return rewards::find_reward_function("gsm8k")(in);
+});
 
 namespace fs = std::filesystem;
 using engine::testing::TempDir;
@@ -234,7 +262,8 @@ TEST_F(PpoTrainerTest, AnOnPolicyStepSkipsTheOldLogProbPassAndTrainsTheSame) {
     runs[skip] = PpoTrainer(c).fit();
     ASSERT_EQ(runs[skip].steps, 2);
     EXPECT_EQ(runs[skip].last_metrics.count("timing_s/old_log_prob"), skip ? 0u : 1u);
-    for (const char* k : {"actor/entropy", "actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac"})
+    for (const char* k : {"actor/entropy", "actor/update_entropy", "actor/pg_loss", "actor/ppo_kl",
+                          "actor/pg_clipfrac"})
       ASSERT_EQ(runs[skip].last_metrics.count(k), 1u) << k;
   }
   EXPECT_EQ(runs[1].last_metrics.at("actor/pg_clipfrac"), 0.0);
@@ -270,6 +299,47 @@ TEST_F(PpoTrainerTest, PaddedRolloutStepsSampleWhatPackedStepsSample) {
   for (const char* k : {"critic/score/mean", "response_length/mean", "critic/advantages/mean",
                         "val-core/openai/gsm8k/reward/mean@1"}) {
     EXPECT_EQ(runs["false"].last_metrics.at(k), runs["true"].last_metrics.at(k)) << k;
+  }
+}
+
+TEST_F(PpoTrainerTest, ExtensionsRegisteredByMacroTrainOverTwoWorkerProcesses) {
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  c.apply_overrides({"trainer.n_gpus_per_node=2",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                     "algorithm.adv_estimator=test_counted_grpo",
+                     "actor_rollout_ref.actor.policy_loss.loss_mode=test_marked_vanilla",
+                     "custom_reward_function.name=test_counted_gsm8k"});
+  g_estimator_calls = 0;
+  g_reward_calls = 0;
+  PpoTrainer trainer(c);
+  const FitResult r = trainer.fit();
+  EXPECT_EQ(r.steps, 2);
+  expect_finite_metrics(r, kActorMetrics);
+  ASSERT_EQ(r.last_metrics.count("actor/test_marked_loss"), 1u) << "the workers did not run the loss";
+  EXPECT_EQ(r.last_metrics.at("actor/test_marked_loss"), 1.0);
+  EXPECT_EQ(g_estimator_calls.load(), 2);  // once per step
+  // 4 prompts x 2 samples per step, and every validation prompt before and after.
+  EXPECT_GE(g_reward_calls.load(), 2 * 4 * 2);
+}
+
+TEST_F(PpoTrainerTest, UnknownNamesFailBeforeAnyWorkerStarts) {
+  for (const std::string& o : {std::string("algorithm.adv_estimator=grpo_typo"),
+                               std::string("actor_rollout_ref.actor.policy_loss.loss_mode=vanila"),
+                               std::string("custom_reward_function.name=gsm9k")}) {
+    SCOPED_TRACE(o);
+    TempDir out;
+    Config c = config("grpo_toy", out.path());
+    c.apply_override(o);
+    const std::string bad = o.substr(o.find('=') + 1);
+    try {
+      PpoTrainer trainer(c);
+      ADD_FAILURE() << "a trainer started with " << o;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+    // Nothing was read or written past the config: no data loaded, no worker's output.
+    EXPECT_FALSE(fs::exists(out / "config.yaml"));
   }
 }
 

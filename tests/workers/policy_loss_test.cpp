@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/tolerance.h"
+#include "workers/algo_registry.h"
 
 namespace baton::algos {
 namespace {
@@ -423,6 +424,52 @@ TEST(PolicyLoss, AnEmptyMicroBatchWithGlobalInfoGivesZeroLossAndGradientNeverNan
       expect_close(e.grad, at::zeros({2, 3}), Tolerance::exact(), what + " gradient");
       for (const auto& [key, value] : e.result.metrics)
         EXPECT_TRUE(std::isfinite(value)) << what << " " << key;
+    }
+  }
+}
+
+TEST(PolicyLoss, EveryRegisteredLossIsInvariantToTheMicroBatchSplit) {
+  // One mini-batch of 6 ragged rows, evaluated whole and as micro-batches of
+  // 2 and 4 rows with the mini-batch's global counts (as the engine passes
+  // them): the summed losses and the gradients must be the whole batch's.
+  // clip_cov and kl_cov pick their tokens within each micro-batch (as
+  // verl's do), so they are compared with a ratio too small to pick a token
+  // (clip_cov) and a zero penalty weight (kl_cov picks at least one).
+  at::manual_seed(3);
+  const int64_t B = 6, L = 5;
+  const at::Tensor old = at::randn({B, L}) * 0.3 - 1.5;
+  const at::Tensor lp = old + at::randn({B, L}) * 0.15;
+  const at::Tensor adv = at::randn({B, L});
+  const at::Tensor lengths = at::tensor({5, 3, 1, 4, 2, 5}, at::kLong);
+  const at::Tensor mask = (at::arange(L).unsqueeze(0) < lengths.unsqueeze(1)).to(at::kLong);
+  PolicyLossOptions o;
+  o.dro_beta = 0.1;
+  o.clip_cov_ratio = 1e-6;
+  o.kl_cov_ratio = 1e-6;
+  o.ppo_kl_coef = 0;
+  o.global.dp_size = 1;
+  o.global.batch_num_tokens = mask.sum().item<double>();
+  o.global.global_batch_size = static_cast<double>(B);
+  const std::vector<std::string> names = policy_loss_names();
+  ASSERT_GE(names.size(), 12u);
+  for (const std::string& name : names) {
+    for (LossAggMode mode : {LossAggMode::TokenMean, LossAggMode::SeqMeanTokenSum,
+                             LossAggMode::SeqMeanTokenMean, LossAggMode::TokenSum}) {
+      o.agg = mode;
+      const std::string what = name + " " + std::string(to_string(mode));
+      const Evaluated whole = evaluate(name, old, lp, adv, mask, o);
+      double split_loss = 0;
+      std::vector<at::Tensor> grads;
+      for (const auto& [start, rows] : {std::pair<int64_t, int64_t>{0, 2}, {2, 4}}) {
+        const Evaluated part = evaluate(name, old.narrow(0, start, rows), lp.narrow(0, start, rows),
+                                        adv.narrow(0, start, rows), mask.narrow(0, start, rows), o);
+        split_loss += part.result.loss.item<double>();
+        grads.push_back(part.grad);
+      }
+      // Sums of at most B·L terms of magnitude up to ~10 (ratios near 1, |A| < 4).
+      const Tolerance tol = Tolerance::fp32(static_cast<double>(B * L), 10);
+      expect_near(split_loss, whole.result.loss.item<double>(), tol, what + " loss");
+      expect_close(at::cat(grads, 0), whole.grad, tol, what + " gradient");
     }
   }
 }

@@ -47,6 +47,11 @@ void register_test_functions() {
       return in.response.empty() ? 0.5 : 0.25;
     });
     register_reward_function("rm_test_one", [](const RewardInput&) { return 1.0; });
+    register_reward_function("rm_test_throws_on_no", [](const RewardInput& in) -> double {
+      if (in.response == "no") throw std::runtime_error("cannot parse 'no'");
+      return 1.0;
+    });
+    register_reward_data_source("rm_test_source", "rm_test_throws_on_no");
     register_reward_function("rm_test_extra_info_length", [](const RewardInput& in) {
       return static_cast<double>(in.extra_info.size());
     });
@@ -319,6 +324,22 @@ TEST(RewardManager, UnknownDataSourceNamesTheRow) {
   EXPECT_CONTAINS(message, "row 1");
   EXPECT_CONTAINS(message, "'my_task'");
   EXPECT_CONTAINS(message, "register_reward_data_source");
+}
+
+TEST(RewardManager, AThrowingFunctionNamesTheRowItsSourceAndTheFunctionOrScoresZero) {
+  register_test_functions();
+  DataProto batch = make_batch({{"Q", ids("answer"), "rm_test_source", "x"},
+                                {"Q", ids("no"), "rm_test_source", "x"}});
+  const std::string message = error_of(RewardManager(tok()), batch);
+  EXPECT_CONTAINS(message, "row 1");
+  EXPECT_CONTAINS(message, "data_source 'rm_test_source'");
+  EXPECT_CONTAINS(message, "'rm_test_throws_on_no'");
+  EXPECT_CONTAINS(message, "cannot parse 'no'");
+  const RewardManager lenient(tok(), RewardManagerOptions().zero_on_error(true));
+  const RewardResult r = lenient.compute(batch);
+  EXPECT_EQ(r.scores, (std::vector<double>{1.0, 0.0}));
+  EXPECT_EQ(r.errors, 1);
+  EXPECT_EQ(lenient.with_token_level_scores(batch).meta_value("reward_errors")->as_float(), 1.0);
 }
 
 TEST(RewardManager, MissingOrMalformedInputsAreNamed) {

@@ -8,10 +8,12 @@
 // against a full forward): both are Tolerance::fp32 over the terms behind a
 // log-prob (tests/engine/model_tolerance.h) at the logits' magnitude.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "dispatch/data_proto.h"
@@ -256,6 +258,26 @@ TEST(ActorRolloutRefWorker, AnOnPolicyUpdateWithoutOldLogProbsUsesItsOwnPass) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("no old_log_probs"), std::string::npos) << e.what();
   }
+}
+
+TEST(ActorRolloutRefWorker, AnExportThatFailsOnOneRankFailsOnAllAndLeavesTheGroupUsable) {
+  // DP 2: rank 0 alone prepares the folder; here it cannot (its parent is a
+  // file). Every rank reports the failure at once, instead of rank 1 waiting
+  // at a barrier for the group timeout, and the group still works after it.
+  const fs::path tmp = fs::temp_directory_path() / ("baton_export_fail_" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  { std::ofstream(tmp / "a_file") << "x"; }
+  WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+  try {
+    g.call("export_hf", {(tmp / "a_file" / "hf").string()}).get();
+    ADD_FAILURE() << "an export under a regular file succeeded";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("a_file"), std::string::npos) << e.what();
+  }
+  g.call("export_hf", {(tmp / "hf").string()}).get();
+  EXPECT_TRUE(fs::exists(tmp / "hf" / "config.json"));
+  fs::remove_all(tmp);
 }
 
 TEST(CriticWorker, ValuesComeFromAFreshHeadAndUpdatesFitTheReturns) {

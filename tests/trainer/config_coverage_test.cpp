@@ -1,0 +1,125 @@
+// Every key of configs/ppo_trainer.yaml is read by something: the trainer's
+// settings (trainer/settings.h) or the validation before it. A key that is
+// accepted and then ignored (issue 24 found six) fails here, named.
+#include "trainer/settings.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "trainer/config_validation.h"
+
+namespace baton::trainer {
+namespace {
+
+const std::filesystem::path kBase = std::filesystem::path(BATON_CONFIGS_DIR) / "ppo_trainer.yaml";
+
+std::string joined(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += "\n  " + k;
+  return out;
+}
+
+// The base config with every optional part switched on (a critic, a reward
+// model, a resume path), so that every conditional read happens.
+Config everything_on() {
+  Config c = Config::load(kBase);
+  c.apply_overrides({"actor_rollout_ref.model.path=models/m", "data.train_files=[train.jsonl]",
+                     "data.val_files=[val.jsonl]", "trainer.n_gpus_per_node=2",
+                     "trainer.device=cpu", "data.train_batch_size=4",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                     "algorithm.adv_estimator=gae", "reward_model.enable=true",
+                     "reward_model.model.path=models/rm", "trainer.resume_mode=resume_path",
+                     "trainer.resume_from_path=ckpt/global_step_1"});
+  return c;
+}
+
+TEST(ConfigCoverage, EveryKeyOfTheBaseConfigIsRead) {
+  Config c = everything_on();
+  c.track_reads();
+  validate_ppo_config(c);
+  const TrainerSettings s = read_trainer_settings(c.resolved());
+  EXPECT_TRUE(s.use_critic && s.use_rm);
+  const std::vector<std::string> unread = c.unread_keys();
+  EXPECT_TRUE(unread.empty()) << "keys of " << kBase << " that nothing reads:" << joined(unread);
+}
+
+TEST(ConfigCoverage, AnAddedKeyThatNothingReadsIsFound) {
+  Config c = everything_on();
+  c.apply_overrides({"+actor_rollout_ref.actor.unused_knob=3", "+extra.section.flag=true"});
+  c.track_reads();
+  validate_ppo_config(c);
+  read_trainer_settings(c.resolved());
+  EXPECT_EQ(c.unread_keys(),
+            (std::vector<std::string>{"actor_rollout_ref.actor.unused_knob", "extra.section.flag"}));
+}
+
+TEST(ConfigCoverage, ReadsThroughASectionCountWithTheirFullPath) {
+  Config c = Config::from_yaml("a:\n  b: 1\n  c: {d: 2, e: 3}\nf: [1, 2]\n");
+  c.track_reads();
+  EXPECT_EQ(c.unread_keys(), (std::vector<std::string>{"a.b", "a.c.d", "a.c.e", "f"}));
+  const Config a = c.section("a");
+  EXPECT_EQ(a.get<int64_t>("c.d"), 2);
+  EXPECT_EQ(c.get<std::vector<int64_t>>("f").size(), 2u);
+  EXPECT_EQ(c.unread_keys(), (std::vector<std::string>{"a.b", "a.c.e"}));
+  EXPECT_EQ(a.unread_keys(), (std::vector<std::string>{"b", "c.e"}));
+}
+
+TEST(ConfigCoverage, TheSettingsCarryWhatTheConfigSays) {
+  Config c = everything_on();
+  c.apply_overrides({"actor_rollout_ref.actor.megatron.overlap_grad_reduce=false",
+                     "actor_rollout_ref.actor.megatron.grad_reduce_bucket_bytes=1024",
+                     "actor_rollout_ref.actor.loss_scale_factor=512",
+                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3",
+                     "data.max_response_length=33", "actor_rollout_ref.rollout.response_length=21",
+                     "actor_rollout_ref.actor.policy_loss.loss_mode=dro",
+                     "actor_rollout_ref.actor.policy_loss.dro_beta=0.5",
+                     "actor_rollout_ref.actor.policy_loss.tau_neg=1.2"});
+  validate_ppo_config(c);
+  const TrainerSettings s = read_trainer_settings(c.resolved());
+  EXPECT_FALSE(s.actor.optim.overlap_grad_reduce);
+  EXPECT_EQ(s.actor.optim.bucket_bytes, 1024);
+  EXPECT_EQ(s.actor.update.loss_scale_factor, 512.0);
+  EXPECT_EQ(s.actor.ref_log_prob_micro_batch_size, 3);
+  EXPECT_EQ(s.actor.rollout.response_length, 21);
+  EXPECT_EQ(s.response_length, 21);
+  EXPECT_EQ(s.actor.policy.dro_beta, 0.5);
+  EXPECT_EQ(s.actor.policy.tau_neg, 1.2);
+  // data.train_files: one file as a string, as the YAML's comment says.
+  Config one = Config::load(kBase);
+  one.apply_overrides({"actor_rollout_ref.model.path=models/m", "data.train_files=one.jsonl"});
+  EXPECT_EQ(read_trainer_settings(one.resolved()).train_files,
+            (std::vector<std::string>{"one.jsonl"}));
+  // And they reach the workers: the JSON they are spawned with keeps them.
+  const auto back = workers::ActorRolloutRefOptions::from_json(s.actor.to_json());
+  EXPECT_TRUE(back == s.actor);
+}
+
+TEST(ConfigCoverage, DroWithoutItsBetaFailsBeforeAnyWorker) {
+  Config c = everything_on();
+  c.apply_override("actor_rollout_ref.actor.policy_loss.loss_mode=dro");
+  try {
+    read_trainer_settings(c.resolved());
+    FAIL() << "dro without dro_beta was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("policy_loss.dro_beta"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ConfigCoverage, TheScheduleLengthComesFromTheSteps) {
+  Config c = everything_on();
+  c.apply_overrides({"actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.25",
+                     "trainer.total_epochs=2"});
+  TrainerSettings s = read_trainer_settings(c.resolved());
+  set_total_steps(s, 10);
+  EXPECT_EQ(s.total_steps, 20);
+  // 4 prompts per step in mini-batches of 2: 2 optimizer steps per step.
+  EXPECT_EQ(s.actor.optim.total_steps, 40);
+  EXPECT_EQ(s.actor.optim.warmup_steps, 10);
+}
+
+}  // namespace
+}  // namespace baton::trainer
