@@ -141,10 +141,10 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   algos::find_advantage_estimator(s.adv_estimator);
   algos::find_policy_loss(s.actor.policy.loss_mode);
   if (s.custom_reward_fn) rewards::find_reward_function(*s.custom_reward_fn);
-  if (s.adv_estimator == "remax")
+  if (s.adv_estimator == "remax" && s.use_rm)
     throw ConfigError(
-        "algorithm.adv_estimator = remax needs each prompt's greedy response scored as its "
-        "baseline (reward_baselines), which this trainer does not generate; use grpo or rloo");
+        "algorithm.adv_estimator = remax scores its greedy baselines with the rule reward; "
+        "with reward_model.enable = true the baselines would not be the reward model's");
   fs::create_directories(s.out_dir);
   c.save(fs::path(s.out_dir) / "config.yaml");
 
@@ -424,6 +424,23 @@ FitResult PpoTrainer::fit() {
       gen.set_meta("pad_token_id", Value(static_cast<int64_t>(st.train_data->pad_id())));
       out = actor.call("generate_sequences", {gen}).get().as<DataProto>().unpad(pad * s.n);
     });
+    at::Tensor reward_baselines;  // remax: [prompts x n]
+    if (s.adv_estimator == "remax") {
+      timed("gen_max", [&] {
+        // ReMax's baseline (verl's gen_max): each prompt's greedy response,
+        // scored by the same reward, for each of its n samples.
+        auto [padded, pad] = batch.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
+        DataProto gen = padded;
+        gen.set_meta("n", Value(int64_t{1}));
+        gen.set_meta("do_sample", Value(false));
+        gen.set_meta("pad_token_id", Value(static_cast<int64_t>(st.train_data->pad_id())));
+        DataProto greedy = actor.call("generate_sequences", {gen}).get().as<DataProto>().unpad(pad);
+        DataProto rows = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
+                             .union_with(greedy);
+        const std::vector<double> scores = st.reward->compute(rows).scores;
+        reward_baselines = at::tensor(scores, at::kDouble).to(at::kFloat).repeat_interleave(s.n);
+      });
+    }
     batch = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
                 .repeat(s.n, true)
                 .union_with(out);
@@ -489,6 +506,7 @@ FitResult PpoTrainer::fit() {
       in.response_mask = mask;
       in.uids = uids_of(batch);
       if (s.use_critic) in.values = batch.tensor("values");
+      if (reward_baselines.defined()) in.reward_baselines = reward_baselines;
       algos::AdvantageResult adv = algos::compute_advantage(s.adv_estimator, in, s.adv);
       batch.set_tensor("advantages", adv.advantages);
       batch.set_tensor("returns", adv.returns);

@@ -343,5 +343,19 @@ TEST_F(PpoTrainerTest, UnknownNamesFailBeforeAnyWorkerStarts) {
   }
 }
 
+TEST_F(PpoTrainerTest, RemaxScoresEachPromptsGreedyResponseAsItsBaseline) {
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  c.apply_overrides({"algorithm.adv_estimator=remax", "trainer.n_gpus_per_node=2",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=1"});
+  PpoTrainer trainer(c);
+  const FitResult r = trainer.fit();
+  EXPECT_EQ(r.steps, 2);
+  expect_finite_metrics(r, kActorMetrics);
+  // The greedy pass ran (verl's gen_max phase); its baselines reach the
+  // estimator, which would throw without them.
+  EXPECT_EQ(r.last_metrics.count("timing_s/gen_max"), 1u);
+}
+
 }  // namespace
 }  // namespace baton::trainer
