@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <optional>
 
@@ -95,6 +96,29 @@ DataProto prompt_proto(const data::PromptBatch& pb, const std::string& uid_prefi
   d.set_column("extra_info", std::move(extras));
   d.set_column("uid", std::move(uids));
   return d;
+}
+
+// The rollout's responses to `prompts` (input_ids, attention_mask; any other
+// keys are dropped), sp.n per prompt, in prompt order. Each rollout replica
+// generates for its share: a batch that does not split over `replicas` is
+// padded with copies of its last prompt, whose samples are dropped. seed(i)
+// is prompt i's request seed (padding rows included); none for greedy runs.
+DataProto generate(WorkerGroup& actor, const DataProto& prompts, const SamplingSettings& sp,
+                   int64_t replicas, int64_t pad_token_id,
+                   const std::function<int64_t(int64_t)>& seed = nullptr) {
+  auto [gen, pad] = prompts.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
+  if (seed) {
+    std::vector<int64_t> seeds;
+    for (int64_t i = 0; i < gen.size(); ++i) seeds.push_back(seed(i));
+    gen.set_tensor("request_seed", at::tensor(seeds, at::kLong));
+  }
+  gen.set_meta("n", Value(sp.n));
+  gen.set_meta("do_sample", Value(sp.do_sample));
+  gen.set_meta("temperature", Value(sp.temperature));
+  gen.set_meta("top_k", Value(sp.top_k));
+  gen.set_meta("top_p", Value(sp.top_p));
+  gen.set_meta("pad_token_id", Value(pad_token_id));
+  return actor.call("generate_sequences", {gen}).get().as<DataProto>().unpad(pad * sp.n);
 }
 
 algos::Uids uids_of(const DataProto& d) {
@@ -230,19 +254,9 @@ std::map<std::string, double> PpoTrainer::validate() {
     for (size_t i = start; i < std::min(st.val_data->size(), start + static_cast<size_t>(batch_size)); ++i)
       idx.push_back(i);
     DataProto batch = prompt_proto(st.val_data->batch(idx), "val-");
-    auto [padded, pad] = batch.pad_to_multiple(replicas);
-    DataProto gen = padded.select({"input_ids", "attention_mask"});
-    std::vector<int64_t> seeds;
-    for (int64_t i = 0; i < gen.size(); ++i) seeds.push_back(static_cast<int64_t>(st.s.rollout_seed) + i);
-    gen.set_tensor("request_seed", at::tensor(seeds, at::kLong));
-    gen.set_meta("n", Value(n));
-    gen.set_meta("do_sample", Value(vs.do_sample));
-    gen.set_meta("temperature", Value(vs.temperature));
-    gen.set_meta("top_k", Value(vs.top_k));
-    gen.set_meta("top_p", Value(vs.top_p));
-    gen.set_meta("pad_token_id", Value(static_cast<int64_t>(st.val_data->pad_id())));
-    DataProto out = actor.call("generate_sequences", {gen}).get().as<DataProto>();
-    out = out.unpad(pad * n);
+    const DataProto out =
+        generate(actor, batch, vs, replicas, st.val_data->pad_id(),
+                 [&](int64_t i) { return static_cast<int64_t>(st.s.rollout_seed) + i; });
     DataProto rows = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
                          .repeat(n, true)
                          .union_with(out);
@@ -403,38 +417,24 @@ FitResult PpoTrainer::fit() {
     DataProto batch = prompt_proto(st.loader->next(), std::to_string(st.global_step) + "-");
     DataProto out;
     timed("gen", [&] {
-      // Each rollout replica generates for its share of the prompts; a batch
-      // that does not split is padded with copies of its last prompt, whose
-      // samples are dropped.
-      auto [padded, pad] = batch.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
-      DataProto gen = padded;
-      std::vector<int64_t> seeds;
       // Mixed through SplitMix64 (the sampler's own request seeding): a
       // step's seed from (rollout.seed, step), each prompt's from that and
       // its position; no linear formula whose values repeat across steps.
       const uint64_t step_seed = engine::SequenceRng::request_seed(s.rollout_seed, st.global_step);
-      for (int64_t i = 0; i < gen.size(); ++i)
-        seeds.push_back(static_cast<int64_t>(engine::SequenceRng::request_seed(step_seed, i)));
-      gen.set_tensor("request_seed", at::tensor(seeds, at::kLong));
-      gen.set_meta("n", Value(s.n));
-      gen.set_meta("do_sample", Value(s.sampling.do_sample));
-      gen.set_meta("temperature", Value(temperature));
-      gen.set_meta("top_k", Value(s.sampling.top_k));
-      gen.set_meta("top_p", Value(s.sampling.top_p));
-      gen.set_meta("pad_token_id", Value(static_cast<int64_t>(st.train_data->pad_id())));
-      out = actor.call("generate_sequences", {gen}).get().as<DataProto>().unpad(pad * s.n);
+      out = generate(actor, batch, s.sampling, replicas, st.train_data->pad_id(), [&](int64_t i) {
+        return static_cast<int64_t>(engine::SequenceRng::request_seed(step_seed, i));
+      });
     });
     at::Tensor reward_baselines;  // remax: [prompts x n]
     if (s.adv_estimator == "remax") {
       timed("gen_max", [&] {
         // ReMax's baseline (verl's gen_max): each prompt's greedy response,
         // scored by the same reward, for each of its n samples.
-        auto [padded, pad] = batch.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
-        DataProto gen = padded;
-        gen.set_meta("n", Value(int64_t{1}));
-        gen.set_meta("do_sample", Value(false));
-        gen.set_meta("pad_token_id", Value(static_cast<int64_t>(st.train_data->pad_id())));
-        DataProto greedy = actor.call("generate_sequences", {gen}).get().as<DataProto>().unpad(pad);
+        SamplingSettings greedy_sampling;
+        greedy_sampling.do_sample = false;
+        greedy_sampling.n = 1;
+        const DataProto greedy =
+            generate(actor, batch, greedy_sampling, replicas, st.train_data->pad_id());
         DataProto rows = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
                              .union_with(greedy);
         const std::vector<double> scores = st.reward->compute(rows).scores;
