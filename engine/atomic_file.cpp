@@ -1,12 +1,15 @@
 #include "engine/atomic_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "engine/errors.h"
 
@@ -23,7 +26,43 @@ fs::path temp_path_for(const fs::path& file) {
   return fs::path(detail::cat(file.string(), ".tmp.", ::getpid(), ".", counter++));
 }
 
+void remove_tree_at(const std::string& path, uintmax_t& removed) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw EngineError(detail::cat(path, ": cannot remove: ", errno_text()));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    std::vector<std::string> names;
+    DIR* dir = ::opendir(path.c_str());
+    if (dir == nullptr) throw EngineError(detail::cat(path, ": cannot list to remove: ", errno_text()));
+    while (const dirent* e = ::readdir(dir)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(dir);
+    for (const std::string& name : names) remove_tree_at(path + "/" + name, removed);
+    if (::rmdir(path.c_str()) != 0 && errno != ENOENT)
+      throw EngineError(detail::cat(path, ": cannot remove: ", errno_text()));
+  } else if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    throw EngineError(detail::cat(path, ": cannot remove: ", errno_text()));
+  }
+  ++removed;
+}
+
 }  // namespace
+
+uintmax_t remove_tree(const fs::path& path) {
+  uintmax_t removed = 0;
+  if (!path.empty()) remove_tree_at(path.string(), removed);
+  return removed;
+}
+
+bool same_file(const fs::path& a, const fs::path& b) {
+  struct stat sa {}, sb {};
+  if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
 
 void fsync_directory(const fs::path& dir) {
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

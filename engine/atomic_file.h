@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string_view>
@@ -34,5 +35,20 @@ void write_file_atomically(const std::filesystem::path& file, std::string_view c
 // fsync(2) of a directory, so that renames in it are durable. Best effort: an
 // unopenable directory is ignored (the rename has happened either way).
 void fsync_directory(const std::filesystem::path& dir);
+
+// Removes `path` and, for a directory, everything under it; symbolic links are
+// removed, not followed. A missing path is not an error. Returns the entries
+// removed; throws EngineError naming the entry that could not be removed.
+//
+// baton's code calls this, never std::filesystem::remove_all: LibTorch 2.11's
+// libtorch.so exports its own static copy of remove_all (and of equivalent
+// and permissions), which the dynamic linker binds our calls to, and that copy
+// calls through a null pointer on a directory (a SIGSEGV seen on an H200;
+// docs/gpu.md). tests/runtime/no_interposed_std_symbols.sh keeps them out.
+uintmax_t remove_tree(const std::filesystem::path& path);
+
+// Whether `a` and `b` name the same existing file or directory (device and
+// inode), instead of std::filesystem::equivalent, for the same reason.
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
 
 }  // namespace baton::engine

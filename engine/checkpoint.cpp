@@ -76,7 +76,7 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
   auto partial = root / (step_dir_name(step) + ".partial");
   if (ps.rank() == 0) {
     fs::create_directories(root);
-    fs::remove_all(partial);
+    remove_tree(partial);
     fs::create_directories(partial);
   }
   barrier(ps.world());
@@ -103,10 +103,10 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
     phase("before_publish");
     if (fs::exists(final_dir)) {
       auto old = root / (step_dir_name(step) + ".old");
-      fs::remove_all(old);
+      remove_tree(old);
       fs::rename(final_dir, old);
       fs::rename(partial, final_dir);
-      fs::remove_all(old);
+      remove_tree(old);
     } else {
       fs::rename(partial, final_dir);
     }

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/atomic_file.h"
 #include "engine/errors.h"
 
 extern char** environ;
@@ -103,7 +104,7 @@ int launch_local_world(int argc, char** argv, int64_t world_size, std::chrono::s
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  std::filesystem::remove_all(dir);
+  remove_tree(dir);
   return result;
 }
 

@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <execinfo.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -11,11 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 namespace baton {
 namespace {
@@ -121,7 +126,80 @@ char* next_line(char*& text) {
   return line;
 }
 
-void on_fatal_signal(int sig, siginfo_t* info, void*) {
+// The faulting instruction and stack pointer of the interrupted thread.
+// False where the platform's context is not read (only x86-64 is).
+bool interrupted_at(const void* context, const void*& pc, const void* const*& sp) {
+  pc = nullptr;
+  sp = nullptr;
+#if defined(__x86_64__)
+  if (context == nullptr) return false;
+  const auto* uc = static_cast<const ucontext_t*>(context);
+  pc = reinterpret_cast<const void*>(uc->uc_mcontext.gregs[REG_RIP]);
+  sp = reinterpret_cast<const void* const*>(uc->uc_mcontext.gregs[REG_RSP]);
+  return true;
+#else
+  (void)context;
+  return false;
+#endif
+}
+
+// When the unwinder stops at the signal frame (a call through a null or
+// corrupted pointer leaves it no unwind table to follow), the faulting
+// instruction and the words on the stack that point into loaded code are the
+// only leads: appends the faulting pc, then up to `room` such words, nearest
+// first. A scanned word may be a stale return address; the output says so.
+// The executable segments of every loaded module, read in the handler.
+struct CodeRange {
+  uintptr_t begin, end;
+};
+constexpr int kMaxRanges = 512;
+CodeRange g_code[kMaxRanges];
+int g_code_count = 0;
+
+int add_code_ranges(dl_phdr_info* info, size_t, void*) {
+  for (int i = 0; i < info->dlpi_phnum && g_code_count < kMaxRanges; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
+    const uintptr_t begin = info->dlpi_addr + ph.p_vaddr;
+    g_code[g_code_count++] = {begin, begin + ph.p_memsz};
+  }
+  return 0;
+}
+
+bool is_code(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  for (int i = 0; i < g_code_count; ++i)
+    if (a > g_code[i].begin && a <= g_code[i].end) return true;
+  return false;
+}
+
+int scan_stack(const void* pc, const void* const* sp, void** frames, int room) {
+  int n = 0;
+  if (room <= 0) return 0;
+  frames[n++] = const_cast<void*>(pc);
+  if (sp == nullptr) return n;
+  // Copied with process_vm_readv, which fails instead of faulting where the
+  // stack ends.
+  constexpr size_t kWords = 2048;
+  static const void* words[kWords];
+  size_t got_words = 0;
+  while (got_words < kWords) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(sp + got_words);
+    const size_t to_page_end = 4096 - at % 4096;
+    const size_t bytes = std::min(to_page_end, (kWords - got_words) * sizeof(void*));
+    iovec local{words + got_words, bytes};
+    iovec remote{reinterpret_cast<void*>(at), bytes};
+    if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(bytes)) break;
+    got_words += bytes / sizeof(void*);
+  }
+  g_code_count = 0;
+  dl_iterate_phdr(add_code_ranges, nullptr);
+  for (size_t i = 0; i < got_words && n < room; ++i)
+    if (is_code(words[i])) frames[n++] = const_cast<void*>(words[i]);
+  return n;
+}
+
+void on_fatal_signal(int sig, siginfo_t* info, void* context) {
   if (g_in_handler.exchange(true)) {
     signal(sig, SIG_DFL);
     raise(sig);
@@ -136,7 +214,20 @@ void on_fatal_signal(int sig, siginfo_t* info, void*) {
   put(line);
 
   static void* frames[kMaxFrames];
-  const int n = backtrace(frames, kMaxFrames);
+  int n = backtrace(frames, kMaxFrames);
+  const void* fault_pc = nullptr;
+  const void* const* fault_sp = nullptr;
+  bool unwound_past_fault = !interrupted_at(context, fault_pc, fault_sp);
+  for (int i = 0; i < n && !unwound_past_fault; ++i) unwound_past_fault = frames[i] == fault_pc;
+  if (!unwound_past_fault) {
+    snprintf(line, sizeof line,
+             "  (the unwinder stopped at the signal frame; faulting pc %p, sp %p: "
+             "frames from #%d on are words of the stack that point into code, "
+             "nearest first, and may include stale ones)\n",
+             fault_pc, static_cast<const void*>(fault_sp), n);
+    put(line);
+    n += scan_stack(fault_pc, fault_sp, frames + n, kMaxFrames - n);
+  }
   // A return address points past its call: look up the byte before it.
   static Dl_info infos[kMaxFrames];
   static bool known[kMaxFrames];

@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/atomic_file.h"
 #include "engine/errors.h"
 #include "engine/hf_model.h"
 #include "engine/sharded_model.h"
@@ -117,8 +118,7 @@ Args parse_args(int argc, char** argv) {
 }
 
 void refuse_same_dir(const fs::path& in, const fs::path& out) {
-  std::error_code ec;
-  if (fs::exists(out) && fs::equivalent(in, out, ec))
+  if (same_file(in, out))
     throw EngineError(out.string() + ": the output directory must differ from the input");
 }
 

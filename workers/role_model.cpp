@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "engine/atomic_file.h"
 #include "engine/hf_model.h"
 #include "engine/sharded_model.h"
 #include "engine/vocab_parallel.h"
@@ -242,7 +243,7 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
   layout.make_vocab_size_divisible_by = ps.config().make_vocab_size_divisible_by;
   part_then_agree(ps, "preparing the shard folder", [&] {
     if (ps.rank() != 0) return;
-    fs::remove_all(shards);
+    engine::remove_tree(shards);
     fs::create_directories(shards);
     engine::write_sharded_layout(shards, cfg, layout, &base);
   });
@@ -256,7 +257,7 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
                                                 saved.layer_split, saved.value_model,
                                                 saved.make_vocab_size_divisible_by);
     engine::save_hf_model(out, cfg, hf, saved.value_model, engine::kDefaultMaxShardBytes, &base);
-    fs::remove_all(shards);
+    engine::remove_tree(shards);
     // The source directory's other files (tokenizer, generation config).
     for (const auto& e : fs::directory_iterator(role.options().path)) {
       const std::string name = e.path().filename().string();

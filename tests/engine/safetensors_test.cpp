@@ -7,6 +7,7 @@
 #include <fstream>
 #include <vector>
 
+#include "engine/atomic_file.h"
 #include "engine/errors.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
@@ -295,6 +296,29 @@ TEST(HfWeights, ReadsTheShardedQwen2Fixture) {
   for (const auto& [name, t] : w) total += t.numel() * t.element_size();
   EXPECT_EQ(total, index["metadata"]["total_size"].get<int64_t>());
   EXPECT_EQ(w.at("model.embed_tokens.weight").sizes(), (at::IntArrayRef{128, 64}));
+}
+
+// remove_tree (what baton calls instead of std::filesystem::remove_all)
+// removes a nested tree, removes a symbolic link without following it, and
+// takes a missing path as already removed.
+TEST(RemoveTree, RemovesNestedTreesAndLinksButNotWhatLinksPointTo) {
+  TempDir tmp;
+  const fs::path keep = tmp / "keep";
+  fs::create_directories(keep);
+  write_file_atomically(keep / "kept.txt", "still here");
+  const fs::path tree = tmp / "tree";
+  fs::create_directories(tree / "a" / "b");
+  write_file_atomically(tree / "top.txt", "1");
+  write_file_atomically(tree / "a" / "b" / "deep.txt", "2");
+  fs::create_directory_symlink(keep, tree / "a" / "link_to_keep");
+  EXPECT_EQ(remove_tree(tree), 6u);  // 2 files, 1 link, 3 directories
+  EXPECT_FALSE(fs::exists(tree));
+  EXPECT_TRUE(fs::exists(keep / "kept.txt"));
+  EXPECT_EQ(remove_tree(tree), 0u);
+  EXPECT_EQ(remove_tree(keep / "kept.txt"), 1u);
+  EXPECT_TRUE(same_file(keep, tmp / "keep" / "."));
+  EXPECT_FALSE(same_file(keep, tmp.path()));
+  EXPECT_FALSE(same_file(tree, tree));  // missing
 }
 
 }  // namespace

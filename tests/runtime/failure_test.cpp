@@ -172,6 +172,25 @@ TEST(WorkerCrash, FatalSignalLogsASymbolisedBacktraceBeforeTheWorkerDies) {
   unsetenv("BATON_BACKTRACE_TIMEOUT_MS");
 }
 
+// A call through a null pointer leaves the unwinder nothing to follow from the
+// faulting pc (0): the handler says so and finds the caller on the stack.
+TEST(WorkerCrash, NullCallIsTracedToItsCallerByScanningTheStack) {
+  setenv("BATON_BACKTRACE_TIMEOUT_MS", "20000", 1);
+  StderrTap tap;
+  {
+    ResourcePool pool = ResourcePool::cpu(1);
+    WorkerGroup g = WorkerGroup::spawn("TestWorker", pool);
+    const std::string err = died_error(g.call_rank(0, "crash", {"null_call"}), std::chrono::seconds(30));
+    EXPECT_NE(err.find("killed by signal 11 (SIGSEGV)"), std::string::npos) << err;
+    ASSERT_TRUE(tap.wait_for("TestWorker::crash", std::chrono::seconds(10))) << tap.text();
+    const std::string log = tap.text();
+    EXPECT_NE(log.find("the unwinder stopped at the signal frame; faulting pc (nil)"),
+              std::string::npos)
+        << log;
+  }
+  unsetenv("BATON_BACKTRACE_TIMEOUT_MS");
+}
+
 int count_dev_shm() {
   int n = 0;
   if (DIR* d = opendir("/dev/shm")) {

@@ -85,6 +85,12 @@ class TestWorker : public baton::Worker {
     std::fflush(stdout);
     if (how == "abort") std::abort();
     if (how == "segfault") raise(SIGSEGV);
+    if (how == "null_call") {
+      // A call through a null function pointer: the pc becomes 0, which no
+      // unwind table covers. `volatile` keeps the compiler from seeing it.
+      void (*volatile fn)() = nullptr;
+      fn();
+    }
     if (how == "exit") std::_Exit(3);
   }
   void print(const std::string& text) {
