@@ -105,7 +105,7 @@ if [[ -x "$B/examples/grpo" ]] && ((TESTS)); then
   say "*_CUDA tests"
   (cd "$B" && timeout "$MAX_STEP_S" ctest -R '_CUDA' --output-on-failure) > "$OUT/cuda_tests.txt" 2>&1
   passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$OUT/cuda_tests.txt")
-  skipped=$(grep -cE 'Skipped|Not Run' "$OUT/cuda_tests.txt")
+  skipped=$(grep -cE 'Test +#[0-9]+: .*(\*\*\*Skipped|Not Run)' "$OUT/cuda_tests.txt")
   failed_names=$(grep -E '\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout' "$OUT/cuda_tests.txt" |
     sed -E 's/.*: ([^ ]+) .*/"\1"/' | paste -sd, -)
   tests_json="{\"passed\": $passed, \"skipped\": $skipped, \"failed\": [${failed_names}]}"
