@@ -41,14 +41,11 @@ void fsync_directory(const std::filesystem::path& dir);
 // removed; throws EngineError naming the entry that could not be removed.
 //
 // baton's code calls this, never std::filesystem::remove_all: LibTorch 2.11's
-// libtorch.so exports its own static copy of remove_all (and of equivalent
-// and permissions), which the dynamic linker binds our calls to, and that copy
-// calls through a null pointer on a directory (a SIGSEGV seen on an H200;
-// docs/gpu.md). tests/runtime/no_interposed_std_symbols.sh keeps them out.
+// libtorch.so exports a static copy of libstdc++'s filesystem functions, which
+// the dynamic linker binds a program's calls to, and its remove_all (either
+// overload) calls through a null pointer on a directory: a SIGSEGV seen on an
+// H200 and reproduced on the CPU (docs/gpu.md).
+// tests/runtime/no_interposed_std_symbols.sh keeps remove_all out.
 uintmax_t remove_tree(const std::filesystem::path& path);
-
-// Whether `a` and `b` name the same existing file or directory (device and
-// inode), instead of std::filesystem::equivalent, for the same reason.
-bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
 
 }  // namespace baton::engine

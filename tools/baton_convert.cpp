@@ -26,7 +26,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/atomic_file.h"
 #include "engine/errors.h"
 #include "engine/hf_model.h"
 #include "engine/sharded_model.h"
@@ -118,7 +117,8 @@ Args parse_args(int argc, char** argv) {
 }
 
 void refuse_same_dir(const fs::path& in, const fs::path& out) {
-  if (same_file(in, out))
+  std::error_code ec;
+  if (fs::exists(out) && fs::equivalent(in, out, ec))
     throw EngineError(out.string() + ": the output directory must differ from the input");
 }
 

@@ -10,6 +10,7 @@
 
 #include "engine/errors.h"
 #include "tests/engine/expect_error.h"
+#include "engine/atomic_file.h"
 
 namespace baton::engine {
 namespace {
@@ -87,7 +88,7 @@ TEST(ModelConfig, SaveThenLoadRoundTrips) {
   c.save(dir);
   auto d = ModelConfig::load(dir);
   EXPECT_EQ(d.to_hf_json(), c.to_hf_json());
-  std::filesystem::remove_all(dir);
+  baton::engine::remove_tree(dir);
 }
 
 // generation_config.json's eos_token_id (a list in instruct checkpoints) is
@@ -117,7 +118,7 @@ TEST(ModelConfig, GenerationConfigEosIdsReplaceConfigsAsTheStopSet) {
   { std::ofstream(dir / "generation_config.json") << "{ not json"; }
   expect_error([&] { ModelConfig::load(dir); },
                {(dir / "generation_config.json").string(), "malformed JSON"});
-  std::filesystem::remove_all(dir);
+  baton::engine::remove_tree(dir);
 }
 
 TEST(ModelConfig, MalformedFileNamesThePath) {

@@ -29,6 +29,7 @@
 #include "engine/weight_conversion.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/multiprocess.h"
+#include "engine/atomic_file.h"
 
 namespace baton::engine {
 namespace {
@@ -318,7 +319,7 @@ TEST(ParallelCheckpoint, ResumeIsExactOnAPp2Dp2Layout) {
     load_checkpoint(root, *m, o);
     for (int i = 2; i < 4; ++i) EXPECT_EQ(train(*m, o), straight[i]) << "step " << i;
     ps->world().pg->barrier()->wait();
-    if (rank == 0) std::filesystem::remove_all(root);
+    if (rank == 0) baton::engine::remove_tree(root);
   });
 }
 

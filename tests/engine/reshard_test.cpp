@@ -26,6 +26,7 @@
 #include "engine/weight_conversion.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/multiprocess.h"
+#include "engine/atomic_file.h"
 
 namespace baton::engine {
 namespace {
@@ -189,7 +190,7 @@ TEST(Reshard, CarriesTheWeightsOfAnOptimizerStep) {
     ps->world().pg->barrier()->wait();
     auto trained = shards_to_hf(load_sharded_all(root), cfg, split, false);
     ps->world().pg->barrier()->wait();
-    if (rank == 0) std::filesystem::remove_all(root);
+    if (rank == 0) baton::engine::remove_tree(root);
 
     auto want1 = hf_to_shard(trained, cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers}));
     auto want2 =

@@ -316,9 +316,6 @@ TEST(RemoveTree, RemovesNestedTreesAndLinksButNotWhatLinksPointTo) {
   EXPECT_TRUE(fs::exists(keep / "kept.txt"));
   EXPECT_EQ(remove_tree(tree), 0u);
   EXPECT_EQ(remove_tree(keep / "kept.txt"), 1u);
-  EXPECT_TRUE(same_file(keep, tmp / "keep" / "."));
-  EXPECT_FALSE(same_file(keep, tmp.path()));
-  EXPECT_FALSE(same_file(tree, tree));  // missing
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // the object goes out of scope. For tests.
 #pragma once
 
+#include <ftw.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <filesystem>
@@ -18,8 +20,16 @@ class TempDir {
     path_ = pattern;
   }
   ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
+    // nftw, not std::filesystem::remove_all: LibTorch 2.11's libtorch.so
+    // replaces that with a copy that crashes (engine/atomic_file.h); this
+    // header also serves tests that link no engine.
+    ::nftw(
+        path_.c_str(),
+        [](const char* p, const struct stat*, int, struct FTW*) {
+          ::remove(p);  // best effort: go on with the rest
+          return 0;
+        },
+        16, FTW_DEPTH | FTW_PHYS);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

@@ -20,6 +20,7 @@
 #include "engine/weight_conversion.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/multiprocess.h"
+#include "engine/atomic_file.h"
 
 namespace baton::engine {
 namespace {
@@ -147,7 +148,7 @@ TEST(WeightSync, Tp2Pp2TrainerToSeparateRolloutWorkerBeforeAndAfterAStep) {
     const std::filesystem::path root(std::string(bytes.begin(), bytes.end()));
     auto trained =
         shards_to_hf(load_sharded_all(root), cfg, even_layer_split(cfg.num_layers, 2), false);
-    std::filesystem::remove_all(root);
+    baton::engine::remove_tree(root);
     expect_exact(*rollout, hf_to_shard(trained, cfg, spec), "version 2");
     int64_t changed = 0;
     for (const auto& [name, t] : rollout->state_dict()) changed += !at::equal(t, initial.at(name));

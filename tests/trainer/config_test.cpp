@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include "engine/atomic_file.h"
 
 namespace baton::trainer {
 namespace {
@@ -38,7 +39,7 @@ class TempDir {
             ("baton_config_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
     fs::create_directories(path_);
   }
-  ~TempDir() { fs::remove_all(path_); }
+  ~TempDir() { baton::engine::remove_tree(path_); }
   const fs::path& path() const { return path_; }
   fs::path write(const std::string& name, const std::string& text) const {
     const fs::path p = path_ / name;

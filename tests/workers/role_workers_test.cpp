@@ -27,6 +27,7 @@
 #include "workers/actor_rollout_ref_worker.h"
 #include "workers/critic_worker.h"
 #include "workers/reward_model_worker.h"
+#include "engine/atomic_file.h"
 
 namespace baton::workers {
 namespace {
@@ -265,7 +266,7 @@ TEST(ActorRolloutRefWorker, AnExportThatFailsOnOneRankFailsOnAllAndLeavesTheGrou
   // file). Every rank reports the failure at once, instead of rank 1 waiting
   // at a barrier for the group timeout, and the group still works after it.
   const fs::path tmp = fs::temp_directory_path() / ("baton_export_fail_" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
+  baton::engine::remove_tree(tmp);
   fs::create_directories(tmp);
   { std::ofstream(tmp / "a_file") << "x"; }
   WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
@@ -277,7 +278,7 @@ TEST(ActorRolloutRefWorker, AnExportThatFailsOnOneRankFailsOnAllAndLeavesTheGrou
   }
   g.call("export_hf", {(tmp / "hf").string()}).get();
   EXPECT_TRUE(fs::exists(tmp / "hf" / "config.json"));
-  fs::remove_all(tmp);
+  baton::engine::remove_tree(tmp);
 }
 
 TEST(CriticWorker, ValuesComeFromAFreshHeadAndUpdatesFitTheReturns) {
