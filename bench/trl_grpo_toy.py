@@ -24,7 +24,7 @@ What matches configs/grpo_toy.yaml (+ ppo_trainer.yaml defaults):
   - the model directory, the tokenizer files (read with PreTrainedTokenizerFast
     from tokenizer.json: AutoTokenizer maps this directory to Qwen2Tokenizer,
     which decodes "#### 50" as "####50"), plain-string prompts, no chat template;
-  - the reward: verl's GSM8K strict scorer as baton's workers/gsm8k_reward.cpp
+  - the reward: verl's GSM8K strict scorer as baton's workers/rewards/gsm8k_reward.cpp
     implements it (last 300 code points, the last "#### (-?[0-9.,]+)", commas
     and "$" removed, string-equal to the ground truth: 1.0, else 0.0);
   - 32 prompts x n=8 per step, sampling at temperature 1.0 (top-k/top-p off),

@@ -13,7 +13,7 @@ set(_baton_exported baton_torch)
 if(TARGET baton_arrow)
   list(APPEND _baton_exported baton_arrow)
 endif()
-foreach(m IN ITEMS runtime dispatch engine data workers trainer)
+foreach(m IN ITEMS base runtime dispatch engine data algos rewards workers trainer)
   if(NOT TARGET baton_${m})
     continue()
   endif()
@@ -35,8 +35,12 @@ foreach(m IN ITEMS runtime dispatch engine data workers trainer)
   endforeach()
   list(APPEND _wrapped "$<INSTALL_INTERFACE:${BATON_INSTALL_INCLUDEDIR}>")
   set_target_properties(baton_${m} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_wrapped}")
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${m}/ DESTINATION ${BATON_INSTALL_INCLUDEDIR}/${m}
-          FILES_MATCHING PATTERN "*.h")
+  # base's headers live in runtime/, algos' and rewards' under workers/: they
+  # go in with those folders.
+  if(NOT m MATCHES "^(base|algos|rewards)$")
+    install(DIRECTORY ${PROJECT_SOURCE_DIR}/${m}/ DESTINATION ${BATON_INSTALL_INCLUDEDIR}/${m}
+            FILES_MATCHING PATTERN "*.h")
+  endif()
 endforeach()
 install(FILES ${PROJECT_BINARY_DIR}/runtime/wire.capnp.h
         DESTINATION ${BATON_INSTALL_INCLUDEDIR}/runtime)

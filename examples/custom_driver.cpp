@@ -17,9 +17,9 @@
 #include "data/tokenizer.h"
 #include "dispatch/dispatch_modes.h"
 #include "runtime/baton.h"
-#include "workers/actor_rollout_ref_worker.h"
-#include "workers/algo_registry.h"
-#include "workers/reward_manager.h"
+#include "workers/roles/actor_rollout_ref_worker.h"
+#include "workers/algos/algo_registry.h"
+#include "workers/rewards/reward_manager.h"
 
 using baton::DataProto;
 

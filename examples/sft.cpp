@@ -53,7 +53,7 @@
 #include "runtime/baton.h"
 #include "runtime/process_group.h"
 #include "trainer/config.h"
-#include "workers/reward_registry.h"
+#include "workers/rewards/reward_registry.h"
 
 namespace fs = std::filesystem;
 

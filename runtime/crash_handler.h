@@ -7,7 +7,7 @@
 // driver with the worker's prefix —
 //
 //   baton: fatal signal 11 (SIGSEGV), fault address 0x0, pid 4242 (CriticWorker:1); backtrace:
-//     #0 0x55d0c... in baton::workers::export_hf_model(...) at workers/role_model.cpp:215
+//     #0 0x55d0c... in baton::workers::export_hf_model(...) at workers/roles/role_model.cpp:215
 //     #1 0x7f12a... in c10d::ProcessGroup::barrier(...) (libtorch_cpu.so+0x5a1c2f0)
 //     ...
 //

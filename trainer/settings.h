@@ -20,9 +20,9 @@
 
 #include "data/prompt_dataset.h"
 #include "trainer/config.h"
-#include "workers/algo_registry.h"
-#include "workers/kl.h"
-#include "workers/role_options.h"
+#include "workers/algos/algo_registry.h"
+#include "workers/algos/kl.h"
+#include "workers/roles/role_options.h"
 
 namespace baton::trainer {
 

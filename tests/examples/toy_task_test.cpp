@@ -22,7 +22,7 @@
 #include "engine/transformer.h"
 #include "engine/weight_conversion.h"
 #include "tests/engine/temp_dir.h"
-#include "workers/reward_registry.h"
+#include "workers/rewards/reward_registry.h"
 
 namespace {
 

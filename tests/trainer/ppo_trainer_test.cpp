@@ -20,9 +20,9 @@
 #include "tests/tolerance.h"
 #include "trainer/config.h"
 #include "trainer/ppo_trainer.h"
-#include "workers/algo_registry.h"
-#include "workers/policy_loss.h"
-#include "workers/reward_registry.h"
+#include "workers/algos/algo_registry.h"
+#include "workers/algos/policy_loss.h"
+#include "workers/rewards/reward_registry.h"
 
 namespace baton::trainer {
 namespace {

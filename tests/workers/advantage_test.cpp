@@ -1,7 +1,7 @@
 // Advantage estimators against hand-derived values, with the edge cases of
 // their contract: singleton groups, ties, rows whose mask is empty, holes in
 // masks, rewards at masked positions, interleaved groups.
-#include "workers/advantage.h"
+#include "workers/algos/advantage.h"
 
 #include <gtest/gtest.h>
 

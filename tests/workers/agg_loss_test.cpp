@@ -2,7 +2,7 @@
 // hand-derived values; its refusals; and the promise of global normalisation:
 // splitting a mini-batch into micro-batches on DP ranks (simulated in one
 // process) gives the unsplit loss and gradient whatever the split.
-#include "workers/agg_loss.h"
+#include "workers/algos/agg_loss.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Advantage estimators and policy losses by name: every built-in is there and
 // gives what its function gives; unknown names fail naming the closest known
 // one; a user's own estimator or loss is selected by its name.
-#include "workers/algo_registry.h"
+#include "workers/algos/algo_registry.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "tests/tolerance.h"
-#include "workers/core_algos.h"
+#include "workers/algos/core_algos.h"
 
 namespace baton::algos {
 namespace {

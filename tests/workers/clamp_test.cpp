@@ -1,5 +1,5 @@
 // clamp_inclusive: at::clamp's value, with gradient 1 on the closed range.
-#include "workers/clamp.h"
+#include "workers/algos/clamp.h"
 
 #include <gtest/gtest.h>
 

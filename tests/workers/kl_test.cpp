@@ -1,7 +1,7 @@
 // KL estimators (values and gradients, clamps, the straight-through '+'
 // kinds), KL in the reward, and the fixed and adaptive controllers, against
 // hand-derived values.
-#include "workers/kl.h"
+#include "workers/algos/kl.h"
 
 #include <gtest/gtest.h>
 

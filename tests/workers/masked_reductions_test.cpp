@@ -1,7 +1,7 @@
 // Masked reductions against hand-derived values: what masked positions
 // contribute (nothing, not even NaN or an infinite gradient), the 1e-8 in
 // means, Bessel's correction and its refusals, whitening of every position.
-#include "workers/masked_reductions.h"
+#include "workers/algos/masked_reductions.h"
 
 #include <gtest/gtest.h>
 

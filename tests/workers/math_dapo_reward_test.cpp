@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "workers/math_dapo_reward.h"
-#include "workers/reward_registry.h"
+#include "workers/rewards/math_dapo_reward.h"
+#include "workers/rewards/reward_registry.h"
 
 namespace baton::rewards {
 namespace {

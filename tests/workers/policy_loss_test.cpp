@@ -2,7 +2,7 @@
 // w.r.t. log_prob (where clamps and stop-gradients cut it), its metrics, and
 // the edge cases of its contract (dual-clip cap, clamp bounds, empty rows,
 // fixed aggregation modes, random selection in clip_cov).
-#include "workers/policy_loss.h"
+#include "workers/algos/policy_loss.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tests/tolerance.h"
-#include "workers/algo_registry.h"
+#include "workers/algos/algo_registry.h"
 
 namespace baton::algos {
 namespace {

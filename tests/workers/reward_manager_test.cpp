@@ -4,7 +4,7 @@
 // (reward_test.cpp checks the functions themselves); positions are each row's
 // last valid response token. Everything is exact: scores are small binary
 // fractions and nothing is summed.
-#include "workers/reward_manager.h"
+#include "workers/rewards/reward_manager.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -6,11 +6,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "workers/exact_match_reward.h"
-#include "workers/gsm8k_reward.h"
-#include "workers/math_reward.h"
-#include "workers/reward_registry.h"
-#include "workers/reward_text.h"
+#include "workers/rewards/exact_match_reward.h"
+#include "workers/rewards/gsm8k_reward.h"
+#include "workers/rewards/math_reward.h"
+#include "workers/rewards/reward_registry.h"
+#include "workers/rewards/reward_text.h"
 
 namespace baton::rewards {
 namespace {

@@ -2,7 +2,7 @@
 // missing a key, has an unknown one or a value of the wrong type is refused
 // with the key's path (issue 24: overlap_grad_reduce and the bucket size were
 // dropped on the way to the workers).
-#include "workers/role_options.h"
+#include "workers/roles/role_options.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

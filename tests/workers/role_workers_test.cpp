@@ -24,9 +24,9 @@
 #include "runtime/baton.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/tolerance.h"
-#include "workers/actor_rollout_ref_worker.h"
-#include "workers/critic_worker.h"
-#include "workers/reward_model_worker.h"
+#include "workers/roles/actor_rollout_ref_worker.h"
+#include "workers/roles/critic_worker.h"
+#include "workers/roles/reward_model_worker.h"
 #include "engine/atomic_file.h"
 
 namespace baton::workers {

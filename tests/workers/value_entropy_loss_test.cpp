@@ -6,8 +6,8 @@
 #include <stdexcept>
 
 #include "tests/tolerance.h"
-#include "workers/entropy.h"
-#include "workers/value_loss.h"
+#include "workers/algos/entropy.h"
+#include "workers/algos/value_loss.h"
 
 namespace baton::algos {
 namespace {

@@ -1,0 +1,252 @@
+#include "workers/rewards/reward_manager.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+#include "runtime/errors.h"
+
+namespace baton::rewards {
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+  throw Error("RewardManager: " + message);
+}
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+// `key` as a 2-D integer (or bool, for masks) tensor on the CPU.
+at::Tensor int_matrix(const DataProto& batch, const std::string& key, at::ScalarType as) {
+  if (!batch.has_tensor(key))
+    fail("the batch has no tensor '" + key + "' (tensors: " + [&] {
+      std::string keys;
+      for (const auto& k : batch.tensor_keys()) keys += (keys.empty() ? "" : ", ") + k;
+      return keys;
+    }() + ")");
+  const at::Tensor& t = batch.tensor(key);
+  if (t.dim() != 2) fail("tensor '" + key + "' must be 2-D [N, length], got " + shape_of(t));
+  if (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()))
+    fail("tensor '" + key + "' must hold integers, got " + std::string(at::toString(t.scalar_type())));
+  return t.to(at::kCPU).to(as).contiguous();
+}
+
+// Row `row` of column `key` as text: a string as it is, an integer as its
+// decimal text, none as "" when `none_ok`.
+std::string column_text(const List& column, const std::string& key, int64_t row, bool none_ok) {
+  const Value& v = column[static_cast<size_t>(row)];
+  switch (v.kind()) {
+    case ValueKind::kString:
+      return v.as_string();
+    case ValueKind::kInt:
+      if (key == "ground_truth") return std::to_string(v.as_int());
+      break;
+    case ValueKind::kNone:
+      if (none_ok) return "";
+      break;
+    default:
+      break;
+  }
+  fail("column '" + key + "' row " + std::to_string(row) + ": expected a string" +
+       (none_ok ? " or none" : "") + ", got " + kind_name(v.kind()));
+}
+
+const List* optional_column(const DataProto& batch, const std::string& key) {
+  return batch.has_column(key) ? &batch.column(key) : nullptr;
+}
+
+const List& required_column(const DataProto& batch, const std::string& key) {
+  if (!batch.has_column(key)) {
+    std::string keys;
+    for (const auto& k : batch.column_keys()) keys += (keys.empty() ? "" : ", ") + k;
+    fail("the batch has no column '" + key + "' (columns: " + keys + ")");
+  }
+  return batch.column(key);
+}
+
+std::vector<int32_t> masked_ids(const int32_t* ids, const int64_t* mask, int64_t length) {
+  std::vector<int32_t> out;
+  for (int64_t j = 0; j < length; ++j)
+    if (mask[j] != 0) out.push_back(ids[j]);
+  return out;
+}
+
+}  // namespace
+
+RewardManager::RewardManager(const data::Tokenizer& tokenizer, RewardManagerOptions options)
+    : tokenizer_(&tokenizer), options_(std::move(options)) {
+  if (options_.num_examine_ < 0)
+    throw std::invalid_argument("RewardManager: num_examine must be >= 0, got " +
+                                std::to_string(options_.num_examine_));
+  const OverlongBufferOptions& o = options_.overlong_buffer_;
+  if (o.enable && o.len <= 0)
+    throw std::invalid_argument("RewardManager: overlong_buffer.len must be > 0 when enabled, got " +
+                                std::to_string(o.len));
+  if (o.enable && o.max_resp_len < o.len)
+    throw std::invalid_argument(
+        "RewardManager: overlong_buffer.max_resp_len (" + std::to_string(o.max_resp_len) +
+        ") must be >= overlong_buffer.len (" + std::to_string(o.len) + ")");
+  if (options_.reward_fn_name_) named_function_ = find_reward_function(*options_.reward_fn_name_);
+}
+
+RewardResult RewardManager::compute(const DataProto& batch) const {
+  const at::Tensor prompts = int_matrix(batch, "prompts", at::kInt);
+  const at::Tensor responses = int_matrix(batch, "responses", at::kInt);
+  const int64_t n = batch.size();
+  const int64_t prompt_length = prompts.size(1);
+  const int64_t response_length = responses.size(1);
+
+  // attention_mask [N, P + R] as verl reads it; response_mask [N, R] otherwise.
+  at::Tensor prompt_mask;  // [N, P], undefined without an attention_mask
+  at::Tensor response_mask;
+  if (batch.has_tensor("attention_mask")) {
+    const at::Tensor mask = int_matrix(batch, "attention_mask", at::kLong);
+    if (mask.size(1) != prompt_length + response_length)
+      fail("tensor 'attention_mask' must be [N, P + R] = [" + std::to_string(n) + ", " +
+           std::to_string(prompt_length + response_length) + "] (prompts " + shape_of(prompts) +
+           ", responses " + shape_of(responses) + "), got " + shape_of(mask));
+    prompt_mask = mask.narrow(1, 0, prompt_length).contiguous();
+    response_mask = mask.narrow(1, prompt_length, response_length).contiguous();
+  } else if (batch.has_tensor("response_mask")) {
+    response_mask = int_matrix(batch, "response_mask", at::kLong);
+    if (response_mask.size(1) != response_length)
+      fail("tensor 'response_mask' must be [N, R] = [" + std::to_string(n) + ", " +
+           std::to_string(response_length) + "] (responses " + shape_of(responses) + "), got " +
+           shape_of(response_mask));
+  } else {
+    fail("the batch has neither 'attention_mask' [N, P + R] nor 'response_mask' [N, R]: "
+         "which response tokens are valid is unknown");
+  }
+
+  const List& ground_truths = required_column(batch, "ground_truth");
+  const List* data_sources = named_function_ ? optional_column(batch, options_.reward_fn_key_)
+                                             : &required_column(batch, options_.reward_fn_key_);
+  const List* extra_infos = optional_column(batch, "extra_info");
+
+  RewardResult result;
+  at::Tensor scores = at::zeros({n, response_length}, at::kFloat);
+  float* score_data = scores.data_ptr<float>();
+  const int32_t* response_data = responses.data_ptr<int32_t>();
+  const int64_t* response_mask_data = response_mask.data_ptr<int64_t>();
+  result.scores.reserve(static_cast<size_t>(n));
+  std::vector<double>& acc = result.extra["acc"];
+  const OverlongBufferOptions& overlong = options_.overlong_buffer_;
+  std::vector<double>* overlong_rewards = nullptr;
+  std::vector<double>* overlong_flags = nullptr;
+  if (overlong.enable && overlong.log) {
+    overlong_rewards = &result.extra["overlong_reward"];
+    overlong_flags = &result.extra["overlong"];
+  }
+
+  std::map<std::string, RewardFunction, std::less<>> functions;  // by data source, this batch
+  std::map<std::string, int64_t, std::less<>> examined;           // rows printed by data source
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t* ids = response_data + i * response_length;
+    const int64_t* mask = response_mask_data + i * response_length;
+    const std::vector<int32_t> valid = masked_ids(ids, mask, response_length);
+    int64_t last = -1;
+    for (int64_t j = response_length - 1; j >= 0; --j)
+      if (mask[j] != 0) {
+        last = j;
+        break;
+      }
+    const std::string response = tokenizer_->decode(valid, /*skip_special_tokens=*/true);
+    const std::string ground_truth = column_text(ground_truths, "ground_truth", i, false);
+    const std::string data_source =
+        data_sources ? column_text(*data_sources, options_.reward_fn_key_, i, false) : "";
+    const std::string extra_info =
+        extra_infos ? column_text(*extra_infos, "extra_info", i, true) : "";
+
+    const RewardFunction* fn = &named_function_;
+    if (!named_function_) {
+      auto it = functions.find(data_source);
+      if (it == functions.end()) {
+        try {
+          it = functions.emplace(data_source, find_reward_function_for(data_source)).first;
+        } catch (const std::invalid_argument& e) {
+          fail("row " + std::to_string(i) + " (column '" + options_.reward_fn_key_ +
+               "'): " + e.what());
+        }
+      }
+      fn = &it->second;
+    }
+    double score = 0;
+    try {
+      score = (*fn)({.data_source = data_source,
+                     .response = response,
+                     .ground_truth = ground_truth,
+                     .extra_info = extra_info});
+    } catch (const std::exception& e) {
+      if (!options_.zero_on_error_) {
+        const std::string name = options_.reward_fn_name_ ? *options_.reward_fn_name_
+                                                          : reward_function_name_for(data_source);
+        fail("row " + std::to_string(i) + " (data_source '" + data_source +
+             "'): the reward function '" + name + "' threw: " + e.what() +
+             " (reward_model.zero_on_error=true scores such rows 0 and counts them)");
+      }
+      ++result.errors;
+    }
+    double reward = score;
+    if (overlong.enable) {
+      const double expected = static_cast<double>(overlong.max_resp_len - overlong.len);
+      const double exceed = static_cast<double>(valid.size()) - expected;
+      const double penalty =
+          std::min(-exceed / static_cast<double>(overlong.len) * overlong.penalty_factor, 0.0);
+      reward += penalty;
+      if (overlong_rewards) {
+        overlong_rewards->push_back(penalty);
+        overlong_flags->push_back(penalty < 0 ? 1.0 : 0.0);
+      }
+    }
+    acc.push_back(score);
+    result.scores.push_back(reward);
+    if (last >= 0)
+      score_data[i * response_length + last] = static_cast<float>(reward);
+    else
+      ++result.empty_responses;
+
+    if (options_.num_examine_ > 0 && examined[data_source]++ < options_.num_examine_) {
+      std::string prompt;
+      if (prompt_mask.defined()) {
+        prompt = tokenizer_->decode(masked_ids(prompts.data_ptr<int32_t>() + i * prompt_length,
+                                               prompt_mask.data_ptr<int64_t>() + i * prompt_length,
+                                               prompt_length),
+                                    /*skip_special_tokens=*/true);
+      } else {
+        // Without an attention mask the prompt's padding is unknown: pad
+        // tokens are special in HF tokenizers, and skipped.
+        const int32_t* p = prompts.data_ptr<int32_t>() + i * prompt_length;
+        prompt = tokenizer_->decode(std::vector<int32_t>(p, p + prompt_length), true);
+      }
+      std::ostringstream out;
+      out << "[prompt] " << prompt << "\n[response] " << response << "\n[ground_truth] "
+          << ground_truth << "\n[score] " << reward << "\n";
+      std::cerr << out.str() << std::flush;
+    }
+  }
+  result.token_level_scores = scores.to(batch.tensor("responses").device());
+  return result;
+}
+
+DataProto RewardManager::with_token_level_scores(const DataProto& batch) const {
+  RewardResult result = compute(batch);
+  DataProto out = batch;
+  out.set_tensor("token_level_scores", std::move(result.token_level_scores));
+  out.set_meta("reward_errors", Value(result.errors));
+  for (const auto& [key, values] : result.extra) {
+    List column;
+    column.reserve(values.size());
+    for (double v : values) column.emplace_back(v);
+    out.set_column(key, std::move(column));
+  }
+  return out;
+}
+
+}  // namespace baton::rewards

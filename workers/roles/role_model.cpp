@@ -1,0 +1,302 @@
+#include "workers/roles/role_model.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+
+#include "engine/atomic_file.h"
+#include "engine/hf_model.h"
+#include "engine/sharded_model.h"
+#include "engine/vocab_parallel.h"
+#include "engine/weight_conversion.h"
+#include "runtime/errors.h"
+#include "runtime/process_group.h"
+
+#if defined(BATON_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace baton::workers {
+namespace {
+
+std::string layout_text(int64_t tp, int64_t pp) {
+  return "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
+}
+
+}  // namespace
+
+RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const std::string& tag,
+                     const OptimOptions* optim, std::shared_ptr<engine::ParallelState> share)
+    : options_(options) {
+  const ParallelLayout& layout = info.layout;
+  if (layout.tp != options.tp || layout.pp != options.pp) {
+    throw Error("RoleModel(" + tag + "): the worker group is laid out " + layout.to_string() +
+                " but the model asks for " + layout_text(options.tp, options.pp) +
+                " (spawn the group with that tp and pp)");
+  }
+  engine::ParallelConfig pc;
+  pc.tp = layout.tp;
+  pc.cp = layout.cp;
+  pc.dp = layout.dp;
+  pc.pp = layout.pp;
+  pc.make_vocab_size_divisible_by = options.vocab_divisible_by;
+  auto backend = engine::CollectiveBackend::kGloo;
+#if defined(BATON_CUDA)
+  if (info.use_gpu) backend = engine::CollectiveBackend::kNccl;
+#endif
+  if (share) {
+    if (!(share->config() == pc)) {
+      throw Error("RoleModel(" + tag + "): the shared parallel state is " +
+                  share->config().to_string() + ", this model needs " + pc.to_string());
+    }
+    state_ = std::move(share);
+  } else {
+    state_ = engine::ParallelState::create(rendezvous_store(info, "role/" + tag), info.rank, pc,
+                                           std::chrono::minutes(10), backend);
+  }
+  const engine::Coords& c = state_->coords();
+  if (c.tp != info.coords.tp || c.dp != info.coords.dp || c.pp != info.coords.pp) {
+    throw Error("RoleModel(" + tag + "): rank " + std::to_string(info.rank) +
+                " has different coordinates in the engine and in the worker group's layout");
+  }
+
+  engine::HfModel hf = engine::load_hf_model(options.path);
+  hf_config_text_ = engine::read_json_file(std::filesystem::path(options.path) / "config.json").dump();
+  state_->set_num_layers(hf.config.num_layers);
+  engine::TransformerOptions topts;
+  topts.value_model = options.value_model;
+  topts.value_head_seed = options.seed;
+  model_ = std::make_shared<engine::Transformer>(hf.config, state_, topts);
+  model_->load_state_dict(engine::hf_to_shard(hf.weights, hf.config, model_->shard_spec()));
+  hf.weights.clear();
+  const at::ScalarType dtype = parameter_dtype(options.dtype, "RoleModel(" + tag + ")");
+  if (info.use_gpu || dtype != at::kFloat) model_->to(state_->device(), dtype);
+  if (optim != nullptr) {
+    optimizer_ = std::make_unique<engine::Optimizer>(model_, engine_optimizer_options(*optim));
+  } else {
+    for (auto& p : model_->parameters()) p.set_requires_grad(false);
+  }
+}
+
+engine::Optimizer& RoleModel::optimizer() {
+  if (!optimizer_) throw Error("RoleModel: this role's model is frozen (no optimizer)");
+  return *optimizer_;
+}
+
+bool RoleModel::is_collector() const {
+  const engine::Coords& c = state_->coords();
+  return c.tp == 0 && c.cp == 0 && state_->is_last_stage();
+}
+
+at::Tensor RoleModel::response_log_probs(const DataProto& batch, int64_t micro_batch,
+                                         double temperature, at::Tensor* entropy) {
+  const int64_t R = response_width(batch);
+  const engine::Group& tp = state_->tp();
+  std::vector<at::Tensor> entropies;
+  auto outs = engine::forward_only(
+      *model_, make_micro_batches(batch, micro_batch, {}, model_->device()),
+      [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
+        ResponseScores s = response_scores(logits, mb.input_ids, R, temperature, tp);
+        if (entropy != nullptr) entropies.push_back(s.entropy.to(at::kFloat).cpu());
+        return s.log_probs.to(at::kFloat).cpu();
+      });
+  if (outs.empty()) return {};
+  if (entropy != nullptr) *entropy = at::cat(entropies, 0);
+  return at::cat(outs, 0);
+}
+
+at::Tensor RoleModel::response_values(const DataProto& batch, int64_t micro_batch,
+                                     bool at_tokens) {
+  const int64_t R = response_width(batch);
+  const int64_t shift = at_tokens ? 0 : 1;
+  auto outs = engine::forward_only(*model_,
+                                   make_micro_batches(batch, micro_batch, {}, model_->device()),
+                                   [&](const at::Tensor& values, const engine::MicroBatch&) {
+                                     const int64_t S = values.size(1);
+                                     return values.squeeze(-1)
+                                         .slice(1, S - R - shift, S - shift)
+                                         .to(at::kFloat)
+                                         .cpu();
+                                   });
+  if (outs.empty()) return {};
+  return at::cat(outs, 0);
+}
+
+std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64_t micro_batch,
+                                                   const std::vector<std::string>& extra,
+                                                   at::Device device) {
+  if (micro_batch < 1) {
+    throw Error("make_micro_batches: micro-batch size " + std::to_string(micro_batch) +
+                " (must be >= 1)");
+  }
+  for (const char* key : {"input_ids", "attention_mask"}) {
+    if (!batch.has_tensor(key)) {
+      throw Error(std::string("make_micro_batches: the batch has no tensor '") + key + "'");
+    }
+  }
+  // One host-to-device copy per tensor, then the micro-batches are views.
+  const at::Tensor ids = batch.tensor("input_ids").to(device);
+  const at::Tensor mask = batch.tensor("attention_mask").to(device, at::kLong);
+  const at::Tensor pos = batch.has_tensor("position_ids")
+                             ? batch.tensor("position_ids").to(device)
+                             : (mask.cumsum(1) - 1).clamp_min(0);
+  std::map<std::string, at::Tensor> extras;
+  for (const auto& key : extra) {
+    if (!batch.has_tensor(key)) {
+      throw Error("make_micro_batches: the batch has no tensor '" + key + "'");
+    }
+    extras[key] = batch.tensor(key).to(device);
+  }
+  std::vector<engine::MicroBatch> out;
+  const int64_t n = batch.size();
+  for (int64_t start = 0; start < n; start += micro_batch) {
+    const int64_t end = std::min(n, start + micro_batch);
+    engine::MicroBatch mb;
+    mb.input_ids = ids.slice(0, start, end);
+    mb.attention_mask = mask.slice(0, start, end);
+    mb.position_ids = pos.slice(0, start, end);
+    for (const auto& [key, t] : extras) mb.extra[key] = t.slice(0, start, end);
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+int64_t response_width(const DataProto& batch) {
+  if (batch.has_tensor("responses")) return batch.tensor("responses").size(1);
+  if (batch.has_tensor("response_mask")) return batch.tensor("response_mask").size(1);
+  throw Error("the RL batch has neither 'responses' nor 'response_mask' (which give the response "
+              "width)");
+}
+
+at::Tensor response_mask_of(const DataProto& batch) {
+  if (batch.has_tensor("response_mask")) return batch.tensor("response_mask").to(at::kFloat);
+  const int64_t R = response_width(batch);
+  const at::Tensor& mask = batch.tensor("attention_mask");
+  return mask.slice(1, mask.size(1) - R).to(at::kFloat);
+}
+
+ResponseScores response_scores(const at::Tensor& logits_shard, const at::Tensor& input_ids,
+                               int64_t response_width, double temperature,
+                               const engine::Group& tp) {
+  const int64_t S = input_ids.size(1);
+  const int64_t R = response_width;
+  if (R < 1 || R >= S) {
+    throw Error("response_scores: response width " + std::to_string(R) + " for sequences of " +
+                std::to_string(S) + " tokens");
+  }
+  at::Tensor logits = logits_shard.slice(1, S - R - 1, S - 1);
+  if (temperature > 0 && temperature != 1.0) logits = logits / temperature;
+  at::Tensor targets = input_ids.slice(1, S - R).to(logits.device());
+  auto both = engine::vocab_parallel_log_probs_entropy(logits, targets, tp);
+  return {both.log_probs, both.entropy};
+}
+
+void all_reduce_sum(std::vector<double>& values, const engine::Group& group, at::Device device) {
+  if (group.size <= 1 || values.empty()) return;
+  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device);
+  std::vector<at::Tensor> ts{t};
+  group.pg->allreduce(ts)->wait();
+  const at::Tensor host = t.cpu();
+  const double* sums = host.data_ptr<double>();
+  std::copy(sums, sums + values.size(), values.begin());
+}
+
+namespace {
+
+// Runs one rank's part of a collective job, then agrees with every rank on
+// whether all parts succeeded: a rank that failed rethrows its error, the
+// others throw naming the phase, so none is left waiting at a barrier for a
+// rank that threw (the all-reduce is the barrier).
+template <typename Part>
+void part_then_agree(engine::ParallelState& ps, const char* phase, Part&& part) {
+  std::exception_ptr error;
+  try {
+    part();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::vector<double> failed = {error ? 1.0 : 0.0};
+  all_reduce_sum(failed, ps.world(), ps.device());
+  if (error) std::rethrow_exception(error);
+  if (failed[0] > 0)
+    throw Error(std::string("export_hf: ") + phase + " failed on " +
+                std::to_string(static_cast<int64_t>(failed[0])) +
+                " other rank(s); their error is in their log");
+}
+
+}  // namespace
+
+void export_hf_model(RoleModel& role, const std::string& dir) {
+  namespace fs = std::filesystem;
+  engine::ParallelState& ps = role.state();
+  const engine::Coords& c = ps.coords();
+  const fs::path out(dir);
+  const fs::path shards = out.string() + ".shards";
+  const auto& cfg = role.model().config();
+  const nlohmann::json base = nlohmann::json::parse(role.hf_config_text());
+  engine::ShardedLayout layout;
+  layout.tp = ps.config().tp;
+  layout.pp = ps.config().pp;
+  layout.value_model = role.options().value_model;
+  layout.make_vocab_size_divisible_by = ps.config().make_vocab_size_divisible_by;
+  part_then_agree(ps, "preparing the shard folder", [&] {
+    if (ps.rank() != 0) return;
+    engine::remove_tree(shards);
+    fs::create_directories(shards);
+    engine::write_sharded_layout(shards, cfg, layout, &base);
+  });
+  part_then_agree(ps, "writing the shards", [&] {
+    if (c.dp == 0 && c.cp == 0) engine::write_sharded_rank(shards, c.tp, c.pp, role.model().state_dict());
+  });
+  part_then_agree(ps, "merging the shards into the HF checkpoint", [&] {
+    if (ps.rank() != 0) return;
+    const auto saved = engine::load_sharded_layout(shards);
+    engine::TensorMap hf = engine::shards_to_hf(engine::load_sharded_all(shards), cfg,
+                                                saved.layer_split, saved.value_model,
+                                                saved.make_vocab_size_divisible_by);
+    engine::save_hf_model(out, cfg, hf, saved.value_model, engine::kDefaultMaxShardBytes, &base);
+    engine::remove_tree(shards);
+    // The source directory's other files (tokenizer, generation config).
+    for (const auto& e : fs::directory_iterator(role.options().path)) {
+      const std::string name = e.path().filename().string();
+      if (!e.is_regular_file() || name == "config.json" || name.find(".safetensors") != std::string::npos)
+        continue;
+      fs::copy_file(e.path(), out / name, fs::copy_options::overwrite_existing);
+    }
+  });
+}
+
+at::ScalarType parameter_dtype(const std::string& name, const std::string& where) {
+  if (name == "float32" || name == "fp32") return at::kFloat;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  throw Error(where + ": parameter dtype '" + name + "' (known: float32, bfloat16)");
+}
+
+engine::OptimizerOptions engine_optimizer_options(const OptimOptions& optim) {
+  engine::OptimizerOptions o;
+  o.lr = optim.lr;
+  o.weight_decay = optim.weight_decay;
+  o.beta1 = optim.beta1;
+  o.beta2 = optim.beta2;
+  o.clip_grad = optim.grad_clip;
+  o.distributed = optim.distributed;
+  o.overlap_grad_reduce = optim.overlap_grad_reduce;
+  o.bucket_bytes = optim.bucket_bytes;
+  o.warmup_steps = optim.warmup_steps;
+  // verl's losses multiply by the DP size (agg_loss with GlobalBatchInfo), and
+  // expect gradients averaged over DP.
+  o.average_dp = true;
+  if (optim.scheduler == "cosine") {
+    o.schedule = engine::LrSchedule::kWarmupCosine;
+    o.total_steps = optim.total_steps;
+    o.min_lr = optim.lr * optim.min_lr_ratio;
+  } else if (optim.scheduler != "constant") {
+    throw Error("optimizer: unknown lr scheduler '" + optim.scheduler +
+                "' (known: constant, cosine)");
+  }
+  return o;
+}
+
+}  // namespace baton::workers

@@ -1,0 +1,130 @@
+// RoleModel: one RL role's model inside a worker process — the engine's
+// ParallelState over the worker group (the group's ParallelLayout, its own
+// rendezvous tag), this rank's Transformer stage loaded from an HF directory,
+// and, for a trained role, its Optimizer. The actor, ref and critic roles each
+// hold one; the functions below are what they share: cutting a DataProto into
+// micro-batches and reading per-response-token outputs off the last stage.
+//
+// The RL batch's sequences are `input_ids` [N, P + R] = prompt (left-padded,
+// width P) then response (right-padded, width R). Token P + t is response
+// token t; it is scored by the logits (and valued by the critic) at position
+// P + t - 1.
+//
+// Example (inside a worker's init_model):
+//   RoleModel actor(info(), options.model, "actor", &options.optim);
+//   auto lp = actor.response_log_probs(batch, 8, /*temperature=*/1.0);
+//
+// Thread safety: none; the worker's thread drives it.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dispatch/data_proto.h"
+#include "engine/optimizer.h"
+#include "engine/pipeline_schedule.h"
+#include "engine/transformer.h"
+#include "runtime/worker.h"
+#include "workers/roles/role_options.h"
+
+namespace baton::workers {
+
+class RoleModel {
+ public:
+  // Collective over the worker group: every rank builds its ParallelState
+  // (rendezvous keys under `tag`) and loads its shard of options.path. The
+  // group's layout must have tp and pp as `options` says (baton::Error naming
+  // both otherwise). `optim` null: a frozen model (no optimizer, no
+  // gradients). A value model built from a causal-LM checkpoint keeps a fresh
+  // value head (seeded by options.seed) and logs a notice. `share`: reuse
+  // another role's ParallelState of the same layout instead (e.g. the ref
+  // model beside the actor); then nothing is collective.
+  RoleModel(const WorkerInfo& info, const ModelOptions& options, const std::string& tag,
+            const OptimOptions* optim, std::shared_ptr<engine::ParallelState> share = nullptr);
+
+  engine::Transformer& model() { return *model_; }
+  std::shared_ptr<engine::Transformer> model_ptr() const { return model_; }
+  engine::ParallelState& state() { return *state_; }
+  std::shared_ptr<engine::ParallelState> state_ptr() const { return state_; }
+  // REQUIRES: built with an optimizer (baton::Error otherwise).
+  engine::Optimizer& optimizer();
+  bool trainable() const { return optimizer_ != nullptr; }
+  const ModelOptions& options() const { return options_; }
+  // The HF config.json of the model it was loaded from (kept for export).
+  const std::string& hf_config_text() const { return hf_config_text_; }
+
+  // Per-token outputs of the responses, [N, R] fp32, computed forward-only in
+  // micro-batches of `micro_batch` rows. On the last stage: log-probs of the
+  // response tokens under logits / temperature (and their entropy when
+  // `entropy` is non-null). Elsewhere: undefined tensors.
+  at::Tensor response_log_probs(const DataProto& batch, int64_t micro_batch, double temperature,
+                                at::Tensor* entropy = nullptr);
+  // The value model's values for the response tokens, [N, R] fp32 on the
+  // last stage (undefined elsewhere): at the position before each token
+  // (P + t - 1, the critic's V(s_t)) or, `at_tokens`, at the token itself
+  // (P + t, where a reward model scores the sequence so far).
+  at::Tensor response_values(const DataProto& batch, int64_t micro_batch, bool at_tokens = false);
+
+  // Whether this rank's results are the ones a MEGATRON_COMPUTE* collect
+  // keeps (tp 0, cp 0, the last stage).
+  bool is_collector() const;
+
+ private:
+  std::shared_ptr<engine::ParallelState> state_;
+  std::shared_ptr<engine::Transformer> model_;
+  std::unique_ptr<engine::Optimizer> optimizer_;
+  ModelOptions options_;
+  std::string hf_config_text_;
+};
+
+// `batch` cut into micro-batches of `micro_batch` rows (the last may be
+// shorter): input_ids, attention_mask, position_ids (from the batch, or the
+// cumulative mask when it has none), and the tensors named in `extra`, each
+// on `device` (the model's: a worker's batch arrives in host memory).
+std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64_t micro_batch,
+                                                   const std::vector<std::string>& extra,
+                                                   at::Device device);
+
+// The response width R of an RL batch (responses' columns, else
+// response_mask's); baton::Error naming the keys when neither is there.
+int64_t response_width(const DataProto& batch);
+
+// `response_mask` of an RL batch as fp32 [N, R]; when absent, the response
+// part of attention_mask.
+at::Tensor response_mask_of(const DataProto& batch);
+
+// Per-token log-probs and entropy of response tokens from one micro-batch's
+// logits shard [b, P+R, V/tp]: positions P-1 .. P+R-2 score tokens P .. P+R-1.
+struct ResponseScores {
+  at::Tensor log_probs;  // [b, R]
+  at::Tensor entropy;    // [b, R]
+};
+ResponseScores response_scores(const at::Tensor& logits_shard, const at::Tensor& input_ids,
+                               int64_t response_width, double temperature,
+                               const engine::Group& tp);
+
+// Sums `values` element-wise over `group` in place (a no-op for size 1).
+// `device`: where the group's collectives run (ParallelState::device(): a GPU
+// for NCCL groups, which take no host tensors).
+void all_reduce_sum(std::vector<double>& values, const engine::Group& group, at::Device device);
+
+// Writes the role's model as an HF model directory `dir` (config.json,
+// safetensors, and the source directory's other files such as the
+// tokenizer's). Collective over the role's world: DP rank 0 of every TP × PP
+// position writes its shard under `dir`.shards, rank 0 merges them and
+// removes that directory.
+void export_hf_model(RoleModel& role, const std::string& dir);
+
+// ModelOptions::dtype as a LibTorch dtype: "float32"/"fp32" or
+// "bfloat16"/"bf16"; baton::Error naming `where` and the accepted names
+// otherwise.
+at::ScalarType parameter_dtype(const std::string& name, const std::string& where);
+
+// OptimOptions → the engine's optimizer settings (clip, schedule, AdamW).
+engine::OptimizerOptions engine_optimizer_options(const OptimOptions& optim);
+
+}  // namespace baton::workers

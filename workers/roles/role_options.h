@@ -1,0 +1,140 @@
+// What the RL worker roles are told at spawn: the model, its layout, the
+// optimizer and the update and rollout settings, as plain structs. The
+// trainer fills them from a config (trainer/ppo_trainer.cpp maps verl's keys
+// onto them); a custom driver fills them by hand. They travel to the worker
+// processes as JSON text, one init argument:
+//
+//   ActorRolloutRefOptions o;
+//   o.model.path = "models/toy";  o.rollout.n = 8;
+//   auto group = WorkerGroup::spawn(actor_rollout_ref_worker_class(), pool,
+//                                   {o.to_json()}, WorkerGroupOptions().set_layout(...));
+//
+// Sizes here are in ROWS (sequences), already multiplied by rollout.n where
+// verl's config counts prompts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace baton::workers {
+
+struct ModelOptions {
+  std::string path;              // HF model directory (config.json + safetensors)
+  bool value_model = false;      // a value head (critic, reward model) instead of the LM head
+  int64_t tp = 1;                // tensor-parallel size of the training layout
+  int64_t pp = 1;                // pipeline stages
+  int64_t vocab_divisible_by = 128;  // Megatron's make_vocab_size_divisible_by
+  uint64_t seed = 42;                // fresh parameters (a value head) and dropout-free RNG
+  // The parameters' dtype: "float32" or "bfloat16". A trained model keeps
+  // fp32 master weights and optimizer state either way (engine::Optimizer).
+  std::string dtype = "float32";
+
+  bool operator==(const ModelOptions&) const = default;
+};
+
+
+struct OptimOptions {
+  double lr = 1e-6;
+  double weight_decay = 0.01;
+  double beta1 = 0.9, beta2 = 0.999;
+  int64_t warmup_steps = 0;
+  std::string scheduler = "constant";  // "constant" or "cosine"
+  double min_lr_ratio = 0.0;
+  int64_t total_steps = 0;  // cosine decay length (optimizer steps)
+  double grad_clip = 1.0;   // <= 0: no clipping
+  bool distributed = true;  // ZeRO-1 over DP (engine::OptimizerOptions::distributed)
+  // The plain optimizer's DP all-reduce overlapped with the backward, and
+  // its bucket size (engine::OptimizerOptions::overlap_grad_reduce).
+  bool overlap_grad_reduce = true;
+  int64_t bucket_bytes = 4 << 20;
+
+  bool operator==(const OptimOptions&) const = default;
+};
+
+// One PPO-style update pass over a batch (actor or critic).
+struct UpdateOptions {
+  int64_t mini_batch_size = 1;        // rows per optimizer step (all DP ranks)
+  int64_t micro_batch_size = 1;       // rows per forward/backward on one rank
+  int64_t epochs = 1;                 // passes over the batch
+  bool shuffle = false;               // reshuffle the mini-batches every epoch
+  std::string loss_agg_mode = "token-mean";
+  // seq-mean-token-sum-norm's divisor (none: the padded response length).
+  std::optional<double> loss_scale_factor;
+  uint64_t seed = 0;                  // of the shuffle
+
+  bool operator==(const UpdateOptions&) const = default;
+};
+
+struct PolicyOptions {
+  std::string loss_mode = "vanilla";  // a registered policy loss (workers/algos/algo_registry.h)
+  double clip_ratio = 0.2;
+  double clip_ratio_low = 0.2, clip_ratio_high = 0.2;
+  double clip_ratio_c = 3.0;
+  double clip_cov_ratio = 2e-4, clip_cov_lb = 1.0, clip_cov_ub = 5.0;
+  double kl_cov_ratio = 2e-4, ppo_kl_coef = 0.1;
+  double tau_pos = 1.0, tau_neg = 1.05;  // sapo
+  std::optional<double> dro_beta;        // dro (required by it)
+  double entropy_coeff = 0.0;
+  bool use_kl_loss = false;
+  double kl_loss_coef = 0.001;
+  std::string kl_loss_type = "low_var_kl";
+
+  bool operator==(const PolicyOptions&) const = default;
+};
+
+struct RolloutOptions {
+  int64_t tp = 1;                  // rollout tensor parallelism (divides the world)
+  int64_t response_length = 64;    // max new tokens; responses are padded to it
+  int64_t max_batch = 64;          // running sequences per replica
+  int64_t cache_bytes = 64 << 20;  // KV cache budget per rank
+  bool packed_cpu_steps = true;    // GenerationOptions::packed_cpu_steps
+  int64_t log_prob_micro_batch_size = 8;
+
+  bool operator==(const RolloutOptions&) const = default;
+};
+
+struct ActorRolloutRefOptions {
+  ModelOptions model;
+  OptimOptions optim;
+  UpdateOptions update;
+  PolicyOptions policy;
+  RolloutOptions rollout;
+  bool actor = true;  // the actor role (training); false: rollout/ref only
+  bool ref = false;   // keep a frozen copy of the initial weights (ref log-probs)
+  std::string ref_dtype = "float32";  // the reference copy's parameter dtype (ModelOptions::dtype)
+  int64_t ref_log_prob_micro_batch_size = 8;  // rows per reference log-prob forward on one rank
+
+  bool operator==(const ActorRolloutRefOptions&) const = default;
+
+  // The JSON text of every field. from_json is its inverse: it throws
+  // baton::Error naming the key (`ActorRolloutRefOptions.optim.lr`) for
+  // malformed text, a missing or unknown key, or a value of the wrong type.
+  std::string to_json() const;
+  static ActorRolloutRefOptions from_json(const std::string& text);
+};
+
+struct CriticOptions {
+  ModelOptions model;
+  OptimOptions optim;
+  UpdateOptions update;
+  double cliprange_value = 0.5;
+  int64_t forward_micro_batch_size = 8;
+
+  bool operator==(const CriticOptions&) const = default;
+
+  std::string to_json() const;  // as ActorRolloutRefOptions'
+  static CriticOptions from_json(const std::string& text);
+};
+
+struct RewardModelOptions {
+  ModelOptions model;                  // a value model (value_model is forced on)
+  int64_t micro_batch_size = 8;        // rows per scoring forward on one rank
+
+  bool operator==(const RewardModelOptions&) const = default;
+
+  std::string to_json() const;  // as ActorRolloutRefOptions'
+  static RewardModelOptions from_json(const std::string& text);
+};
+
+}  // namespace baton::workers
