@@ -8,7 +8,8 @@
 // The driver reads data.train_files (JSONL rows with data.prompt_key and
 // data.response_key), tokenizes them with the model's tokenizer (the response
 // followed by the eos token) and spawns trainer.n_gpus_per_node SftWorker
-// processes on CPU slots, all data parallel. Each step the driver cuts
+// processes, all data parallel, on CPU slots or (trainer.device=cuda) one GPU
+// each. Each step the driver cuts
 // data.train_batch_size rows out of a seeded shuffle and sends them with
 // DP_COMPUTE_METRIC: every rank runs its share in micro-batches of
 // data.micro_batch_size_per_gpu and the loss is the token-mean negative
@@ -44,63 +45,44 @@
 #include "dispatch/data_proto.h"
 #include "dispatch/dispatch_modes.h"
 #include "engine/generation.h"
-#include "engine/hf_model.h"
 #include "engine/optimizer.h"
-#include "engine/parallel_state.h"
 #include "engine/pipeline_schedule.h"
 #include "engine/transformer.h"
-#include "engine/weight_conversion.h"
 #include "runtime/baton.h"
-#include "runtime/process_group.h"
 #include "trainer/config.h"
 #include "workers/rewards/reward_registry.h"
+#include "workers/roles/role_model.h"
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// Model files besides config.json and the weights that a checkpoint carries along.
-const std::vector<std::string> kTokenizerFiles = {"tokenizer.json", "tokenizer_config.json",
-                                                  "special_tokens_map.json", "vocab.json",
-                                                  "merges.txt", "generation_config.json"};
-
-}  // namespace
-
-// One data-parallel rank of the SFT model.
+// One data-parallel rank of the SFT model: a workers::RoleModel (the model,
+// its ParallelState over the group, the optimizer) like the RL roles', so SFT
+// runs on GPUs (trainer.device=cuda) and exports with the same code.
 class SftWorker : public baton::Worker {
  public:
-  // Collective: builds the ParallelState (pure DP) over the group's rendezvous
-  // store, loads `model_path` and makes the optimizer. `optim`: lr,
-  // weight_decay, clip_grad, warmup_steps, total_steps, min_lr, seed;
-  // `scheduler`: "constant" or "cosine" (to min_lr at total_steps). Returns
-  // the parameter count (padded vocabulary rows included).
+  // Collective: builds the role model (pure DP) from `model_path` with its
+  // optimizer. `optim`: lr, weight_decay, clip_grad, warmup_steps,
+  // total_steps, min_lr_ratio, seed; `scheduler`: "constant" or "cosine" (to
+  // lr × min_lr_ratio at total_steps). Returns the parameter count (padded
+  // vocabulary rows included).
   int64_t init_model(const std::string& model_path, const std::map<std::string, double>& optim,
                      const std::string& scheduler) {
-    model_path_ = model_path;
-    at::manual_seed(static_cast<uint64_t>(optim.at("seed")));
-    baton::engine::ParallelConfig pc;
-    pc.dp = world_size();
-    state_ = baton::engine::ParallelState::create(baton::rendezvous_store(info(), "sft"), rank(),
-                                                  pc);
-    baton::engine::HfModel hf = baton::engine::load_hf_model(model_path);
-    state_->set_num_layers(hf.config.num_layers);
-    model_ = std::make_shared<baton::engine::Transformer>(hf.config, state_);
-    model_->load_state_dict(
-        baton::engine::hf_to_shard(hf.weights, hf.config, model_->shard_spec()));
-    baton::engine::OptimizerOptions o;
+    baton::workers::ModelOptions m;
+    m.path = model_path;
+    m.seed = static_cast<uint64_t>(optim.at("seed"));
+    baton::workers::OptimOptions o;
     o.lr = optim.at("lr");
     o.weight_decay = optim.at("weight_decay");
-    o.clip_grad = optim.at("clip_grad");
-    const auto total = static_cast<int64_t>(optim.at("total_steps"));
-    const auto warmup = static_cast<int64_t>(optim.at("warmup_steps"));
-    if (scheduler == "cosine") {
-      o.set_warmup_cosine(warmup, total, optim.at("min_lr"));
-    } else {
-      o.warmup_steps = warmup;
-    }
-    optimizer_ = std::make_unique<baton::engine::Optimizer>(model_, o);
+    o.grad_clip = optim.at("clip_grad");
+    o.warmup_steps = static_cast<int64_t>(optim.at("warmup_steps"));
+    o.total_steps = static_cast<int64_t>(optim.at("total_steps"));
+    o.scheduler = scheduler;
+    o.min_lr_ratio = optim.at("min_lr_ratio");
+    o.distributed = false;
+    at::manual_seed(m.seed);
+    role_ = std::make_unique<baton::workers::RoleModel>(info(), m, "sft", &o);
     int64_t params = 0;
-    for (const auto& [name, p] : model_->named_params()) params += p.numel();
+    for (const auto& [name, p] : role_->model().named_params()) params += p.numel();
     return params;
   }
 
@@ -112,28 +94,26 @@ class SftWorker : public baton::Worker {
   std::map<std::string, double> train_step(const baton::DataProto& batch) {
     const int64_t micro = batch.meta_value("micro_batch_size")->as_int();
     const double global_tokens = batch.meta_value("global_tokens")->as_float();
-    std::vector<baton::engine::MicroBatch> mbs;
-    for (int64_t start = 0; start < batch.size(); start += micro) {
-      const baton::DataProto part = batch.slice(start, std::min(batch.size(), start + micro));
-      baton::engine::MicroBatch mb;
-      mb.input_ids = part.tensor("input_ids");
-      mb.position_ids = part.tensor("position_ids");
-      mb.attention_mask = part.tensor("attention_mask");
-      mb.extra["loss_mask"] = part.tensor("loss_mask").to(at::kFloat);
-      mbs.push_back(std::move(mb));
-    }
-    const auto& tp = state_->tp();
-    optimizer_->zero_grad();
-    const auto losses = baton::engine::forward_backward(
-        *model_, mbs, [&](const at::Tensor& logits, const baton::engine::MicroBatch& mb) {
+    baton::engine::Transformer& model = role_->model();
+    const auto mbs = baton::workers::make_micro_batches(batch, micro, {"loss_mask"}, model.device());
+    const auto& tp = role_->state().tp();
+    // The role's optimizer averages gradients over DP (as verl's losses
+    // expect); this loss is a share of the global token mean, so it is scaled
+    // by the DP size to make that average the sum.
+    const double dp = static_cast<double>(role_->state().config().dp);
+    baton::engine::Optimizer& optimizer = role_->optimizer();
+    optimizer.zero_grad();
+    double loss = 0;
+    baton::engine::forward_backward(
+        model, mbs, [&](const at::Tensor& logits, const baton::engine::MicroBatch& mb) {
           // Position t scores token t + 1; the mask's column t + 1 says whether it is a target.
           const at::Tensor lp = baton::engine::next_token_log_probs(logits, mb.input_ids, tp);
-          const at::Tensor mask = mb.extra.at("loss_mask").slice(1, 1);
-          return -(lp * mask).sum() / global_tokens;
+          const at::Tensor mask = mb.extra.at("loss_mask").slice(1, 1).to(lp.scalar_type());
+          const at::Tensor share = -(lp * mask).sum() / global_tokens;
+          loss += share.item<double>();
+          return share * dp;
         });
-    double loss = 0;
-    for (const auto& l : losses) loss += l.item<double>();
-    const auto stats = optimizer_->step();
+    const auto stats = optimizer.step();
     return {{"loss", loss}, {"grad_norm", stats.grad_norm}, {"lr", stats.lr}};
   }
 
@@ -158,7 +138,7 @@ class SftWorker : public baton::Worker {
       }
     }
     baton::engine::GenerationEngine engine(
-        model_, baton::engine::GenerationOptions().set_cache_bytes(16 << 20));
+        role_->model_ptr(), baton::engine::GenerationOptions().set_cache_bytes(16 << 20));
     const auto seqs = engine.generate(rows, params);
     // max_new_tokens columns on every rank, so that the ranks' results concatenate.
     at::Tensor responses = at::full({ids.size(0), params.max_new_tokens}, pad, at::kLong);
@@ -171,23 +151,10 @@ class SftWorker : public baton::Worker {
     return baton::DataProto({{"responses", responses}});
   }
 
-  // Rank 0: writes the model as an HF checkpoint to `dir` with the source
-  // model's tokenizer files. Returns the directory.
+  // Collective: writes the model as an HF checkpoint to `dir` with the source
+  // model's other files (the tokenizer's), as the RL roles export.
   std::string save_hf(const std::string& dir) {
-    const auto state = model_->state_dict();
-    const auto& cfg = model_->config();
-    const auto hf = baton::engine::shards_to_hf(
-        {{baton::engine::TensorMap(state.begin(), state.end())}}, cfg, {cfg.num_layers},
-        /*value_model=*/false, state_->config().make_vocab_size_divisible_by);
-    const auto base = baton::engine::read_json_file(fs::path(model_path_) / "config.json");
-    baton::engine::save_hf_model(dir, cfg, hf, /*value_model=*/false,
-                                 baton::engine::kDefaultMaxShardBytes, &base);
-    for (const std::string& name : kTokenizerFiles) {
-      const fs::path from = fs::path(model_path_) / name;
-      if (fs::exists(from)) {
-        fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);
-      }
-    }
+    baton::workers::export_hf_model(*role_, dir);
     return dir;
   }
 
@@ -197,15 +164,11 @@ class SftWorker : public baton::Worker {
           baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeMetric));
     t.def("generate", &SftWorker::generate,
           baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
-    t.def("save_hf", &SftWorker::save_hf,
-          baton::MethodOptions().execute(baton::Execute::kRankZero));
+    t.def("save_hf", &SftWorker::save_hf);
   }
 
  private:
-  std::string model_path_;
-  std::shared_ptr<baton::engine::ParallelState> state_;
-  std::shared_ptr<baton::engine::Transformer> model_;
-  std::unique_ptr<baton::engine::Optimizer> optimizer_;
+  std::unique_ptr<baton::workers::RoleModel> role_;
 };
 BATON_WORKER(SftWorker);
 
@@ -355,6 +318,9 @@ int run(int argc, char** argv) {
   const int64_t micro = config.get<int64_t>("data.micro_batch_size_per_gpu");
   const int64_t log_every = std::max<int64_t>(1, config.get<int64_t>("trainer.log_every"));
   const auto seed = static_cast<uint64_t>(config.get<int64_t>("trainer.seed"));
+  const auto device = config.get<std::string>("trainer.device");
+  if (device != "cpu" && device != "cuda")
+    throw baton::trainer::ConfigError("trainer.device: '" + device + "' (expected cpu or cuda)");
   if (workers < 1) throw baton::trainer::ConfigError("trainer.n_gpus_per_node must be positive");
   if (batch_size < 1 || batch_size % workers != 0) {
     throw baton::trainer::ConfigError(
@@ -391,7 +357,9 @@ int run(int argc, char** argv) {
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  baton::ResourcePool pool = baton::ResourcePool::cpu(static_cast<int>(workers));
+  baton::ResourcePool pool(baton::ResourcePoolOptions()
+                               .processes_per_node({static_cast<int>(workers)})
+                               .gpu(device == "cuda"));
   baton::WorkerGroup group = baton::WorkerGroup::spawn("SftWorker", pool);
   const std::map<std::string, double> optim = {
       {"lr", config.get<double>("optim.lr")},
@@ -399,7 +367,7 @@ int run(int argc, char** argv) {
       {"clip_grad", config.get<double>("optim.clip_grad")},
       {"warmup_steps", static_cast<double>(config.get<int64_t>("optim.warmup_steps"))},
       {"total_steps", static_cast<double>(total_steps)},
-      {"min_lr", config.get<double>("optim.lr") * config.get<double>("optim.min_lr_ratio")},
+      {"min_lr_ratio", config.get<double>("optim.min_lr_ratio")},
       {"seed", static_cast<double>(seed)}};
   const auto params =
       group.call("init_model", {model_path, optim, scheduler}).get().as_list().at(0).as_int();

@@ -150,10 +150,12 @@ EOF
 
 if [[ -x "$B/examples/grpo" ]]; then
   run toy_task 120 "$B/examples/toy_task" --out "$toy"
-  # SFT (the RL runs' base) runs on the CPU: examples/sft has no device key yet.
-  run sft_cpu 300 "$B/examples/sft" --config configs/sft_toy.yaml \
-    "data.train_files=[$toy/data/sft.jsonl]" "data.val_files=[$toy/data/val.jsonl]" \
-    "model.path=$toy/model" "trainer.default_local_dir=$toy/sft"
+  # SFT on the GPU; the CPU if that fails, so that RL still has its base.
+  sft=("$B/examples/sft" --config configs/sft_toy.yaml "data.train_files=[$toy/data/sft.jsonl]"
+    "data.val_files=[$toy/data/val.jsonl]" "model.path=$toy/model" "trainer.default_local_dir=$toy/sft")
+  if ! run sft_gpu 300 "${sft[@]}" trainer.device=cuda trainer.n_gpus_per_node=1; then
+    run sft_cpu 300 "${sft[@]}"
+  fi
   half=$((STEPS / 2))
   # GRPO: half the steps with checkpoints, then a resume to the end and the export.
   run grpo_gpu 300 "$B/examples/grpo" --config configs/grpo_toy.yaml "${data[@]}" "${gpu[@]}" \
