@@ -72,6 +72,17 @@ int64_t DataProto::size() const {
 std::vector<std::string> DataProto::tensor_keys() const { return keys_of(tensors_); }
 std::vector<std::string> DataProto::column_keys() const { return keys_of(columns_); }
 
+void DataProto::require_tensors(const std::vector<std::string>& keys,
+                                const std::string& where) const {
+  std::vector<std::string> missing;
+  for (const auto& k : keys)
+    if (!has_tensor(k)) missing.push_back("'" + k + "'");
+  if (missing.empty()) return;
+  const std::vector<std::string> have = tensor_keys();
+  throw Error(where + ": the batch has no tensor" + (missing.size() > 1 ? "s " : " ") +
+              join_keys(missing) + " (it has: " + (have.empty() ? "none" : join_keys(have)) + ")");
+}
+
 const at::Tensor& DataProto::tensor(const std::string& key) const {
   auto it = tensors_.find(key);
   if (it == tensors_.end()) {

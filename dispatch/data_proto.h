@@ -51,6 +51,10 @@ class DataProto {
   bool has_tensor(const std::string& key) const { return tensors_.count(key) > 0; }
   bool has_column(const std::string& key) const { return columns_.count(key) > 0; }
 
+  // What a worker method checks first: throws baton::Error "<where>: the
+  // batch has no tensor 'k' (it has: a, b)" naming every missing key.
+  void require_tensors(const std::vector<std::string>& keys, const std::string& where) const;
+
   // Throw naming the missing key and the keys there are.
   const at::Tensor& tensor(const std::string& key) const;
   const List& column(const std::string& key) const;

@@ -17,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "dispatch/dispatch_modes.h"
 #include "runtime/baton.h"
+#include "trainer/prompt_batch.h"
 #include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/rewards/reward_manager.h"
@@ -98,32 +99,21 @@ int main(int argc, char** argv) {
   actor.call("init_model", {}).get();
 
   for (int step = 1; step <= steps; ++step) {
-    baton::data::PromptBatch pb = loader.next();
-    const auto as_tensor = [&](std::vector<int32_t>& v) {
-      return at::from_blob(v.data(), {pb.size, pb.seq_len}, at::kInt).to(at::kLong);
-    };
-    DataProto prompts;
-    prompts.set_tensor("input_ids", as_tensor(pb.input_ids));
-    prompts.set_tensor("attention_mask", as_tensor(pb.attention_mask));
-    prompts.set_meta("n", baton::Value(int64_t{8}));
+    // The loader's prompts as the RL batch (input_ids, attention_mask, the
+    // reward's columns, uid = the dataset row: the groups).
+    DataProto prompts = baton::trainer::prompt_batch_proto(loader.next());
+    const int64_t n = prompts.size();
+    DataProto gen = prompts.select({"input_ids", "attention_mask"});
+    gen.set_meta("n", baton::Value(int64_t{8}));
     // One seed per prompt, never repeated across steps: the samples are
     // reproducible and differ between prompts, samples and steps.
-    prompts.set_tensor("request_seed",
-                       at::arange(pb.size, at::kLong) + static_cast<int64_t>(step) * pb.size);
-    prompts.set_meta("pad_token_id", baton::Value(static_cast<int64_t>(dataset.pad_id())));
+    gen.set_tensor("request_seed", at::arange(n, at::kLong) + static_cast<int64_t>(step) * n);
+    gen.set_meta("pad_token_id", baton::Value(static_cast<int64_t>(dataset.pad_id())));
 
-    // Generate 8 answers per prompt; columns for the reward and the groups.
-    DataProto batch = actor.call("generate_sequences", {prompts}).get().as<DataProto>();
-    baton::List sources, truths, uids;
-    for (int64_t i = 0; i < batch.size(); ++i) {
-      const auto row = static_cast<size_t>(i / 8);
-      sources.emplace_back(pb.data_sources[row]);
-      truths.emplace_back(pb.ground_truths[row]);
-      uids.emplace_back(std::to_string(pb.indices[row]));
-    }
-    batch.set_column("data_source", sources);
-    batch.set_column("ground_truth", truths);
-    batch.set_column("uid", uids);
+    // Generate 8 answers per prompt; each answer keeps its prompt's columns.
+    DataProto batch = prompts.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
+                          .repeat(8)
+                          .union_with(actor.call("generate_sequences", {gen}).get().as<DataProto>());
 
     // Reward (our worker), old log-probs (the actor), advantages (our estimator), update.
     batch.set_tensor("token_level_scores",

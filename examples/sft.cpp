@@ -50,6 +50,7 @@
 #include "engine/transformer.h"
 #include "runtime/baton.h"
 #include "trainer/config.h"
+#include "trainer/prompt_batch.h"
 #include "workers/rewards/reward_registry.h"
 #include "workers/roles/role_model.h"
 
@@ -258,11 +259,6 @@ baton::DataProto make_batch(const std::vector<Example>& examples,
                            {"loss_mask", loss_mask}});
 }
 
-at::Tensor to_tensor(const std::vector<int32_t>& values, int64_t rows, int64_t cols) {
-  return at::tensor(std::vector<int64_t>(values.begin(), values.end()), at::kLong)
-      .view({rows, cols});
-}
-
 struct EvalResult {
   int64_t correct = 0;
   int64_t total = 0;
@@ -279,9 +275,8 @@ EvalResult evaluate(baton::WorkerGroup& group, const baton::trainer::Config& con
   std::vector<std::size_t> all(ds.size());
   std::iota(all.begin(), all.end(), 0);
   const auto batch = ds.batch(all);
-  baton::DataProto prompts({{"input_ids", to_tensor(batch.input_ids, batch.size, batch.seq_len)},
-                            {"attention_mask",
-                             to_tensor(batch.attention_mask, batch.size, batch.seq_len)}});
+  baton::DataProto prompts =
+      baton::trainer::prompt_batch_proto(batch).select({"input_ids", "attention_mask"});
   prompts.set_meta("pad_id", baton::Value(static_cast<int64_t>(ds.pad_id())));
   prompts.set_meta("max_new_tokens", baton::Value(config.get<int64_t>("eval.max_new_tokens")));
   prompts.set_meta("temperature", baton::Value(0.0));

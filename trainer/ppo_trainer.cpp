@@ -25,6 +25,7 @@
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
 #include "trainer/progress_line.h"
+#include "trainer/prompt_batch.h"
 #include "trainer/settings.h"
 #include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/algos/algo_registry.h"
@@ -73,30 +74,6 @@ struct PpoTrainer::State {
 };
 
 namespace {
-
-DataProto prompt_proto(const data::PromptBatch& pb, const std::string& uid_prefix) {
-  const auto to_tensor = [&](const std::vector<int32_t>& v) {
-    return at::from_blob(const_cast<int32_t*>(v.data()), {pb.size, pb.seq_len}, at::kInt)
-        .to(at::kLong);
-  };
-  DataProto d;
-  d.set_tensor("input_ids", to_tensor(pb.input_ids));
-  d.set_tensor("attention_mask", to_tensor(pb.attention_mask));
-  d.set_tensor("position_ids", to_tensor(pb.position_ids));
-  List sources, truths, extras, uids;
-  for (int64_t i = 0; i < pb.size; ++i) {
-    const auto k = static_cast<size_t>(i);
-    sources.emplace_back(pb.data_sources[k]);
-    truths.emplace_back(pb.ground_truths[k]);
-    extras.emplace_back(pb.extra_infos[k]);
-    uids.emplace_back(uid_prefix + std::to_string(pb.indices[k]));
-  }
-  d.set_column("data_source", std::move(sources));
-  d.set_column("ground_truth", std::move(truths));
-  d.set_column("extra_info", std::move(extras));
-  d.set_column("uid", std::move(uids));
-  return d;
-}
 
 // The rollout's responses to `prompts` (input_ids, attention_mask; any other
 // keys are dropped), sp.n per prompt, in prompt order. Each rollout replica
@@ -253,7 +230,7 @@ std::map<std::string, double> PpoTrainer::validate() {
     std::vector<size_t> idx;
     for (size_t i = start; i < std::min(st.val_data->size(), start + static_cast<size_t>(batch_size)); ++i)
       idx.push_back(i);
-    DataProto batch = prompt_proto(st.val_data->batch(idx), "val-");
+    DataProto batch = prompt_batch_proto(st.val_data->batch(idx), "val-");
     const DataProto out =
         generate(actor, batch, vs, replicas, st.val_data->pad_id(),
                  [&](int64_t i) { return static_cast<int64_t>(st.s.rollout_seed) + i; });
@@ -414,7 +391,7 @@ FitResult PpoTrainer::fit() {
       timing[name] = seconds_since(t0);
     };
 
-    DataProto batch = prompt_proto(st.loader->next(), std::to_string(st.global_step) + "-");
+    DataProto batch = prompt_batch_proto(st.loader->next(), std::to_string(st.global_step) + "-");
     DataProto out;
     timed("gen", [&] {
       // Mixed through SplitMix64 (the sampler's own request seeding): a

@@ -56,6 +56,21 @@ TEST(DataProto, ConstructionChecksRowCountsNamingTheKeys) {
   EXPECT_EQ(DataProto().size(), 0);
 }
 
+// The one check every worker method starts with names the method, every
+// missing tensor and the tensors there are.
+TEST(DataProto, RequireTensorsNamesTheCallerAndEveryMissingKey) {
+  const DataProto d = six_rows();
+  d.require_tensors({"ids", "mask"}, "m");  // all there: no throw
+  std::string err = error_of([&] { d.require_tensors({"ids", "responses", "values"}, "update_critic"); });
+  EXPECT_NE(err.find("update_critic: the batch has no tensors 'responses', 'values' (it has: ids, mask)"),
+            std::string::npos)
+      << err;
+  err = error_of([] { DataProto().require_tensors({"input_ids"}, "generate_sequences"); });
+  EXPECT_NE(err.find("generate_sequences: the batch has no tensor 'input_ids' (it has: none)"),
+            std::string::npos)
+      << err;
+}
+
 TEST(DataProto, SelectKeysRowsSliceAndPop) {
   DataProto d = six_rows();
   DataProto s = d.select({"ids"}, {"prompt"});

@@ -25,12 +25,7 @@ std::string shape_of(const at::Tensor& t) {
 
 // `key` as a 2-D integer (or bool, for masks) tensor on the CPU.
 at::Tensor int_matrix(const DataProto& batch, const std::string& key, at::ScalarType as) {
-  if (!batch.has_tensor(key))
-    fail("the batch has no tensor '" + key + "' (tensors: " + [&] {
-      std::string keys;
-      for (const auto& k : batch.tensor_keys()) keys += (keys.empty() ? "" : ", ") + k;
-      return keys;
-    }() + ")");
+  batch.require_tensors({key}, "RewardManager");
   const at::Tensor& t = batch.tensor(key);
   if (t.dim() != 2) fail("tensor '" + key + "' must be 2-D [N, length], got " + shape_of(t));
   if (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()))

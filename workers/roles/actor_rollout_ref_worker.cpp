@@ -36,20 +36,6 @@ bool meta_bool(const DataProto& d, const char* key, bool fallback) {
   return v == nullptr || v->is_none() ? fallback : v->as_bool();
 }
 
-void require_tensors(const DataProto& d, const std::vector<std::string>& keys, const char* method) {
-  for (const auto& k : keys) {
-    if (!d.has_tensor(k)) {
-      throw Error(std::string(method) + ": the batch has no tensor '" + k + "' (it has: " +
-                  [&] {
-                    std::string all;
-                    for (const auto& t : d.tensor_keys()) all += (all.empty() ? "" : ", ") + t;
-                    return all.empty() ? std::string("none") : all;
-                  }() +
-                  ")");
-    }
-  }
-}
-
 // Rows of `prompts` [N, P] as token lists without their left padding.
 std::vector<std::vector<int64_t>> unpadded_prompts(const at::Tensor& ids, const at::Tensor& mask) {
   at::Tensor i = ids.to(at::kLong).contiguous().cpu(), m = mask.to(at::kLong).contiguous().cpu();
@@ -113,7 +99,7 @@ void ActorRolloutRefWorker::init_model() {
 
 DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
   actor();
-  require_tensors(prompts, {"input_ids", "attention_mask"}, "generate_sequences");
+  prompts.require_tensors({"input_ids", "attention_mask"}, "generate_sequences");
   const at::Tensor ids = prompts.tensor("input_ids").to(at::kLong);
   const at::Tensor mask = prompts.tensor("attention_mask").to(at::kLong);
   const int64_t n_prompts = ids.size(0), P = ids.size(1);
@@ -191,7 +177,7 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
 }
 
 DataProto ActorRolloutRefWorker::compute_log_prob(const DataProto& batch) {
-  require_tensors(batch, {"input_ids", "attention_mask", "responses"}, "compute_log_prob");
+  batch.require_tensors({"input_ids", "attention_mask", "responses"}, "compute_log_prob");
   at::Tensor entropy;
   at::Tensor lp = actor().response_log_probs(batch, options_.rollout.log_prob_micro_batch_size,
                                              meta_float(batch, "temperature", 1.0), &entropy);
@@ -208,7 +194,7 @@ DataProto ActorRolloutRefWorker::compute_ref_log_prob(const DataProto& batch) {
     throw Error("compute_ref_log_prob: this worker has no reference model (spawn it with "
                 "ActorRolloutRefOptions::ref = true)");
   }
-  require_tensors(batch, {"input_ids", "attention_mask", "responses"}, "compute_ref_log_prob");
+  batch.require_tensors({"input_ids", "attention_mask", "responses"}, "compute_ref_log_prob");
   at::Tensor lp = ref_->response_log_probs(batch, options_.ref_log_prob_micro_batch_size,
                                            meta_float(batch, "temperature", 1.0));
   DataProto out;
@@ -227,7 +213,7 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
                                    "response_mask", "advantages"};
   if (!on_policy) keys.push_back("old_log_probs");
   if (po.use_kl_loss) keys.push_back("ref_log_prob");
-  require_tensors(batch, keys, "update_actor");
+  batch.require_tensors(keys, "update_actor");
   const double temperature = meta_float(batch, "temperature", 1.0);
 
   engine::ParallelState& ps = a.state();

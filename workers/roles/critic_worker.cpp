@@ -29,9 +29,7 @@ void CriticWorker::init_model() {
 }
 
 DataProto CriticWorker::compute_values(const DataProto& batch) {
-  for (const char* k : {"input_ids", "attention_mask", "responses"}) {
-    if (!batch.has_tensor(k)) throw Error(std::string("compute_values: the batch has no tensor '") + k + "'");
-  }
+  batch.require_tensors({"input_ids", "attention_mask", "responses"}, "compute_values");
   at::Tensor values = critic().response_values(batch, options_.forward_micro_batch_size);
   DataProto out;
   if (values.defined()) out.set_tensor("values", values * response_mask_of(batch));
@@ -42,9 +40,7 @@ DataProto CriticWorker::update_critic(const DataProto& batch) {
   RoleModel& c = critic();
   const std::vector<std::string> keys = {"input_ids", "attention_mask", "position_ids", "responses",
                                          "response_mask", "values", "returns"};
-  for (const auto& k : keys) {
-    if (!batch.has_tensor(k)) throw Error("update_critic: the batch has no tensor '" + k + "'");
-  }
+  batch.require_tensors(keys, "update_critic");
   engine::ParallelState& ps = c.state();
   const int64_t R = response_width(batch);
   const algos::LossAggMode agg = algos::parse_loss_agg_mode(options_.update.loss_agg_mode);

@@ -21,11 +21,8 @@ void RewardModelWorker::init_model() {
 
 DataProto RewardModelWorker::compute_rm_score(const DataProto& batch) {
   if (!model_) throw Error("RewardModelWorker: init_model was not called");
-  for (const char* k : {"input_ids", "attention_mask", "responses", "response_mask"}) {
-    if (!batch.has_tensor(k)) {
-      throw Error(std::string("compute_rm_score: the batch has no tensor '") + k + "'");
-    }
-  }
+  batch.require_tensors({"input_ids", "attention_mask", "responses", "response_mask"},
+                        "compute_rm_score");
   at::Tensor values = model_->response_values(batch, options_.micro_batch_size, /*at_tokens=*/true);
   DataProto out;
   if (values.defined()) out.set_tensor("rm_scores", last_token_scores(values, batch.tensor("response_mask")));

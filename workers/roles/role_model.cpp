@@ -131,11 +131,9 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64
     throw Error("make_micro_batches: micro-batch size " + std::to_string(micro_batch) +
                 " (must be >= 1)");
   }
-  for (const char* key : {"input_ids", "attention_mask"}) {
-    if (!batch.has_tensor(key)) {
-      throw Error(std::string("make_micro_batches: the batch has no tensor '") + key + "'");
-    }
-  }
+  std::vector<std::string> required = {"input_ids", "attention_mask"};
+  required.insert(required.end(), extra.begin(), extra.end());
+  batch.require_tensors(required, "make_micro_batches");
   // One host-to-device copy per tensor, then the micro-batches are views.
   const at::Tensor ids = batch.tensor("input_ids").to(device);
   const at::Tensor mask = batch.tensor("attention_mask").to(device, at::kLong);
@@ -143,12 +141,7 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64
                              ? batch.tensor("position_ids").to(device)
                              : (mask.cumsum(1) - 1).clamp_min(0);
   std::map<std::string, at::Tensor> extras;
-  for (const auto& key : extra) {
-    if (!batch.has_tensor(key)) {
-      throw Error("make_micro_batches: the batch has no tensor '" + key + "'");
-    }
-    extras[key] = batch.tensor(key).to(device);
-  }
+  for (const auto& key : extra) extras[key] = batch.tensor(key).to(device);
   std::vector<engine::MicroBatch> out;
   const int64_t n = batch.size();
   for (int64_t start = 0; start < n; start += micro_batch) {
