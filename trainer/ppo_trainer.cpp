@@ -27,6 +27,7 @@
 #include "trainer/progress_line.h"
 #include "trainer/prompt_batch.h"
 #include "trainer/settings.h"
+#include "trainer/trainer_state.h"
 #include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/roles/critic_worker.h"
@@ -52,26 +53,6 @@ using Settings = TrainerSettings;
 
 }  // namespace
 
-struct PpoTrainer::State {
-  Config config;
-  Settings s;
-  std::optional<data::Tokenizer> tokenizer;
-  std::optional<data::PromptDataset> train_data, val_data;
-  std::unique_ptr<data::PromptLoader> loader;
-  std::unique_ptr<rewards::RewardManager> reward, val_reward;
-  std::unique_ptr<algos::KLController> kl_ctrl;
-  std::optional<ResourcePool> pool;
-  std::optional<WorkerGroup> group;         // the actor's (and colocated critic's) processes
-  std::optional<WorkerGroup> critic_group;  // a critic with a layout of its own
-  std::optional<WorkerGroup> actor;         // views: the actor role of `group`,
-  std::optional<WorkerGroup> critic;        // the critic's role or critic_group
-  std::optional<WorkerGroup> rm_group;      // a reward model with a layout of its own
-  std::optional<WorkerGroup> rm;            // the reward model's role (colocated)
-
-  WorkerGroup& reward_model() { return rm ? *rm : *rm_group; }
-  std::unique_ptr<MetricsLogger> logger;
-  int64_t global_step = 0;
-};
 
 namespace {
 
@@ -119,16 +100,8 @@ void merge_metrics(Metrics& into, const DataProto& result) {
   for (const auto& [k, v] : reduce_metrics(lists)) into[k] = v;
 }
 
-const char* kLatestFile = "latest_checkpointed_iteration.txt";
-
 }  // namespace
 
-// trainer.default_local_dir/global_step_N/{actor,critic}/ (the workers'
-// sharded checkpoints: model, optimizer, RNG) and trainer_state.json (the
-// data loader's position, the KL controller); latest_checkpointed_iteration.txt
-// names N once all of it is on disk.
-void save_trainer_checkpoint(PpoTrainer::State& st);
-bool resume_trainer_checkpoint(PpoTrainer::State& st);
 
 PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   validate_ppo_config(config);
@@ -210,7 +183,7 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   st.actor.emplace(st.group->role("actor"));
   if (colocate_critic) st.critic.emplace(st.group->role("critic"));
   st.actor->call("init_model", {}).get();
-  if (s.use_critic) (st.critic ? *st.critic : *st.critic_group).call("init_model", {}).get();
+  if (s.use_critic) st.critic_role().call("init_model", {}).get();
   if (s.use_rm) st.reward_model().call("init_model", {}).get();
 
 }
@@ -282,86 +255,12 @@ std::map<std::string, double> PpoTrainer::validate() {
   return m;
 }
 
-namespace {
-
-void write_text_atomically(const fs::path& file, const std::string& text) {
-  const fs::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out) throw Error("cannot write " + tmp.string());
-  }
-  fs::rename(tmp, file);
-}
-
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) throw Error("cannot read " + file.string());
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-}  // namespace
-
-WorkerGroup& critic_group(PpoTrainer::State& st) {
-  return st.critic ? *st.critic : *st.critic_group;
-}
-
-void save_trainer_checkpoint(PpoTrainer::State& st) {
-  const int64_t step = st.global_step;
-  const fs::path dir = fs::path(st.s.out_dir) / ("global_step_" + std::to_string(step));
-  fs::create_directories(dir);
-  st.actor->call("save_checkpoint", {(dir / "actor").string(), step, std::string("{}")}).get();
-  if (st.s.use_critic) {
-    critic_group(st).call("save_checkpoint", {(dir / "critic").string(), step, std::string("{}")}).get();
-  }
-  nlohmann::json state = {{"global_step", step},
-                          {"loader", nlohmann::json::parse(st.loader->state().to_json())},
-                          {"kl_coef", st.kl_ctrl->value}};
-  write_text_atomically(dir / "trainer_state.json", state.dump(2));
-  write_text_atomically(fs::path(st.s.out_dir) / kLatestFile, std::to_string(step));
-}
-
-bool resume_trainer_checkpoint(PpoTrainer::State& st) {
-  const std::string& mode = st.s.resume_mode;
-  fs::path dir;
-  if (mode == "disable") return false;
-  if (mode == "auto") {
-    const fs::path latest = fs::path(st.s.out_dir) / kLatestFile;
-    if (!fs::exists(latest)) return false;
-    dir = fs::path(st.s.out_dir) / ("global_step_" + read_text(latest));
-  } else if (mode == "resume_path") {
-    if (!st.s.resume_from_path)
-      throw ConfigError("trainer.resume_mode = resume_path needs trainer.resume_from_path");
-    dir = *st.s.resume_from_path;
-  } else {
-    throw ConfigError("trainer.resume_mode = '" + mode + "' is not one of: auto, disable, resume_path");
-  }
-  const fs::path state_file = dir / "trainer_state.json";
-  if (!fs::exists(state_file)) {
-    throw Error("resume: " + state_file.string() + " does not exist (not a global_step_N checkpoint?)");
-  }
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(read_text(state_file));
-    const int64_t step = state.at("global_step").get<int64_t>();
-    st.actor->call("load_checkpoint", {(dir / "actor").string(), step}).get();
-    if (st.s.use_critic) critic_group(st).call("load_checkpoint", {(dir / "critic").string(), step}).get();
-    st.loader->restore(data::LoaderState::from_json(state.at("loader").dump(), state_file.string()));
-    st.kl_ctrl->value = state.at("kl_coef").get<double>();
-    st.global_step = step;
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("resume: " + state_file.string() + ": " + e.what());
-  }
-  log(LogLevel::kInfo, "resumed from " + dir.string() + " (step " + std::to_string(st.global_step) + ")");
-  return true;
-}
-
 FitResult PpoTrainer::fit() {
   State& st = *s_;
   Settings& s = st.s;
   FitResult result;
   WorkerGroup& actor = *st.actor;
-  WorkerGroup* critic = s.use_critic ? &critic_group(st) : nullptr;
+  WorkerGroup* critic = s.use_critic ? &st.critic_role() : nullptr;
 
   const bool resumed = resume_trainer_checkpoint(st);
   MetricsLoggerOptions lopts;

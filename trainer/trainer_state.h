@@ -1,0 +1,55 @@
+// The PPO trainer's state, shared by its parts: ppo_trainer.cpp (setup,
+// validation, the fit loop) and checkpointing.cpp (save and resume). Internal
+// to baton::trainer: a driver uses PpoTrainer (trainer/ppo_trainer.h).
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "data/prompt_dataset.h"
+#include "data/prompt_loader.h"
+#include "data/tokenizer.h"
+#include "runtime/resource_pool.h"
+#include "runtime/worker_group.h"
+#include "trainer/config.h"
+#include "trainer/metrics.h"
+#include "trainer/ppo_trainer.h"
+#include "trainer/settings.h"
+#include "workers/algos/kl.h"
+#include "workers/rewards/reward_manager.h"
+
+namespace baton::trainer {
+
+struct PpoTrainer::State {
+  Config config;
+  TrainerSettings s;
+  std::optional<data::Tokenizer> tokenizer;
+  std::optional<data::PromptDataset> train_data, val_data;
+  std::unique_ptr<data::PromptLoader> loader;
+  std::unique_ptr<rewards::RewardManager> reward, val_reward;
+  std::unique_ptr<algos::KLController> kl_ctrl;
+  std::optional<ResourcePool> pool;
+  std::optional<WorkerGroup> group;         // the actor's (and colocated critic's) processes
+  std::optional<WorkerGroup> critic_group;  // a critic with a layout of its own
+  std::optional<WorkerGroup> actor;         // views: the actor role of `group`,
+  std::optional<WorkerGroup> critic;        // the critic's role or critic_group
+  std::optional<WorkerGroup> rm_group;      // a reward model with a layout of its own
+  std::optional<WorkerGroup> rm;            // the reward model's role (colocated)
+
+  WorkerGroup& reward_model() { return rm ? *rm : *rm_group; }
+  WorkerGroup& critic_role() { return critic ? *critic : *critic_group; }
+  std::unique_ptr<MetricsLogger> logger;
+  int64_t global_step = 0;
+};
+
+// trainer.default_local_dir/global_step_N/{actor,critic}/ (the workers'
+// sharded checkpoints: model, optimizer, RNG) and trainer_state.json (the
+// data loader's position, the KL controller); latest_checkpointed_iteration.txt
+// names N once all of it is on disk.
+void save_trainer_checkpoint(PpoTrainer::State& st);
+// As trainer.resume_mode says (auto: the latest checkpoint if there is one;
+// resume_path: trainer.resume_from_path; disable): restores the workers, the
+// loader and the KL controller. Returns whether it resumed.
+bool resume_trainer_checkpoint(PpoTrainer::State& st);
+
+}  // namespace baton::trainer
