@@ -75,7 +75,10 @@ void rotate_and_store_tokens(const PagedAttention& a, float* qkv, int64_t begin,
 template <int kChunks>
 BATON_INLINE void attend_token_impl(const PagedAttention& a, const float* qkv, int64_t t,
                                     float* out, float* scratch) {
-  const int64_t d = a.head_dim, r = a.ratio, bs = a.block_size, G = a.groups;
+  // d is the template's constant when it has one (attend_token chose the
+  // instantiation by head_dim): the loops over it then have known bounds.
+  const int64_t d = kChunks > 0 ? 8 * kChunks : a.head_dim;
+  const int64_t r = a.ratio, bs = a.block_size, G = a.groups;
   const int64_t heads = G * r, row = G * d;
   const int64_t n = a.positions[t] + 1;
   const float* q = qkv + t * G * (r + 2) * d;

@@ -24,7 +24,7 @@ Channel::Outgoing call_message(uint64_t id, std::vector<int> fds = {}) {
   call.setCallId(id);
   call.setMethod(std::string(60000, 'm'));
   return {std::make_shared<kj::Array<capnp::word>>(capnp::messageToFlatArray(builder)),
-          std::move(fds)};
+          std::move(fds), nullptr};
 }
 
 ino_t inode(int fd) {
