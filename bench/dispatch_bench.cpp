@@ -33,8 +33,8 @@ class Echo : public baton::Worker {
   }
   static void register_methods(baton::MethodTable<Echo>& t) {
     namespace mode = baton::dispatch_mode;
-    t.def("dp", &Echo::echo, baton::MethodOptions().dispatch(mode::kDpComputeProto));
-    t.def("mesh", &Echo::echo, baton::MethodOptions().dispatch(mode::kMegatronComputeProto));
+    t.def("dp", &Echo::echo, baton::MethodOptions().set_dispatch_mode(mode::kDpComputeProto));
+    t.def("mesh", &Echo::echo, baton::MethodOptions().set_dispatch_mode(mode::kMegatronComputeProto));
   }
 };
 BATON_WORKER(Echo);

@@ -33,7 +33,7 @@ class Bench : public baton::Worker {
   double sum(const at::Tensor& t) { return t.sum().item<double>(); }
   static void register_methods(baton::MethodTable<Bench>& t) {
     t.def("noop", &Bench::noop);
-    t.def("sum", &Bench::sum, baton::MethodOptions().execute(baton::Execute::kRankZero));
+    t.def("sum", &Bench::sum, baton::MethodOptions().set_execute_mode(baton::Execute::kRankZero));
   }
 };
 BATON_WORKER(Bench);

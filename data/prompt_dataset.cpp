@@ -49,12 +49,12 @@ Truncation parse_truncation(const std::string& name) {
 
 PromptDataset PromptDataset::load(const std::vector<std::string>& files, const Tokenizer& tokenizer,
                                   const PromptDatasetOptions& options) {
-  if (options.max_prompt_length_ <= 0) {
+  if (options.max_prompt_length <= 0) {
     throw std::invalid_argument("data.max_prompt_length must be > 0 (got " +
-                                std::to_string(options.max_prompt_length_) + ")");
+                                std::to_string(options.max_prompt_length) + ")");
   }
   PromptDataset ds;
-  ds.max_prompt_length_ = options.max_prompt_length_;
+  ds.max_prompt_length_ = options.max_prompt_length;
   const auto pad = tokenizer.pad_id() ? tokenizer.pad_id() : tokenizer.eos_id();
   if (!pad) {
     throw std::runtime_error(
@@ -64,8 +64,8 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
   ds.pad_id_ = *pad;
   // Parsed once, and only when a chat prompt needs it.
   std::optional<ChatTemplate> chat;
-  const auto max_len = static_cast<std::size_t>(options.max_prompt_length_);
-  const std::string& key = options.prompt_key_;
+  const auto max_len = static_cast<std::size_t>(options.max_prompt_length);
+  const std::string& key = options.prompt_key;
 
   for (const std::string& file : files) {
     // Rows as JSON text: a JSONL file's lines, or a Parquet file's rows (verl's
@@ -141,12 +141,12 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
           throw RowError(where + ": field '" + key + "': " + e.what());
         }
         if (ids.size() > max_len) {
-          if (options.filter_overlong_prompts_) {
+          if (options.filter_overlong_prompts) {
             ++ds.filtered_;
             continue;
           }
           const auto n = static_cast<std::ptrdiff_t>(max_len);
-          switch (options.truncation_) {
+          switch (options.truncation) {
             case Truncation::kError:
               throw RowError(
                   where + ": the prompt has " + std::to_string(ids.size()) +

@@ -10,7 +10,7 @@
 //   auto tok = baton::data::Tokenizer::load("models/qwen2-0.5b");
 //   auto ds = baton::data::PromptDataset::load(
 //       {"data/train.jsonl"}, tok,
-//       baton::data::PromptDatasetOptions().max_prompt_length(256).filter_overlong_prompts(true));
+//       baton::data::PromptDatasetOptions().set_max_prompt_length(256).set_filter_overlong_prompts(true));
 //   baton::data::PromptBatch batch = ds.batch({0, 1, 2, 3});
 #pragma once
 
@@ -35,28 +35,28 @@ Truncation parse_truncation(const std::string& name);
 
 struct PromptDatasetOptions {
   // data.max_prompt_length: the padded length of every prompt, in tokens.
-  int64_t max_prompt_length_ = 512;
+  int64_t max_prompt_length = 512;
   // data.filter_overlong_prompts: drop rows longer than max_prompt_length at load time.
-  bool filter_overlong_prompts_ = false;
+  bool filter_overlong_prompts = false;
   // data.truncation, for rows that are too long and not filtered.
-  Truncation truncation_ = Truncation::kError;
+  Truncation truncation = Truncation::kError;
   // data.prompt_key: the field holding the prompt.
-  std::string prompt_key_ = "prompt";
+  std::string prompt_key = "prompt";
 
-  PromptDatasetOptions& max_prompt_length(int64_t v) {
-    max_prompt_length_ = v;
+  PromptDatasetOptions& set_max_prompt_length(int64_t v) {
+    max_prompt_length = v;
     return *this;
   }
-  PromptDatasetOptions& filter_overlong_prompts(bool v) {
-    filter_overlong_prompts_ = v;
+  PromptDatasetOptions& set_filter_overlong_prompts(bool v) {
+    filter_overlong_prompts = v;
     return *this;
   }
-  PromptDatasetOptions& truncation(Truncation v) {
-    truncation_ = v;
+  PromptDatasetOptions& set_truncation(Truncation v) {
+    truncation = v;
     return *this;
   }
-  PromptDatasetOptions& prompt_key(std::string v) {
-    prompt_key_ = std::move(v);
+  PromptDatasetOptions& set_prompt_key(std::string v) {
+    prompt_key = std::move(v);
     return *this;
   }
 };

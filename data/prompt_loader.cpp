@@ -47,31 +47,31 @@ LoaderState LoaderState::from_json(const std::string& json, const std::string& s
 
 PromptLoader::PromptLoader(const PromptDataset& dataset, PromptLoaderOptions options)
     : dataset_(&dataset), options_(options) {
-  if (options_.batch_size_ < 1) {
+  if (options_.batch_size < 1) {
     throw std::invalid_argument("data.train_batch_size must be >= 1 (got " +
-                                std::to_string(options_.batch_size_) + ")");
+                                std::to_string(options_.batch_size) + ")");
   }
   if (batches_per_epoch() == 0) {
     throw std::invalid_argument("the dataset has " + std::to_string(dataset.size()) +
                                 " prompts, fewer than data.train_batch_size = " +
-                                std::to_string(options_.batch_size_) + ": not one batch per epoch");
+                                std::to_string(options_.batch_size) + ": not one batch per epoch");
   }
 }
 
 int64_t PromptLoader::batches_per_epoch() const {
   const auto n = static_cast<int64_t>(dataset_->size());
-  const int64_t b = options_.batch_size_;
-  return options_.drop_last_ ? n / b : (n + b - 1) / b;
+  const int64_t b = options_.batch_size;
+  return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
 std::vector<std::size_t> PromptLoader::order(int64_t epoch) const {
   if (cached_epoch_ == epoch) return cached_order_;
   std::vector<std::size_t> order(dataset_->size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  if (options_.shuffle_) {
+  if (options_.shuffle) {
     // One seed per epoch: resuming needs no replay of earlier epochs.
-    std::seed_seq seq{static_cast<uint32_t>(options_.seed_),
-                      static_cast<uint32_t>(options_.seed_ >> 32), static_cast<uint32_t>(epoch),
+    std::seed_seq seq{static_cast<uint32_t>(options_.seed),
+                      static_cast<uint32_t>(options_.seed >> 32), static_cast<uint32_t>(epoch),
                       static_cast<uint32_t>(static_cast<uint64_t>(epoch) >> 32)};
     std::mt19937_64 rng(seq);
     for (std::size_t i = order.size(); i > 1; --i) {
@@ -85,9 +85,9 @@ std::vector<std::size_t> PromptLoader::order(int64_t epoch) const {
 
 std::vector<std::size_t> PromptLoader::batch_indices(int64_t epoch, int64_t batch) const {
   const std::vector<std::size_t> all = order(epoch);
-  const auto begin = static_cast<std::size_t>(batch * options_.batch_size_);
+  const auto begin = static_cast<std::size_t>(batch * options_.batch_size);
   const std::size_t end =
-      std::min(all.size(), begin + static_cast<std::size_t>(options_.batch_size_));
+      std::min(all.size(), begin + static_cast<std::size_t>(options_.batch_size));
   return {all.begin() + static_cast<std::ptrdiff_t>(begin),
           all.begin() + static_cast<std::ptrdiff_t>(end)};
 }
@@ -106,9 +106,9 @@ LoaderState PromptLoader::state() const {
   LoaderState s;
   s.epoch = epoch_;
   s.batch = batch_;
-  s.seed = options_.seed_;
-  s.shuffle = options_.shuffle_;
-  s.batch_size = options_.batch_size_;
+  s.seed = options_.seed;
+  s.shuffle = options_.shuffle;
+  s.batch_size = options_.batch_size;
   s.dataset_size = static_cast<int64_t>(dataset_->size());
   return s;
 }
@@ -119,14 +119,14 @@ void PromptLoader::restore(const LoaderState& s) {
     return std::invalid_argument("dataloader state: " + field + " was " + saved +
                                  " when it was saved, " + now + " now");
   };
-  if (s.seed != options_.seed_)
-    throw mismatch("data.seed", std::to_string(s.seed), std::to_string(options_.seed_));
-  if (s.shuffle != options_.shuffle_)
+  if (s.seed != options_.seed)
+    throw mismatch("data.seed", std::to_string(s.seed), std::to_string(options_.seed));
+  if (s.shuffle != options_.shuffle)
     throw mismatch("data.shuffle", s.shuffle ? "true" : "false",
-                   options_.shuffle_ ? "true" : "false");
-  if (s.batch_size != options_.batch_size_)
+                   options_.shuffle ? "true" : "false");
+  if (s.batch_size != options_.batch_size)
     throw mismatch("data.train_batch_size", std::to_string(s.batch_size),
-                   std::to_string(options_.batch_size_));
+                   std::to_string(options_.batch_size));
   if (s.dataset_size != static_cast<int64_t>(dataset_->size())) {
     throw mismatch("the dataset size", std::to_string(s.dataset_size),
                    std::to_string(dataset_->size()));

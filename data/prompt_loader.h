@@ -3,7 +3,7 @@
 //
 // Example:
 //   baton::data::PromptLoader loader(dataset,
-//       baton::data::PromptLoaderOptions().batch_size(8).seed(1));
+//       baton::data::PromptLoaderOptions().set_batch_size(8).set_seed(1));
 //   baton::data::PromptBatch batch = loader.next();
 //   std::string saved = loader.state().to_json();      // into the checkpoint
 //   ...
@@ -19,26 +19,26 @@
 namespace baton::data {
 
 struct PromptLoaderOptions {
-  int64_t batch_size_ = 1;  // data.train_batch_size (prompts per batch)
-  bool shuffle_ = true;     // data.shuffle
-  uint64_t seed_ = 1;       // data.seed
+  int64_t batch_size = 1;  // data.train_batch_size (prompts per batch)
+  bool shuffle = true;     // data.shuffle
+  uint64_t seed = 1;       // data.seed
   // Drop the last incomplete batch of an epoch (verl's train loader does).
-  bool drop_last_ = true;
+  bool drop_last = true;
 
-  PromptLoaderOptions& batch_size(int64_t v) {
-    batch_size_ = v;
+  PromptLoaderOptions& set_batch_size(int64_t v) {
+    batch_size = v;
     return *this;
   }
-  PromptLoaderOptions& shuffle(bool v) {
-    shuffle_ = v;
+  PromptLoaderOptions& set_shuffle(bool v) {
+    shuffle = v;
     return *this;
   }
-  PromptLoaderOptions& seed(uint64_t v) {
-    seed_ = v;
+  PromptLoaderOptions& set_seed(uint64_t v) {
+    seed = v;
     return *this;
   }
-  PromptLoaderOptions& drop_last(bool v) {
-    drop_last_ = v;
+  PromptLoaderOptions& set_drop_last(bool v) {
+    drop_last = v;
     return *this;
   }
 };

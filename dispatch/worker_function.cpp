@@ -93,7 +93,7 @@ void register_execute_with_func() {
   m.params = {TypeSpec::of(ValueKind::kString), TypeSpec::of(ValueKind::kDict)};
   m.variadic = true;  // (name, DataProto...)
   m.result = TypeSpec::any();
-  m.options.dispatch(dispatch_mode::kDpComputeProtoWithFunc);
+  m.options.dispatch_mode = dispatch_mode::kDpComputeProtoWithFunc;
   m.invoke = [](Worker& w, const List& args) {
     return call_function(args[0].as_string(), w, List(args.begin() + 1, args.end()));
   };

@@ -42,7 +42,7 @@ class ShortAnswerReward : public baton::Worker {
   }
   static void register_methods(baton::MethodTable<ShortAnswerReward>& t) {
     t.def("score", &ShortAnswerReward::score,
-          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
+          baton::MethodOptions().set_dispatch_mode(baton::dispatch_mode::kDpComputeProto));
   }
 
  private:
@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
   auto tokenizer = baton::data::Tokenizer::load(toy + "/sft/model");
   auto dataset = baton::data::PromptDataset::load(
       {toy + "/data/train.jsonl"}, tokenizer,
-      baton::data::PromptDatasetOptions().max_prompt_length(8));
-  baton::data::PromptLoader loader(dataset, baton::data::PromptLoaderOptions().batch_size(16));
+      baton::data::PromptDatasetOptions().set_max_prompt_length(8));
+  baton::data::PromptLoader loader(dataset, baton::data::PromptLoaderOptions().set_batch_size(16));
 
   // Workers: the actor (with its rollout) on 2 processes, the reward worker on 2 more.
   baton::workers::ActorRolloutRefOptions opt;

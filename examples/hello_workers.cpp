@@ -53,14 +53,14 @@ class Hello : public baton::Worker {
   static void register_methods(baton::MethodTable<Hello>& t) {
     t.def("greet", &Hello::greet);  // ONE_TO_ALL by default
     t.def("scale", &Hello::scale,
-          baton::MethodOptions().dispatch(baton::dispatch_mode::kAllToAll));
+          baton::MethodOptions().set_dispatch_mode(baton::dispatch_mode::kAllToAll));
     t.def("double_it", &Hello::double_it,
-          baton::MethodOptions().execute(baton::Execute::kRankZero));
+          baton::MethodOptions().set_execute_mode(baton::Execute::kRankZero));
     t.def("all_reduce", &Hello::all_reduce);
     t.def("tag", &Hello::tag,
-          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
+          baton::MethodOptions().set_dispatch_mode(baton::dispatch_mode::kDpComputeProto));
     t.def("tag_mesh", &Hello::tag,
-          baton::MethodOptions().dispatch(baton::dispatch_mode::mesh_proto("actor")));
+          baton::MethodOptions().set_dispatch_mode(baton::dispatch_mode::mesh_proto("actor")));
   }
 
  private:
@@ -77,7 +77,7 @@ class Critic : public baton::Worker {
   }
   static void register_methods(baton::MethodTable<Critic>& t) {
     t.def("values", &Critic::values,
-          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
+          baton::MethodOptions().set_dispatch_mode(baton::dispatch_mode::kDpComputeProto));
   }
 };
 BATON_WORKER(Critic);

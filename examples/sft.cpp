@@ -162,9 +162,9 @@ class SftWorker : public baton::Worker {
   static void register_methods(baton::MethodTable<SftWorker>& t) {
     t.def("init_model", &SftWorker::init_model);
     t.def("train_step", &SftWorker::train_step,
-          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeMetric));
+          baton::MethodOptions().set_dispatch_mode(baton::dispatch_mode::kDpComputeMetric));
     t.def("generate", &SftWorker::generate,
-          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
+          baton::MethodOptions().set_dispatch_mode(baton::dispatch_mode::kDpComputeProto));
     t.def("save_hf", &SftWorker::save_hf);
   }
 
@@ -270,8 +270,8 @@ EvalResult evaluate(baton::WorkerGroup& group, const baton::trainer::Config& con
   const auto ds = baton::data::PromptDataset::load(
       config.get<std::vector<std::string>>("data.val_files"), tok,
       baton::data::PromptDatasetOptions()
-          .max_prompt_length(config.get<int64_t>("data.max_prompt_length"))
-          .prompt_key(config.get<std::string>("data.prompt_key")));
+          .set_max_prompt_length(config.get<int64_t>("data.max_prompt_length"))
+          .set_prompt_key(config.get<std::string>("data.prompt_key")));
   std::vector<std::size_t> all(ds.size());
   std::iota(all.begin(), all.end(), 0);
   const auto batch = ds.batch(all);
@@ -353,8 +353,8 @@ int run(int argc, char** argv) {
 
   const auto t0 = std::chrono::steady_clock::now();
   baton::ResourcePool pool(baton::ResourcePoolOptions()
-                               .processes_per_node({static_cast<int>(workers)})
-                               .gpu(device == "cuda"));
+                               .set_processes_on_nodes({static_cast<int>(workers)})
+                               .set_use_gpu(device == "cuda"));
   baton::WorkerGroup group = baton::WorkerGroup::spawn("SftWorker", pool);
   const std::map<std::string, double> optim = {
       {"lr", config.get<double>("optim.lr")},

@@ -37,17 +37,17 @@ enum class Execute {
 // starts, naming the method; register your own modes before spawning.
 //
 // Example:
-//   t.def("shard", &W::shard, MethodOptions().dispatch(dispatch_mode::kAllToAll));
-//   t.def("head", &W::head, MethodOptions().execute(Execute::kRankZero));
+//   t.def("shard", &W::shard, MethodOptions().set_dispatch_mode(dispatch_mode::kAllToAll));
+//   t.def("head", &W::head, MethodOptions().set_execute_mode(Execute::kRankZero));
 struct MethodOptions {
   std::string dispatch_mode = dispatch_mode::kOneToAll;
   Execute execute_mode = Execute::kAll;
 
-  MethodOptions& dispatch(std::string mode) {
+  MethodOptions& set_dispatch_mode(std::string mode) {
     dispatch_mode = std::move(mode);
     return *this;
   }
-  MethodOptions& execute(Execute mode) {
+  MethodOptions& set_execute_mode(Execute mode) {
     execute_mode = mode;
     return *this;
   }

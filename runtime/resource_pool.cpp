@@ -32,7 +32,7 @@ ResourcePool::ResourcePool(ResourcePoolOptions options) : s_(std::make_shared<St
 }
 
 ResourcePool ResourcePool::cpu(int n) {
-  return ResourcePool(ResourcePoolOptions().processes_per_node({n}));
+  return ResourcePool(ResourcePoolOptions().set_processes_on_nodes({n}));
 }
 
 int ResourcePool::world_size() const {

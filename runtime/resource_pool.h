@@ -1,7 +1,7 @@
 // ResourcePool: the device slots worker groups are placed on.
 //
 // Example:
-//   baton::ResourcePool pool(baton::ResourcePoolOptions().processes_per_node({4}));
+//   baton::ResourcePool pool(baton::ResourcePoolOptions().set_processes_on_nodes({4}));
 //   auto group = baton::WorkerGroup::spawn<MyWorker>(pool);
 //
 // A pool is a shared handle: copies refer to the same slots. Each slot can be
@@ -26,23 +26,23 @@ struct ResourcePoolOptions {
   // How the workers' OpenMP threads wait between parallel regions.
   WaitPolicy wait_policy = WaitPolicy::kPassive;
 
-  ResourcePoolOptions& processes_per_node(std::vector<int> n) {
+  ResourcePoolOptions& set_processes_on_nodes(std::vector<int> n) {
     processes_on_nodes = std::move(n);
     return *this;
   }
-  ResourcePoolOptions& gpu(bool on) {
+  ResourcePoolOptions& set_use_gpu(bool on) {
     use_gpu = on;
     return *this;
   }
-  ResourcePoolOptions& colocate(int count) {
+  ResourcePoolOptions& set_max_colocate_count(int count) {
     max_colocate_count = count;
     return *this;
   }
-  ResourcePoolOptions& threads(int n) {
+  ResourcePoolOptions& set_intra_op_threads(int n) {
     intra_op_threads = n;
     return *this;
   }
-  ResourcePoolOptions& wait(WaitPolicy policy) {
+  ResourcePoolOptions& set_wait_policy(WaitPolicy policy) {
     wait_policy = policy;
     return *this;
   }

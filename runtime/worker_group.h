@@ -58,7 +58,7 @@ struct CallOptions {
   // is still sent, and the worker finishes it and runs later calls.
   std::optional<std::chrono::milliseconds> timeout;
 
-  CallOptions& timeout_ms(int64_t ms) {
+  CallOptions& set_timeout_ms(int64_t ms) {
     timeout = std::chrono::milliseconds(ms);
     return *this;
   }

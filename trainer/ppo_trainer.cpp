@@ -127,9 +127,9 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   if (!s.val_files.empty()) st.val_data = data::PromptDataset::load(s.val_files, *st.tokenizer, s.dataset);
   st.loader = std::make_unique<data::PromptLoader>(
       *st.train_data, data::PromptLoaderOptions()
-                          .batch_size(s.train_batch)
-                          .shuffle(s.data_shuffle)
-                          .seed(s.data_seed));
+                          .set_batch_size(s.train_batch)
+                          .set_shuffle(s.data_shuffle)
+                          .set_seed(s.data_seed));
   if (st.loader->batches_per_epoch() < 1) {
     throw ConfigError("data.train_batch_size = " + std::to_string(s.train_batch) +
                       " is more than the " + std::to_string(st.train_data->size()) +
@@ -138,14 +138,16 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   set_total_steps(s, st.loader->batches_per_epoch());
 
   rewards::RewardManagerOptions ropts;
-  ropts.reward_fn_name(s.custom_reward_fn)
-      .reward_fn_key(s.reward_fn_key)
-      .zero_on_error(s.zero_on_reward_error);
+  ropts.reward_fn_name = s.custom_reward_fn;
+  ropts.reward_fn_key = s.reward_fn_key;
+  ropts.zero_on_error = s.zero_on_reward_error;
   st.reward = std::make_unique<rewards::RewardManager>(*st.tokenizer, ropts);
   st.kl_ctrl = algos::make_kl_controller(s.kl_ctrl);
 
   ResourcePoolOptions popts;
-  popts.processes_per_node({static_cast<int>(s.world)}).gpu(s.use_gpu).colocate(2);
+  popts.processes_on_nodes = {static_cast<int>(s.world)};
+  popts.use_gpu = s.use_gpu;
+  popts.max_colocate_count = 2;
   st.pool.emplace(popts);
   ParallelLayout layout;
   layout.tp = static_cast<int>(s.actor.model.tp);

@@ -162,10 +162,10 @@ TrainerSettings read_trainer_settings(const Config& c) {
   if (s.train_files.empty()) throw ConfigError("data.train_files names no file");
   s.val_files = files(c, "data.val_files");
 
-  s.dataset.max_prompt_length(c.get<int64_t>("data.max_prompt_length"))
-      .filter_overlong_prompts(c.get<bool>("data.filter_overlong_prompts"))
-      .truncation(data::parse_truncation(c.get<std::string>("data.truncation")))
-      .prompt_key(c.get<std::string>("data.prompt_key"));
+  s.dataset.max_prompt_length = c.get<int64_t>("data.max_prompt_length");
+  s.dataset.filter_overlong_prompts = c.get<bool>("data.filter_overlong_prompts");
+  s.dataset.truncation = data::parse_truncation(c.get<std::string>("data.truncation"));
+  s.dataset.prompt_key = c.get<std::string>("data.prompt_key");
   s.data_shuffle = c.get<bool>("data.shuffle");
   s.data_seed = static_cast<uint64_t>(c.get<int64_t>("data.seed"));
   s.val_batch_size = c.get_optional<int64_t>("data.val_batch_size");

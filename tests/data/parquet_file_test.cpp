@@ -34,7 +34,7 @@ TEST(ParquetFile, RowsAreTheJsonlRowsWithColumnOrderKept) {
 TEST(ParquetFile, PromptDatasetLoadsParquetAsItLoadsTheJsonlCopy) {
   if (!parquet_supported()) GTEST_SKIP() << "built without pyarrow's Arrow";
   const Tokenizer tok = Tokenizer::load(std::string(BATON_FIXTURES_DIR) + "/bpe");
-  const auto options = PromptDatasetOptions().max_prompt_length(256).truncation(Truncation::kLeft);
+  const auto options = PromptDatasetOptions().set_max_prompt_length(256).set_truncation(Truncation::kLeft);
   const PromptDataset from_parquet = PromptDataset::load({kParquet}, tok, options);
   const PromptDataset from_jsonl = PromptDataset::load({kJsonl}, tok, options);
   ASSERT_EQ(from_parquet.size(), 4u);

@@ -105,7 +105,7 @@ TEST_F(PromptFiles, TruncationKeepsTheChosenEnd) {
   const auto ids = tok.encode("abcdefgh", false);
   ASSERT_EQ(ids.size(), 8u);
   const auto opts = [](Truncation t) {
-    return PromptDatasetOptions().max_prompt_length(5).truncation(t);
+    return PromptDatasetOptions().set_max_prompt_length(5).set_truncation(t);
   };
   EXPECT_EQ(PromptDataset::load({path}, tok, opts(Truncation::kLeft)).row(0).prompt_ids,
             std::vector<int32_t>(ids.begin() + 3, ids.end()));
@@ -123,7 +123,7 @@ TEST_F(PromptFiles, FilterOverlongPromptsDropsThemBeforeTruncation) {
   const Tokenizer tok = Tokenizer::load(kFixtures + "/wordlevel");
   const std::string path = write("t.jsonl", row("abc") + row("abcdefgh") + row("abcde"));
   const PromptDataset ds = PromptDataset::load(
-      {path}, tok, PromptDatasetOptions().max_prompt_length(5).filter_overlong_prompts(true));
+      {path}, tok, PromptDatasetOptions().set_max_prompt_length(5).set_filter_overlong_prompts(true));
   ASSERT_EQ(ds.size(), 2u);
   EXPECT_EQ(ds.filtered(), 1u);
   EXPECT_EQ(ds.row(1).prompt_text, "abcde");
@@ -133,7 +133,7 @@ TEST_F(PromptFiles, BatchesAreLeftPaddedWithMaskAndPositions) {
   const Tokenizer tok = Tokenizer::load(kFixtures + "/wordlevel");  // pad_token [PAD] = 0
   const std::string path = write("t.jsonl", row("ab") + row("abcd"));
   const PromptDataset ds =
-      PromptDataset::load({path}, tok, PromptDatasetOptions().max_prompt_length(4));
+      PromptDataset::load({path}, tok, PromptDatasetOptions().set_max_prompt_length(4));
   EXPECT_EQ(ds.pad_id(), 0);
   const PromptBatch b = ds.batch({1, 0});
   const auto a = tok.encode("abcd", false);

@@ -31,7 +31,7 @@ class Loader : public ::testing::Test {
     out.close();
     tok_ = new Tokenizer(Tokenizer::load(kFixtures + "/wordlevel"));
     ds_ = new PromptDataset(
-        PromptDataset::load({*path_}, *tok_, PromptDatasetOptions().max_prompt_length(2)));
+        PromptDataset::load({*path_}, *tok_, PromptDatasetOptions().set_max_prompt_length(2)));
   }
   static void TearDownTestSuite() {
     std::filesystem::remove(*path_);
@@ -48,7 +48,7 @@ Tokenizer* Loader::tok_ = nullptr;
 PromptDataset* Loader::ds_ = nullptr;
 
 TEST_F(Loader, EveryEpochIsASeededPermutationOfAllRows) {
-  PromptLoader loader(*ds_, PromptLoaderOptions().batch_size(5).seed(7));
+  PromptLoader loader(*ds_, PromptLoaderOptions().set_batch_size(5).set_seed(7));
   EXPECT_EQ(loader.batches_per_epoch(), 2);
   std::vector<std::vector<std::size_t>> epochs(3);
   for (int e = 0; e < 3; ++e) {
@@ -66,33 +66,33 @@ TEST_F(Loader, EveryEpochIsASeededPermutationOfAllRows) {
   }
   EXPECT_NE(epochs[0], epochs[1]);  // reshuffled each epoch
   // The same seed gives the same order; another seed another one.
-  PromptLoader same(*ds_, PromptLoaderOptions().batch_size(5).seed(7));
+  PromptLoader same(*ds_, PromptLoaderOptions().set_batch_size(5).set_seed(7));
   EXPECT_EQ(same.batch_indices(1, 0),
             std::vector<std::size_t>(epochs[1].begin(), epochs[1].begin() + 5));
-  PromptLoader other(*ds_, PromptLoaderOptions().batch_size(5).seed(8));
+  PromptLoader other(*ds_, PromptLoaderOptions().set_batch_size(5).set_seed(8));
   EXPECT_NE(other.batch_indices(0, 0),
             std::vector<std::size_t>(epochs[0].begin(), epochs[0].begin() + 5));
 }
 
 TEST_F(Loader, WithoutShuffleRowsComeInFileOrderAndDropLastDropsTheRest) {
-  PromptLoader loader(*ds_, PromptLoaderOptions().batch_size(4).shuffle(false));
+  PromptLoader loader(*ds_, PromptLoaderOptions().set_batch_size(4).set_shuffle(false));
   EXPECT_EQ(loader.batches_per_epoch(), 2);  // 10 rows: 4 + 4, the last 2 dropped
   EXPECT_EQ(loader.next().indices, (std::vector<std::size_t>{0, 1, 2, 3}));
   EXPECT_EQ(loader.next().indices, (std::vector<std::size_t>{4, 5, 6, 7}));
   EXPECT_EQ(loader.next().indices, (std::vector<std::size_t>{0, 1, 2, 3}));
   EXPECT_EQ(loader.epoch(), 1);
-  PromptLoader keep(*ds_, PromptLoaderOptions().batch_size(4).shuffle(false).drop_last(false));
+  PromptLoader keep(*ds_, PromptLoaderOptions().set_batch_size(4).set_shuffle(false).set_drop_last(false));
   EXPECT_EQ(keep.batches_per_epoch(), 3);
   EXPECT_EQ(keep.batch_indices(0, 2), (std::vector<std::size_t>{8, 9}));
 }
 
 TEST_F(Loader, RestoredStateGivesTheSameNextBatch) {
-  PromptLoader run(*ds_, PromptLoaderOptions().batch_size(3).seed(11));
+  PromptLoader run(*ds_, PromptLoaderOptions().set_batch_size(3).set_seed(11));
   for (int i = 0; i < 4; ++i) run.next();  // into the second epoch (3 batches per epoch)
   const std::string saved = run.state().to_json();
   const PromptBatch want = run.next();
 
-  PromptLoader resumed(*ds_, PromptLoaderOptions().batch_size(3).seed(11));
+  PromptLoader resumed(*ds_, PromptLoaderOptions().set_batch_size(3).set_seed(11));
   resumed.restore(LoaderState::from_json(saved, "ckpt/data.json"));
   const PromptBatch got = resumed.next();
   EXPECT_EQ(got.indices, want.indices);
@@ -102,8 +102,8 @@ TEST_F(Loader, RestoredStateGivesTheSameNextBatch) {
 }
 
 TEST_F(Loader, RestoreRejectsAStateOfAnotherConfiguration) {
-  PromptLoader a(*ds_, PromptLoaderOptions().batch_size(3).seed(11));
-  PromptLoader b(*ds_, PromptLoaderOptions().batch_size(2).seed(11));
+  PromptLoader a(*ds_, PromptLoaderOptions().set_batch_size(3).set_seed(11));
+  PromptLoader b(*ds_, PromptLoaderOptions().set_batch_size(2).set_seed(11));
   try {
     b.restore(a.state());
     FAIL() << "no error";
@@ -120,8 +120,8 @@ TEST_F(Loader, RestoreRejectsAStateOfAnotherConfiguration) {
 }
 
 TEST_F(Loader, TooFewRowsForOneBatchIsAnError) {
-  EXPECT_THROW(PromptLoader(*ds_, PromptLoaderOptions().batch_size(11)), std::invalid_argument);
-  EXPECT_THROW(PromptLoader(*ds_, PromptLoaderOptions().batch_size(0)), std::invalid_argument);
+  EXPECT_THROW(PromptLoader(*ds_, PromptLoaderOptions().set_batch_size(11)), std::invalid_argument);
+  EXPECT_THROW(PromptLoader(*ds_, PromptLoaderOptions().set_batch_size(0)), std::invalid_argument);
 }
 
 }  // namespace

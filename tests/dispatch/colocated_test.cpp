@@ -43,8 +43,8 @@ class ActorRole : public Worker {
   int64_t scale() const { return scale_; }
 
   static void register_methods(MethodTable<ActorRole>& t) {
-    t.def("compute", &ActorRole::compute, MethodOptions().dispatch(mode::kDpComputeProto));
-    t.def("tag", &ActorRole::compute, MethodOptions().dispatch(mode::mesh_proto("actor")));
+    t.def("compute", &ActorRole::compute, MethodOptions().set_dispatch_mode(mode::kDpComputeProto));
+    t.def("tag", &ActorRole::compute, MethodOptions().set_dispatch_mode(mode::mesh_proto("actor")));
     t.def("whoami", &ActorRole::whoami);
   }
 
@@ -67,7 +67,7 @@ class RefRole : public Worker {
   Value whoami() { return who(*this, "ref", ++calls_); }
 
   static void register_methods(MethodTable<RefRole>& t) {
-    t.def("compute", &RefRole::compute, MethodOptions().dispatch(mode::mesh_proto("actor")));
+    t.def("compute", &RefRole::compute, MethodOptions().set_dispatch_mode(mode::mesh_proto("actor")));
     t.def("whoami", &RefRole::whoami);
   }
 

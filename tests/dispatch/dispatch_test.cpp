@@ -40,15 +40,15 @@ class ProtoWorker : public Worker {
   }
 
   static void register_methods(MethodTable<ProtoWorker>& t) {
-    t.def("compute", &ProtoWorker::compute, MethodOptions().dispatch(mode::kDpComputeProto));
-    t.def("summarize", &ProtoWorker::summarize, MethodOptions().dispatch(mode::kDpComputeProto));
-    t.def("metric", &ProtoWorker::metric, MethodOptions().dispatch(mode::kDpComputeMetric));
-    t.def("scaled", &ProtoWorker::scaled, MethodOptions().dispatch(mode::kDpCompute));
-    t.def("mc_tag", &ProtoWorker::tag, MethodOptions().dispatch(mode::kMegatronComputeProto));
-    t.def("ppdp_tag", &ProtoWorker::tag, MethodOptions().dispatch(mode::kMegatronPpAsDpProto));
-    t.def("mc_coords", &ProtoWorker::coords, MethodOptions().dispatch(mode::kMegatronCompute));
-    t.def("ppdp_coords", &ProtoWorker::coords, MethodOptions().dispatch(mode::kMegatronPpAsDp));
-    t.def("pp_only", &ProtoWorker::coords, MethodOptions().dispatch(mode::kMegatronPpOnly));
+    t.def("compute", &ProtoWorker::compute, MethodOptions().set_dispatch_mode(mode::kDpComputeProto));
+    t.def("summarize", &ProtoWorker::summarize, MethodOptions().set_dispatch_mode(mode::kDpComputeProto));
+    t.def("metric", &ProtoWorker::metric, MethodOptions().set_dispatch_mode(mode::kDpComputeMetric));
+    t.def("scaled", &ProtoWorker::scaled, MethodOptions().set_dispatch_mode(mode::kDpCompute));
+    t.def("mc_tag", &ProtoWorker::tag, MethodOptions().set_dispatch_mode(mode::kMegatronComputeProto));
+    t.def("ppdp_tag", &ProtoWorker::tag, MethodOptions().set_dispatch_mode(mode::kMegatronPpAsDpProto));
+    t.def("mc_coords", &ProtoWorker::coords, MethodOptions().set_dispatch_mode(mode::kMegatronCompute));
+    t.def("ppdp_coords", &ProtoWorker::coords, MethodOptions().set_dispatch_mode(mode::kMegatronPpAsDp));
+    t.def("pp_only", &ProtoWorker::coords, MethodOptions().set_dispatch_mode(mode::kMegatronPpOnly));
   }
 };
 BATON_WORKER(ProtoWorker);
@@ -59,7 +59,7 @@ class FirstTwoWorker : public Worker {
  public:
   int64_t scaled(int64_t x) { return x * (rank() + 1); }
   static void register_methods(MethodTable<FirstTwoWorker>& t) {
-    t.def("first_two", &FirstTwoWorker::scaled, MethodOptions().dispatch("TEST_FIRST_TWO"));
+    t.def("first_two", &FirstTwoWorker::scaled, MethodOptions().set_dispatch_mode("TEST_FIRST_TWO"));
   }
 };
 BATON_WORKER(FirstTwoWorker);
@@ -237,8 +237,8 @@ class MeshWorker : public Worker {
     return out;
   }
   static void register_methods(MethodTable<MeshWorker>& t) {
-    t.def("tag", &MeshWorker::tag, MethodOptions().dispatch(mode::mesh_proto("actor")));
-    t.def("tag_critic", &MeshWorker::tag, MethodOptions().dispatch(mode::mesh_proto("critic")));
+    t.def("tag", &MeshWorker::tag, MethodOptions().set_dispatch_mode(mode::mesh_proto("actor")));
+    t.def("tag_critic", &MeshWorker::tag, MethodOptions().set_dispatch_mode(mode::mesh_proto("critic")));
   }
 };
 BATON_WORKER(MeshWorker);

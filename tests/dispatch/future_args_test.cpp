@@ -72,8 +72,8 @@ class Stage : public Worker {
   int64_t length(const std::vector<Value>& xs) { return static_cast<int64_t>(xs.size()); }
 
   static void register_methods(MethodTable<Stage>& t) {
-    t.def("double_x", &Stage::double_x, MethodOptions().dispatch(mode::kDpComputeProto));
-    t.def("explode", &Stage::explode, MethodOptions().dispatch(mode::kDpComputeProto));
+    t.def("double_x", &Stage::double_x, MethodOptions().set_dispatch_mode(mode::kDpComputeProto));
+    t.def("explode", &Stage::explode, MethodOptions().set_dispatch_mode(mode::kDpComputeProto));
     t.def("seq", &Stage::seq);
     t.def("rows", &Stage::rows);
     t.def("length", &Stage::length);

@@ -155,7 +155,7 @@ TEST_F(ToyTask, PromptDatasetLoadsTrainAndVal) {
   const auto tok = baton::data::Tokenizer::load(task() / "model");
   const auto ds = baton::data::PromptDataset::load(
       {(task() / "data" / "train.jsonl").string(), (task() / "data" / "val.jsonl").string()}, tok,
-      baton::data::PromptDatasetOptions().max_prompt_length(6));  // "19+19=" is the longest
+      baton::data::PromptDatasetOptions().set_max_prompt_length(6));  // "19+19=" is the longest
   ASSERT_EQ(ds.size(), 400u);
   EXPECT_EQ(ds.pad_id(), 0);
   const auto& row = ds.row(0);

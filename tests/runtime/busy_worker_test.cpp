@@ -77,7 +77,7 @@ TEST(BusyWorker, CallsToAStoppedWorkerReturnAtOnceTimeOutAndShutdownKillsIt) {
   for (int i = 0; i < kCallsPastTheSocketBuffer; ++i) {
     made.push_back(Clock::now());
     calls.push_back(
-        stopped.call_rank(0, "echo", {socket_sized()}, CallOptions().timeout_ms(100)));
+        stopped.call_rank(0, "echo", {socket_sized()}, CallOptions().set_timeout_ms(100)));
   }
   EXPECT_LT(Clock::now() - t0, kPrompt) << "call() blocked on a worker that does not read";
 
@@ -117,7 +117,7 @@ TEST(BusyWorker, ACallToAWorkerInALongMethodReturnsAtOnceAndItsTimeoutFires) {
   std::vector<Future<Value>> calls;
   const auto t0 = Clock::now();
   for (int i = 0; i < kCallsPastTheSocketBuffer; ++i) {
-    calls.push_back(g.call_rank(0, "echo", {socket_sized()}, CallOptions().timeout_ms(100)));
+    calls.push_back(g.call_rank(0, "echo", {socket_sized()}, CallOptions().set_timeout_ms(100)));
   }
   EXPECT_LT(Clock::now() - t0, kPrompt);
   for (const auto& f : calls) {

@@ -27,7 +27,7 @@ class Scorer : public baton::Worker {
   static void register_methods(baton::MethodTable<Scorer>& t) {
     t.def("mean", &Scorer::mean);
     t.def("score", &Scorer::score,
-          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
+          baton::MethodOptions().set_dispatch_mode(baton::dispatch_mode::kDpComputeProto));
 #if defined(BATON_CHECK_UNSUPPORTED_PARAMETER)
     t.def("unsupported", &Scorer::unsupported);
 #endif

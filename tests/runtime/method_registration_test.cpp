@@ -41,7 +41,7 @@ class MisspeltMode : public Worker {
   int64_t twice(int64_t x) { return 2 * x; }
   static void register_methods(MethodTable<MisspeltMode>& t) {
     t.def("twice", &MisspeltMode::twice);
-    t.def("shard", &MisspeltMode::twice, MethodOptions().dispatch("ALL_TO_AL"));
+    t.def("shard", &MisspeltMode::twice, MethodOptions().set_dispatch_mode("ALL_TO_AL"));
   }
 };
 BATON_WORKER(MisspeltMode);
@@ -51,7 +51,7 @@ class LateMode : public Worker {
  public:
   int64_t twice(int64_t x) { return 2 * x; }
   static void register_methods(MethodTable<LateMode>& t) {
-    t.def("twice", &LateMode::twice, MethodOptions().dispatch("TEST_LATE_MODE"));
+    t.def("twice", &LateMode::twice, MethodOptions().set_dispatch_mode("TEST_LATE_MODE"));
   }
 };
 BATON_WORKER(LateMode);

@@ -151,9 +151,9 @@ class TestWorker : public baton::Worker {
     t.def("echo", &TestWorker::echo);
     t.def("init_value", &TestWorker::init_value);
     t.def("add", &TestWorker::add);
-    t.def("times_rank", &TestWorker::times_rank, MethodOptions().dispatch(mode::kAllToAll));
+    t.def("times_rank", &TestWorker::times_rank, MethodOptions().set_dispatch_mode(mode::kAllToAll));
     t.def("my_rank", &TestWorker::my_rank);
-    t.def("rank_zero_rank", &TestWorker::my_rank, MethodOptions().execute(Execute::kRankZero));
+    t.def("rank_zero_rank", &TestWorker::my_rank, MethodOptions().set_execute_mode(Execute::kRankZero));
     t.def("info", &TestWorker::info_dict);
     t.def("mean", &TestWorker::mean);
     t.def("throw_error", &TestWorker::throw_error);

@@ -121,7 +121,7 @@ TEST_F(WorkerGroupTest, ThreadsAndWaitPolicyAreThePoolsNotTheInheritedEnvironmen
     }
   } restore;
   {
-    ResourcePool pool(ResourcePoolOptions().processes_per_node({2}).threads(3));
+    ResourcePool pool(ResourcePoolOptions().set_processes_on_nodes({2}).set_intra_op_threads(3));
     Value infos = WorkerGroup::spawn("TestWorker", pool).call("info").get();
     for (const Value& i : infos.as_list()) {
       EXPECT_EQ(i.at("threads").as_int(), 3);
@@ -131,13 +131,13 @@ TEST_F(WorkerGroupTest, ThreadsAndWaitPolicyAreThePoolsNotTheInheritedEnvironmen
     }
   }
   {
-    ResourcePool pool(ResourcePoolOptions().wait(WaitPolicy::kActive));
+    ResourcePool pool(ResourcePoolOptions().set_wait_policy(WaitPolicy::kActive));
     Value i = WorkerGroup::spawn("TestWorker", pool).call("info").get().as_list().at(0);
     EXPECT_EQ(i.at("wait").as_string(), "ACTIVE");
     EXPECT_EQ(i.at("spin").as_string(), "");
   }
   {
-    ResourcePool pool(ResourcePoolOptions().wait(WaitPolicy::kInherit));
+    ResourcePool pool(ResourcePoolOptions().set_wait_policy(WaitPolicy::kInherit));
     Value i = WorkerGroup::spawn("TestWorker", pool).call("info").get().as_list().at(0);
     EXPECT_EQ(i.at("wait").as_string(), "ACTIVE");
     EXPECT_EQ(i.at("spin").as_string(), "30000000");
@@ -281,7 +281,7 @@ TEST_F(WorkerGroupTest, AnExceptionInAMethodNamesClassRankMethodAndMessage) {
 TEST_F(WorkerGroupTest, ACallPastItsTimeoutFailsWithTimeoutErrorAndTheWorkerGoesOn) {
   ResourcePool one = ResourcePool::cpu(1);
   WorkerGroup g = WorkerGroup::spawn("TestWorker", one);
-  Future<Value> slow = g.call_rank(0, "sleep_ms", {2000}, CallOptions().timeout_ms(50));
+  Future<Value> slow = g.call_rank(0, "sleep_ms", {2000}, CallOptions().set_timeout_ms(50));
   std::string err = error_of([&] { slow.get(); });
   EXPECT_NE(err.find("TestWorker.sleep_ms on rank 0 timed out after 50 ms"), std::string::npos)
       << err;
@@ -303,7 +303,7 @@ TEST_F(WorkerGroupTest, ConstructorFailureFailsSpawnNamingTheRank) {
 }
 
 TEST_F(WorkerGroupTest, PoolLimitsColocatedGroups) {
-  ResourcePool shared(ResourcePoolOptions().processes_per_node({2}).colocate(2));
+  ResourcePool shared(ResourcePoolOptions().set_processes_on_nodes({2}).set_max_colocate_count(2));
   WorkerGroup a = WorkerGroup::spawn("TestWorker", shared);
   WorkerGroup b = WorkerGroup::spawn("TestWorker", shared);
   std::string err = error_of([&] { WorkerGroup::spawn("TestWorker", shared); });
@@ -311,8 +311,8 @@ TEST_F(WorkerGroupTest, PoolLimitsColocatedGroups) {
   b.shutdown();
   WorkerGroup c = WorkerGroup::spawn("TestWorker", shared);
   EXPECT_EQ(c.call("my_rank").get(), Value(List{0, 1}));
-  EXPECT_THROW(ResourcePool(ResourcePoolOptions().processes_per_node({2, 2})), Error);
-  EXPECT_THROW(ResourcePool(ResourcePoolOptions().processes_per_node({0})), Error);
+  EXPECT_THROW(ResourcePool(ResourcePoolOptions().set_processes_on_nodes({2, 2})), Error);
+  EXPECT_THROW(ResourcePool(ResourcePoolOptions().set_processes_on_nodes({0})), Error);
 }
 
 // Reads `fd` until `needle` has appeared or `deadline` passes.
@@ -377,7 +377,7 @@ class ScopedEnv {
 };
 
 ResourcePool gpu_pool(int workers) {
-  return ResourcePool(ResourcePoolOptions().processes_per_node({workers}).gpu(true));
+  return ResourcePool(ResourcePoolOptions().set_processes_on_nodes({workers}).set_use_gpu(true));
 }
 
 TEST_F(WorkerGroupTest, GpuSlotsMapThroughTheDriversVisibleDevicesAndBeyondThemFailSpawn) {

@@ -212,7 +212,7 @@ TEST(RewardManager, IntegerGroundTruthIsItsDecimalText) {
 
 TEST(RewardManager, EmptyResponseIsScoredButPlacedNowhere) {
   register_test_functions();
-  const RewardManager rm(tok(), RewardManagerOptions().reward_fn_name("rm_test_half_if_empty"));
+  const RewardManager rm(tok(), RewardManagerOptions().set_reward_fn_name("rm_test_half_if_empty"));
   const DataProto batch = make_batch({{"Q", ids("#### 1"), "openai/gsm8k", "1"},
                                       {"Q", {}, "openai/gsm8k", "1"}});
   const RewardResult result = rm.compute(batch);
@@ -226,7 +226,7 @@ TEST(RewardManager, EmptyResponseIsScoredButPlacedNowhere) {
 
 TEST(RewardManager, NamedFunctionScoresEveryRowWhateverItsDataSource) {
   register_test_functions();
-  const RewardManager rm(tok(), RewardManagerOptions().reward_fn_name("rm_test_one"));
+  const RewardManager rm(tok(), RewardManagerOptions().set_reward_fn_name("rm_test_one"));
   DataProto batch = make_batch({{"Q", ids("no"), "no_such_source", "x"},
                                 {"Q", ids("answer"), "openai/gsm8k", "y"}});
   EXPECT_EQ(rm.compute(batch).scores, (std::vector<double>{1.0, 1.0}));
@@ -236,7 +236,7 @@ TEST(RewardManager, NamedFunctionScoresEveryRowWhateverItsDataSource) {
 
 TEST(RewardManager, ExtraInfoColumnReachesTheFunction) {
   register_test_functions();
-  const RewardManager rm(tok(), RewardManagerOptions().reward_fn_name("rm_test_extra_info_length"));
+  const RewardManager rm(tok(), RewardManagerOptions().set_reward_fn_name("rm_test_extra_info_length"));
   DataProto batch = make_batch({{"Q", ids("a"), "s", "x"}, {"Q", ids("b"), "s", "x"}});
   // 12 characters; none is "".
   batch.set_column("extra_info", List{Value("{\"index\": 7}"), Value()});
@@ -246,7 +246,7 @@ TEST(RewardManager, ExtraInfoColumnReachesTheFunction) {
 TEST(RewardManager, OverlongBufferPenalisesLinearlyPastTheExpectedLength) {
   register_test_functions();
   // max_resp_len 8, buffer 4: no penalty up to 4 tokens, -0.25 per token after.
-  const RewardManager rm(tok(), RewardManagerOptions().reward_fn_name("rm_test_one").overlong_buffer(
+  const RewardManager rm(tok(), RewardManagerOptions().set_reward_fn_name("rm_test_one").set_overlong_buffer(
                                     {.enable = true,
                                      .len = 4,
                                      .penalty_factor = 1.0,
@@ -268,7 +268,7 @@ TEST(RewardManager, OverlongBufferPenalisesLinearlyPastTheExpectedLength) {
 }
 
 TEST(RewardManager, ExaminesTheFirstRowsOfEachDataSourceWithoutPadding) {
-  const RewardManager rm(tok(), RewardManagerOptions().num_examine(1));
+  const RewardManager rm(tok(), RewardManagerOptions().set_num_examine(1));
   const DataProto batch = make_batch({{"What is 2+2?", ids("#### 4"), "openai/gsm8k", "4"},
                                       {"Q2", ids("#### 5"), "openai/gsm8k", "5"},
                                       {"Half?", ids("\\boxed{3}"), "lighteval/MATH", "0.5"}},
@@ -335,7 +335,7 @@ TEST(RewardManager, AThrowingFunctionNamesTheRowItsSourceAndTheFunctionOrScoresZ
   EXPECT_CONTAINS(message, "data_source 'rm_test_source'");
   EXPECT_CONTAINS(message, "'rm_test_throws_on_no'");
   EXPECT_CONTAINS(message, "cannot parse 'no'");
-  const RewardManager lenient(tok(), RewardManagerOptions().zero_on_error(true));
+  const RewardManager lenient(tok(), RewardManagerOptions().set_zero_on_error(true));
   const RewardResult r = lenient.compute(batch);
   EXPECT_EQ(r.scores, (std::vector<double>{1.0, 0.0}));
   EXPECT_EQ(r.errors, 1);
@@ -382,12 +382,12 @@ TEST(RewardManager, MissingOrMalformedInputsAreNamed) {
 }
 
 TEST(RewardManager, ConstructorRejectsBadOptions) {
-  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().reward_fn_name("no_such_fn")),
+  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_reward_fn_name("no_such_fn")),
                std::invalid_argument);
-  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().num_examine(-1)), std::invalid_argument);
-  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().overlong_buffer({.enable = true})),
+  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_num_examine(-1)), std::invalid_argument);
+  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_overlong_buffer({.enable = true})),
                std::invalid_argument);
-  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().overlong_buffer(
+  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_overlong_buffer(
                                         {.enable = true, .len = 9, .max_resp_len = 8})),
                std::invalid_argument);
 }

@@ -77,10 +77,10 @@ std::vector<int32_t> masked_ids(const int32_t* ids, const int64_t* mask, int64_t
 
 RewardManager::RewardManager(const data::Tokenizer& tokenizer, RewardManagerOptions options)
     : tokenizer_(&tokenizer), options_(std::move(options)) {
-  if (options_.num_examine_ < 0)
+  if (options_.num_examine < 0)
     throw std::invalid_argument("RewardManager: num_examine must be >= 0, got " +
-                                std::to_string(options_.num_examine_));
-  const OverlongBufferOptions& o = options_.overlong_buffer_;
+                                std::to_string(options_.num_examine));
+  const OverlongBufferOptions& o = options_.overlong_buffer;
   if (o.enable && o.len <= 0)
     throw std::invalid_argument("RewardManager: overlong_buffer.len must be > 0 when enabled, got " +
                                 std::to_string(o.len));
@@ -88,7 +88,7 @@ RewardManager::RewardManager(const data::Tokenizer& tokenizer, RewardManagerOpti
     throw std::invalid_argument(
         "RewardManager: overlong_buffer.max_resp_len (" + std::to_string(o.max_resp_len) +
         ") must be >= overlong_buffer.len (" + std::to_string(o.len) + ")");
-  if (options_.reward_fn_name_) named_function_ = find_reward_function(*options_.reward_fn_name_);
+  if (options_.reward_fn_name) named_function_ = find_reward_function(*options_.reward_fn_name);
 }
 
 RewardResult RewardManager::compute(const DataProto& batch) const {
@@ -121,8 +121,8 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
   }
 
   const List& ground_truths = required_column(batch, "ground_truth");
-  const List* data_sources = named_function_ ? optional_column(batch, options_.reward_fn_key_)
-                                             : &required_column(batch, options_.reward_fn_key_);
+  const List* data_sources = named_function_ ? optional_column(batch, options_.reward_fn_key)
+                                             : &required_column(batch, options_.reward_fn_key);
   const List* extra_infos = optional_column(batch, "extra_info");
 
   RewardResult result;
@@ -132,7 +132,7 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
   const int64_t* response_mask_data = response_mask.data_ptr<int64_t>();
   result.scores.reserve(static_cast<size_t>(n));
   std::vector<double>& acc = result.extra["acc"];
-  const OverlongBufferOptions& overlong = options_.overlong_buffer_;
+  const OverlongBufferOptions& overlong = options_.overlong_buffer;
   std::vector<double>* overlong_rewards = nullptr;
   std::vector<double>* overlong_flags = nullptr;
   if (overlong.enable && overlong.log) {
@@ -155,7 +155,7 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
     const std::string response = tokenizer_->decode(valid, /*skip_special_tokens=*/true);
     const std::string ground_truth = column_text(ground_truths, "ground_truth", i, false);
     const std::string data_source =
-        data_sources ? column_text(*data_sources, options_.reward_fn_key_, i, false) : "";
+        data_sources ? column_text(*data_sources, options_.reward_fn_key, i, false) : "";
     const std::string extra_info =
         extra_infos ? column_text(*extra_infos, "extra_info", i, true) : "";
 
@@ -166,7 +166,7 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
         try {
           it = functions.emplace(data_source, find_reward_function_for(data_source)).first;
         } catch (const std::invalid_argument& e) {
-          fail("row " + std::to_string(i) + " (column '" + options_.reward_fn_key_ +
+          fail("row " + std::to_string(i) + " (column '" + options_.reward_fn_key +
                "'): " + e.what());
         }
       }
@@ -179,8 +179,8 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
                      .ground_truth = ground_truth,
                      .extra_info = extra_info});
     } catch (const std::exception& e) {
-      if (!options_.zero_on_error_) {
-        const std::string name = options_.reward_fn_name_ ? *options_.reward_fn_name_
+      if (!options_.zero_on_error) {
+        const std::string name = options_.reward_fn_name ? *options_.reward_fn_name
                                                           : reward_function_name_for(data_source);
         fail("row " + std::to_string(i) + " (data_source '" + data_source +
              "'): the reward function '" + name + "' threw: " + e.what() +
@@ -207,7 +207,7 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
     else
       ++result.empty_responses;
 
-    if (options_.num_examine_ > 0 && examined[data_source]++ < options_.num_examine_) {
+    if (options_.num_examine > 0 && examined[data_source]++ < options_.num_examine) {
       std::string prompt;
       if (prompt_mask.defined()) {
         prompt = tokenizer_->decode(masked_ids(prompts.data_ptr<int32_t>() + i * prompt_length,

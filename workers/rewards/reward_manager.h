@@ -27,7 +27,7 @@
 //
 // Example:
 //   auto tok = baton::data::Tokenizer::load("models/qwen2-0.5b");
-//   baton::rewards::RewardManager rm(tok, baton::rewards::RewardManagerOptions().num_examine(1));
+//   baton::rewards::RewardManager rm(tok, baton::rewards::RewardManagerOptions().set_num_examine(1));
 //   baton::rewards::RewardResult r = rm.compute(batch);  // r.token_level_scores [N, R] fp32
 //   DataProto scored = rm.with_token_level_scores(batch);
 //
@@ -68,35 +68,35 @@ struct OverlongBufferOptions {
 struct RewardManagerOptions {
   // custom_reward_function.name: one registered function for every row; unset:
   // each row's function is chosen by its reward_fn_key column.
-  std::optional<std::string> reward_fn_name_;
+  std::optional<std::string> reward_fn_name;
   // data.reward_fn_key: the column holding each row's data source.
-  std::string reward_fn_key_ = "data_source";
+  std::string reward_fn_key = "data_source";
   // Rows printed per data source per batch (verl's num_examine); 0: none.
-  int64_t num_examine_ = 0;
+  int64_t num_examine = 0;
   // A reward function that throws: false (the default) fails the batch with
   // an error naming the row, its data source and the function; true scores
   // that row 0 and counts it in RewardResult::errors.
-  bool zero_on_error_ = false;
-  OverlongBufferOptions overlong_buffer_;
+  bool zero_on_error = false;
+  OverlongBufferOptions overlong_buffer;
 
-  RewardManagerOptions& reward_fn_name(std::optional<std::string> v) {
-    reward_fn_name_ = std::move(v);
+  RewardManagerOptions& set_reward_fn_name(std::optional<std::string> v) {
+    reward_fn_name = std::move(v);
     return *this;
   }
-  RewardManagerOptions& reward_fn_key(std::string v) {
-    reward_fn_key_ = std::move(v);
+  RewardManagerOptions& set_reward_fn_key(std::string v) {
+    reward_fn_key = std::move(v);
     return *this;
   }
-  RewardManagerOptions& num_examine(int64_t v) {
-    num_examine_ = v;
+  RewardManagerOptions& set_num_examine(int64_t v) {
+    num_examine = v;
     return *this;
   }
-  RewardManagerOptions& zero_on_error(bool v) {
-    zero_on_error_ = v;
+  RewardManagerOptions& set_zero_on_error(bool v) {
+    zero_on_error = v;
     return *this;
   }
-  RewardManagerOptions& overlong_buffer(OverlongBufferOptions v) {
-    overlong_buffer_ = v;
+  RewardManagerOptions& set_overlong_buffer(OverlongBufferOptions v) {
+    overlong_buffer = v;
     return *this;
   }
 };
@@ -145,7 +145,7 @@ class RewardManager {
  private:
   const data::Tokenizer* tokenizer_;
   RewardManagerOptions options_;
-  RewardFunction named_function_;  // set when options_.reward_fn_name_ is
+  RewardFunction named_function_;  // set when options_.reward_fn_name is
 };
 
 }  // namespace baton::rewards

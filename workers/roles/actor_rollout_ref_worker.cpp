@@ -334,13 +334,13 @@ void ActorRolloutRefWorker::register_methods(MethodTable<ActorRolloutRefWorker>&
   namespace mode = dispatch_mode;
   t.def("init_model", &ActorRolloutRefWorker::init_model);
   t.def("generate_sequences", &ActorRolloutRefWorker::generate_sequences,
-        MethodOptions().dispatch(mode::mesh_proto("rollout")));
+        MethodOptions().set_dispatch_mode(mode::mesh_proto("rollout")));
   t.def("compute_log_prob", &ActorRolloutRefWorker::compute_log_prob,
-        MethodOptions().dispatch(mode::kMegatronComputeProto));
+        MethodOptions().set_dispatch_mode(mode::kMegatronComputeProto));
   t.def("compute_ref_log_prob", &ActorRolloutRefWorker::compute_ref_log_prob,
-        MethodOptions().dispatch(mode::kMegatronComputeProto));
+        MethodOptions().set_dispatch_mode(mode::kMegatronComputeProto));
   t.def("update_actor", &ActorRolloutRefWorker::update_actor,
-        MethodOptions().dispatch(mode::kMegatronComputeProto));
+        MethodOptions().set_dispatch_mode(mode::kMegatronComputeProto));
   t.def("save_checkpoint", &ActorRolloutRefWorker::save_checkpoint);
   t.def("load_checkpoint", &ActorRolloutRefWorker::load_checkpoint);
   t.def("export_hf", &ActorRolloutRefWorker::export_hf);

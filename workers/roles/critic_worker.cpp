@@ -102,9 +102,9 @@ void CriticWorker::register_methods(MethodTable<CriticWorker>& t) {
   namespace mode = dispatch_mode;
   t.def("init_model", &CriticWorker::init_model);
   t.def("compute_values", &CriticWorker::compute_values,
-        MethodOptions().dispatch(mode::kMegatronComputeProto));
+        MethodOptions().set_dispatch_mode(mode::kMegatronComputeProto));
   t.def("update_critic", &CriticWorker::update_critic,
-        MethodOptions().dispatch(mode::kMegatronComputeProto));
+        MethodOptions().set_dispatch_mode(mode::kMegatronComputeProto));
   t.def("save_checkpoint", &CriticWorker::save_checkpoint);
   t.def("load_checkpoint", &CriticWorker::load_checkpoint);
   t.def("export_hf", &CriticWorker::export_hf);

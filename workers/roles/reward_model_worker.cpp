@@ -41,7 +41,7 @@ at::Tensor last_token_scores(const at::Tensor& values, const at::Tensor& respons
 void RewardModelWorker::register_methods(MethodTable<RewardModelWorker>& t) {
   t.def("init_model", &RewardModelWorker::init_model);
   t.def("compute_rm_score", &RewardModelWorker::compute_rm_score,
-        MethodOptions().dispatch(dispatch_mode::kMegatronComputeProto));
+        MethodOptions().set_dispatch_mode(dispatch_mode::kMegatronComputeProto));
 }
 
 BATON_WORKER(RewardModelWorker);

@@ -28,7 +28,7 @@ class Doubler : public baton::Worker {
   }
   static void register_methods(baton::MethodTable<Doubler>& t) {
     t.def("twice", &Doubler::twice,
-          baton::MethodOptions().dispatch(baton::dispatch_mode::kDpComputeProto));
+          baton::MethodOptions().set_dispatch_mode(baton::dispatch_mode::kDpComputeProto));
     t.def("hidden_of", &Doubler::hidden_of);
   }
 };
