@@ -26,6 +26,7 @@
 #include "trainer/metrics.h"
 #include "trainer/progress_line.h"
 #include "trainer/prompt_batch.h"
+#include "trainer/seqlen_balancing.h"
 #include "trainer/settings.h"
 #include "trainer/trainer_state.h"
 #include "workers/roles/actor_rollout_ref_worker.h"
@@ -322,6 +323,20 @@ FitResult PpoTrainer::fit() {
     batch = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
                 .repeat(s.n, true)
                 .union_with(out);
+    const int64_t actor_dp = s.world / (s.actor.model.tp * s.actor.model.pp);
+    if (s.balance_batch && batch.size() % actor_dp == 0) {
+      // verl's _balance_batch: the update and log-prob calls give DP rank r
+      // the r-th equal slice, so rows are reordered for equal tokens per rank.
+      const at::Tensor lens = batch.tensor("attention_mask").to(at::kLong).sum(1).contiguous();
+      const std::vector<int64_t> sizes(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
+      const auto parts = balanced_partitions(sizes, actor_dp);
+      std::vector<int64_t> order;
+      for (const auto& p : parts) order.insert(order.end(), p.begin(), p.end());
+      batch = batch.select_rows(order);
+      if (reward_baselines.defined())
+        reward_baselines = reward_baselines.index_select(0, at::tensor(order, at::kLong));
+      for (const auto& [k, v] : seqlen_balance_metrics(sizes, parts)) m[k] = v;
+    }
     batch.set_meta("temperature", Value(temperature));
     batch.set_meta("global_steps", Value(st.global_step));
 

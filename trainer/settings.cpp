@@ -194,6 +194,7 @@ TrainerSettings read_trainer_settings(const Config& c) {
   s.total_training_steps = c.get_optional<int64_t>("trainer.total_training_steps");
   s.total_epochs = c.get<int64_t>("trainer.total_epochs");
   s.critic_warmup = c.get<int64_t>("trainer.critic_warmup");
+  s.balance_batch = c.get<bool>("trainer.balance_batch");
   s.test_freq = c.get<int64_t>("trainer.test_freq");
   s.save_freq = c.get<int64_t>("trainer.save_freq");
   s.val_before_train = c.get<bool>("trainer.val_before_train");

@@ -65,6 +65,7 @@ struct TrainerSettings {
   std::optional<int64_t> total_training_steps;  // null: total_epochs passes over the data
   int64_t total_steps = 0;                      // set_total_steps
   int64_t total_epochs = 1, critic_warmup = 0;
+  bool balance_batch = true;  // seqlen_balancing.h over the actor's DP ranks
   int64_t test_freq = -1, save_freq = -1;
   bool val_before_train = true;
   std::string resume_mode;
