@@ -127,6 +127,14 @@ TEST_F(PpoTrainerTest, GrpoStepsInEveryLayoutReportFiniteMetricsAndExportTheActo
     const FitResult r = trainer.fit();
     EXPECT_EQ(r.steps, 2);
     expect_finite_metrics(r, kActorMetrics);
+    // balance_batch (on by default, as verl): the actor's DP ranks (2 in DP2,
+    // 1 otherwise) get token counts at most one sequence apart (the
+    // differencing heuristic's bound; seqlen_balancing_test.cpp).
+    const auto& lm = r.last_metrics;
+    ASSERT_EQ(lm.count("global_seqlen/balanced_max"), 1u);
+    EXPECT_LE(lm.at("global_seqlen/balanced_max") - lm.at("global_seqlen/balanced_min"),
+              lm.at("prompt_length/max") + lm.at("response_length/max"));
+    EXPECT_GE(lm.at("global_seqlen/balanced_max"), lm.at("global_seqlen/mean"));
     // No KL: no reference policy is built or asked, no critic either.
     EXPECT_EQ(r.last_metrics.count("timing_s/ref"), 0u);
     EXPECT_EQ(r.last_metrics.count("timing_s/values"), 0u);
