@@ -128,16 +128,9 @@ class SftWorker : public baton::Worker {
     params.max_new_tokens = prompts.meta_value("max_new_tokens")->as_int();
     params.temperature = prompts.meta_value("temperature")->as_float();
     params.log_probs = false;
-    const at::Tensor ids = prompts.tensor("input_ids").to(at::kLong).contiguous();
-    const at::Tensor mask = prompts.tensor("attention_mask").to(at::kLong).contiguous();
-    const auto ids_a = ids.accessor<int64_t, 2>();
-    const auto mask_a = mask.accessor<int64_t, 2>();
-    std::vector<std::vector<int64_t>> rows(ids.size(0));
-    for (int64_t i = 0; i < ids.size(0); ++i) {
-      for (int64_t j = 0; j < ids.size(1); ++j) {
-        if (mask_a[i][j] != 0) rows[i].push_back(ids_a[i][j]);
-      }
-    }
+    const at::Tensor ids = prompts.tensor("input_ids");
+    const auto rows =
+        baton::workers::unpadded_prompts(ids, prompts.tensor("attention_mask"), "SftWorker.generate");
     baton::engine::GenerationEngine engine(
         role_->model_ptr(), baton::engine::GenerationOptions().set_cache_bytes(16 << 20));
     const auto seqs = engine.generate(rows, params);

@@ -330,8 +330,7 @@ FitResult PpoTrainer::fit() {
       const at::Tensor lens = batch.tensor("attention_mask").to(at::kLong).sum(1).contiguous();
       const std::vector<int64_t> sizes(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
       const auto parts = balanced_partitions(sizes, actor_dp);
-      std::vector<int64_t> order;
-      for (const auto& p : parts) order.insert(order.end(), p.begin(), p.end());
+      const std::vector<int64_t> order = balanced_order(parts);
       batch = batch.select_rows(order);
       if (reward_baselines.defined())
         reward_baselines = reward_baselines.index_select(0, at::tensor(order, at::kLong));

@@ -89,10 +89,9 @@ std::vector<std::vector<int64_t>> balanced_partitions(const std::vector<int64_t>
   return parts;
 }
 
-std::vector<int64_t> balanced_order(const std::vector<int64_t>& sizes, int64_t k) {
+std::vector<int64_t> balanced_order(const std::vector<std::vector<int64_t>>& parts) {
   std::vector<int64_t> order;
-  order.reserve(sizes.size());
-  for (const auto& part : balanced_partitions(sizes, k)) order.insert(order.end(), part.begin(), part.end());
+  for (const auto& part : parts) order.insert(order.end(), part.begin(), part.end());
   return order;
 }
 

@@ -4,7 +4,7 @@
 // about the same number of tokens, and the slowest rank sets the step time.
 //
 // Example:
-//   std::vector<int64_t> order = balanced_order(token_counts, /*k=*/dp);
+//   std::vector<int64_t> order = balanced_order(balanced_partitions(token_counts, /*k=*/dp));
 //   batch = batch.select_rows(order);   // rank r gets rows [r*n/k, (r+1)*n/k)
 //
 // The partition is the Karmarkar–Karp largest-differencing heuristic with
@@ -26,9 +26,9 @@ namespace baton::trainer {
 // and sizes.size() a multiple of k (baton::Error naming both otherwise).
 std::vector<std::vector<int64_t>> balanced_partitions(const std::vector<int64_t>& sizes, int64_t k);
 
-// The parts of balanced_partitions concatenated: the row order that gives
+// `parts` (of balanced_partitions) concatenated: the row order that gives
 // rank r the r-th part under an equal contiguous split.
-std::vector<int64_t> balanced_order(const std::vector<int64_t>& sizes, int64_t k);
+std::vector<int64_t> balanced_order(const std::vector<std::vector<int64_t>>& parts);
 
 // verl's global_seqlen metrics of a split into `parts`: min, max, minmax_diff
 // of the contiguous split in the original order, balanced_min and

@@ -53,7 +53,7 @@ TEST(SeqlenBalancing, SpreadsTheLongSequencesOverTheRanks) {
   EXPECT_EQ(m.at("global_seqlen/balanced_max"), 1700);
   EXPECT_EQ(m.at("global_seqlen/mean"), 1700);
   // The order gives rank r part r under an equal contiguous split.
-  const auto order = balanced_order(sizes, 4);
+  const auto order = balanced_order(parts);
   ASSERT_EQ(order.size(), 40u);
   for (int64_t r = 0; r < 4; ++r)
     EXPECT_TRUE(std::equal(parts[r].begin(), parts[r].end(), order.begin() + 10 * r));

@@ -36,24 +36,6 @@ bool meta_bool(const DataProto& d, const char* key, bool fallback) {
   return v == nullptr || v->is_none() ? fallback : v->as_bool();
 }
 
-// Rows of `prompts` [N, P] as token lists without their left padding.
-std::vector<std::vector<int64_t>> unpadded_prompts(const at::Tensor& ids, const at::Tensor& mask) {
-  at::Tensor i = ids.to(at::kLong).contiguous().cpu(), m = mask.to(at::kLong).contiguous().cpu();
-  const int64_t n = i.size(0), p = i.size(1);
-  const int64_t* ip = i.data_ptr<int64_t>();
-  const int64_t* mp = m.data_ptr<int64_t>();
-  std::vector<std::vector<int64_t>> out(static_cast<size_t>(n));
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t c = 0; c < p; ++c) {
-      if (mp[r * p + c] != 0) out[static_cast<size_t>(r)].push_back(ip[r * p + c]);
-    }
-    if (out[static_cast<size_t>(r)].empty()) {
-      throw Error("generate_sequences: prompt row " + std::to_string(r) + " has no tokens");
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 ActorRolloutRefWorker::ActorRolloutRefWorker(const List& init_args) {
@@ -128,7 +110,7 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
     for (int64_t i = 0; i < n_prompts; ++i) seeds.push_back(static_cast<uint64_t>(s[i].item<int64_t>()));
   }
 
-  auto rows = unpadded_prompts(ids, mask);
+  auto rows = unpadded_prompts(ids, mask, "generate_sequences");
   if (actor_->trainable()) actor_->optimizer().offload();
   hybrid_->enter_rollout();
   std::vector<engine::GeneratedSequence> seqs;

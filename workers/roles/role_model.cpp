@@ -156,6 +156,24 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64
   return out;
 }
 
+std::vector<std::vector<int64_t>> unpadded_prompts(const at::Tensor& ids, const at::Tensor& mask,
+                                                   const std::string& where) {
+  at::Tensor i = ids.to(at::kLong).contiguous().cpu(), m = mask.to(at::kLong).contiguous().cpu();
+  const int64_t n = i.size(0), p = i.size(1);
+  const int64_t* ip = i.data_ptr<int64_t>();
+  const int64_t* mp = m.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < p; ++c) {
+      if (mp[r * p + c] != 0) out[static_cast<size_t>(r)].push_back(ip[r * p + c]);
+    }
+    if (out[static_cast<size_t>(r)].empty()) {
+      throw Error(where + ": prompt row " + std::to_string(r) + " has no tokens");
+    }
+  }
+  return out;
+}
+
 int64_t response_width(const DataProto& batch) {
   if (batch.has_tensor("responses")) return batch.tensor("responses").size(1);
   if (batch.has_tensor("response_mask")) return batch.tensor("response_mask").size(1);

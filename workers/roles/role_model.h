@@ -89,6 +89,12 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64
                                                    const std::vector<std::string>& extra,
                                                    at::Device device);
 
+// Rows of left-padded prompts `ids` [N, P] (with their attention `mask`) as
+// token lists without the padding, what a GenerationEngine takes. A row with
+// no tokens: baton::Error "<where>: prompt row r has no tokens".
+std::vector<std::vector<int64_t>> unpadded_prompts(const at::Tensor& ids, const at::Tensor& mask,
+                                                   const std::string& where);
+
 // The response width R of an RL batch (responses' columns, else
 // response_mask's); baton::Error naming the keys when neither is there.
 int64_t response_width(const DataProto& batch);
