@@ -1,6 +1,8 @@
 // runtime_bench: per-call overhead and tensor bandwidth of the actor runtime,
 // next to the floors this machine allows (a raw Unix-socket ping-pong and a
-// single-thread memcpy), all measured in the same run.
+// single-thread memcpy), all measured in the same run; and the per-call
+// overhead again with profiling on (runtime/profiler.h) in the driver and the
+// worker (sync_call_profiled_us; sync_call_us is with it off, the default).
 //
 //   ./build/bench/runtime_bench            # the last line of stdout is JSON
 #include <ATen/ops/ones.h>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "runtime/baton.h"
+#include "runtime/profiler.h"
 
 namespace {
 
@@ -112,6 +115,16 @@ int main(int argc, char** argv) {
   baton::WorkerGroup g1 = baton::WorkerGroup::spawn("Bench", one);
   double sync_us = sync_call_us(g1, 20000);
   std::fprintf(stderr, "sync_call_us %.2f\n", sync_us);
+  // Recording every span of every call, driver and worker; the events are
+  // taken and dropped afterwards.
+  baton::profiler::set_enabled(true);
+  g1.set_profiling(true);
+  double profiled_us = sync_call_us(g1, 20000);
+  baton::profiler::set_enabled(false);
+  g1.set_profiling(false);
+  baton::profiler::take_events();
+  g1.collect_profile(baton::profiler::now_ns());
+  std::fprintf(stderr, "sync_call_profiled_us %.2f\n", profiled_us);
   double async_rate = async_calls_per_s(g1);
   std::fprintf(stderr, "async_calls_per_s %.0f\n", async_rate);
 
@@ -148,10 +161,11 @@ int main(int argc, char** argv) {
 
   std::printf(
       "{\"socket_rtt_us\": %.2f, \"memcpy_gbps\": %.2f, \"sync_call_us\": %.2f, "
+      "\"sync_call_profiled_us\": %.2f, "
       "\"async_calls_per_s\": %.0f, \"broadcast4_call_us\": %.2f, \"tensor_gbps\": %.2f, "
       "\"sync_over_rtt\": %.2f, \"tensor_over_memcpy\": %.2f, \"shared_tensor_gbps\": %.2f, "
       "\"shared_tensor_over_memcpy\": %.2f}\n",
-      rtt, memcpy_rate, sync_us, async_rate, bcast_us, tensor_rate, sync_us / rtt,
+      rtt, memcpy_rate, sync_us, profiled_us, async_rate, bcast_us, tensor_rate, sync_us / rtt,
       tensor_rate / memcpy_rate, shared_rate, shared_rate / memcpy_rate);
   return 0;
 }

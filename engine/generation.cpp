@@ -10,6 +10,7 @@
 #include <set>
 
 #include "engine/errors.h"
+#include "runtime/profiler.h"
 #include "engine/tensor_parallel.h"
 
 namespace baton::engine {
@@ -106,6 +107,7 @@ bool GenerationEngine::awake() const { return cache_->awake(); }
 std::vector<GeneratedSequence> GenerationEngine::generate(
     const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& params,
     const std::vector<uint64_t>& request_seeds) {
+  BATON_PROFILE_SCOPE("engine", "generate");
   const ModelConfig& cfg = model_->config();
   check_prompts(prompts, cfg, params, request_seeds);
   if (!cache_->awake())

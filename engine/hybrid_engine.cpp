@@ -1,6 +1,7 @@
 #include "engine/hybrid_engine.h"
 
 #include "engine/errors.h"
+#include "runtime/profiler.h"
 #include "engine/parallel_linear.h"
 #include "engine/weight_conversion.h"
 
@@ -20,6 +21,8 @@ HybridEngine::HybridEngine(std::shared_ptr<Transformer> train,
 }
 
 ReshardStats HybridEngine::enter_rollout() {
+  // Resharding the training weights into the rollout layout (or sharing them).
+  BATON_PROFILE_SCOPE("engine", "reshard (enter rollout)");
   if (in_rollout()) throw EngineError("HybridEngine::enter_rollout: already in rollout");
   if (options_.release_grads) {
     for (auto& p : train_->parameters()) p.mutable_grad() = at::Tensor();
@@ -60,6 +63,7 @@ std::vector<GeneratedSequence> HybridEngine::generate(
 }
 
 void HybridEngine::exit_rollout() {
+  BATON_PROFILE_SCOPE("engine", "exit rollout");
   engine_.reset();
   rollout_.reset();
 }

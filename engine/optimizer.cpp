@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "engine/errors.h"
+#include "runtime/profiler.h"
 #include "engine/optimizer_kernels.h"
 
 namespace baton::engine {
@@ -566,6 +567,7 @@ double Optimizer::global_grad_norm() {
 }
 
 StepStats Optimizer::step() {
+  BATON_PROFILE_SCOPE("engine", "optimizer step");
   if (offloaded_)
     throw EngineError("Optimizer::step: the optimizer state is offloaded; call reload() first");
   reduce_gradients();
@@ -634,6 +636,13 @@ void Optimizer::reload() {
   const at::Device device = slots_.front().param.device();
   for (at::Tensor* t : state_tensors()) *t = t->to(device);
   offloaded_ = false;
+}
+
+std::vector<at::Tensor> Optimizer::state_tensor_handles() const {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor* t : state_tensors()) out.push_back(*t);
+  if (flat_ && flat_->grad_shard.defined()) out.push_back(flat_->grad_shard);
+  return out;
 }
 
 int64_t Optimizer::state_bytes() const {

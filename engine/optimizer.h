@@ -152,6 +152,9 @@ class Optimizer {
   // Bytes of optimizer state this rank holds (moments, masters; with the
   // distributed optimizer also its gradient shard).
   int64_t state_bytes() const;
+  // The tensors behind state_bytes() (handles, not copies): what a role's
+  // optimizer offload moves (engine/offload.h).
+  std::vector<at::Tensor> state_tensor_handles() const;
   // True when the distributed optimizer's collectives use shared memory.
   bool shared_memory_collectives() const { return flat_ && flat_->shm != nullptr; }
   // Overlapped reduction: buckets, and how many of them the last

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "engine/errors.h"
+#include "runtime/profiler.h"
 
 namespace baton::engine {
 namespace {
@@ -99,6 +100,7 @@ void check_batches(const std::vector<MicroBatch>& mbs, const char* who) {
 
 std::vector<at::Tensor> forward_backward(Transformer& model, const std::vector<MicroBatch>& mbs,
                                          const LossFn& loss) {
+  BATON_PROFILE_SCOPE("engine", "forward_backward");
   check_batches(mbs, "forward_backward");
   const ParallelState& ps = model.parallel();
   int64_t stages = ps.config().pp, stage = ps.coords().pp;
@@ -128,7 +130,7 @@ std::vector<at::Tensor> forward_backward(Transformer& model, const std::vector<M
       auto g = geometry(model, mb);
       input = link.recv(g.hidden_shape, g.options, stage - 1, 2 * next_fwd).requires_grad_(true);
     }
-    at::Tensor out = model.forward(input, mb.position_ids, mb.attention_mask);
+    at::Tensor out = model.forward(input, mb.position_ids, mb.attention_mask, mb.packed_lengths);
     if (last) {
       out = loss(out, mb);
       if (out.numel() != 1)
@@ -178,6 +180,7 @@ std::vector<at::Tensor> forward_backward(Transformer& model, const std::vector<M
 
 std::vector<at::Tensor> forward_only(Transformer& model, const std::vector<MicroBatch>& mbs,
                                      const OutputFn& fn) {
+  BATON_PROFILE_SCOPE("engine", "forward_only");
   check_batches(mbs, "forward_only");
   at::NoGradGuard no_grad;
   const ParallelState& ps = model.parallel();
@@ -192,7 +195,7 @@ std::vector<at::Tensor> forward_only(Transformer& model, const std::vector<Micro
       auto g = geometry(model, mb);
       input = link.recv(g.hidden_shape, g.options, stage - 1, static_cast<int64_t>(2 * i));
     }
-    at::Tensor out = model.forward(input, mb.position_ids, mb.attention_mask);
+    at::Tensor out = model.forward(input, mb.position_ids, mb.attention_mask, mb.packed_lengths);
     if (last) {
       outputs.push_back(fn(out, mb));
     } else {

@@ -29,9 +29,17 @@
 namespace baton::engine {
 
 struct MicroBatch {
-  at::Tensor input_ids;                     // [b, S] int64
-  at::Tensor position_ids;                  // [b, S] int64
-  at::Tensor attention_mask;                // [b, S], 1 = real token
+  at::Tensor input_ids;       // [b, S] int64
+  at::Tensor position_ids;    // [b, S] int64
+  at::Tensor attention_mask;  // [b, S], 1 = real token
+  // Dynamic batching: the micro-batch is ONE row (b = 1) holding sequences of
+  // these lengths back to back, without padding (Transformer::forward's
+  // packed_lengths). Empty: b padded rows.
+  std::vector<int64_t> packed_lengths;
+  // Packed only: [b, S] int64, where column c of padded row r sits in the
+  // packed row (padding columns: the row's first token). What maps per-token
+  // outputs back to the padded layout (workers/roles/role_model.h).
+  at::Tensor packed_index;
   std::map<std::string, at::Tensor> extra;  // what the loss reads (masks, advantages, ...)
 };
 

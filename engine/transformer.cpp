@@ -32,14 +32,23 @@ std::string shape_of(const at::Tensor& t) {
 // every TP rank, because every rank recomputes the same layer.
 class RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
  public:
+  // Autograd functions take defined tensors only: a packed batch passes an
+  // empty `bias` beside its lengths.
+  static AttentionMask mask_of(const at::Tensor& bias, std::vector<int64_t> lengths) {
+    if (!lengths.empty()) return AttentionMask{at::Tensor(), std::move(lengths)};
+    return AttentionMask{bias, {}};
+  }
+
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, TransformerLayer* layer,
                             const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                            const at::Tensor& bias, at::TensorList params) {
+                            const at::Tensor& bias, std::vector<int64_t> lengths,
+                            at::TensorList params) {
     ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
     ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    ctx->saved_data["lengths"] = lengths;
     ctx->save_for_backward({x, cos, sin, bias});
     at::AutoGradMode no_grad(false);
-    return layer->forward(x, Rotary{cos, sin}, bias);
+    return layer->forward(x, Rotary{cos, sin}, mask_of(bias, std::move(lengths)));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -50,19 +59,35 @@ class RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
     at::Tensor out;
     {
       at::AutoGradMode grad(true);
-      out = layer->forward(x, Rotary{saved[1], saved[2]}, saved[3]);
+      out = layer->forward(x, Rotary{saved[1], saved[2]},
+                           mask_of(saved[3], ctx->saved_data["lengths"].toIntVector()));
     }
     torch::autograd::variable_list inputs{x};
     for (const auto& p : layer->parameters()) inputs.push_back(p);
     auto grads = torch::autograd::grad({out}, inputs, {grad_out[0]}, /*retain_graph=*/false,
                                        /*create_graph=*/false, /*allow_unused=*/true);
-    // One gradient per forward input: layer, x, cos, sin, bias, then params.
-    torch::autograd::variable_list result{at::Tensor(), grads[0], at::Tensor(), at::Tensor(),
-                                          at::Tensor()};
+    // One gradient per forward input: layer, x, cos, sin, bias, lengths, then
+    // params.
+    torch::autograd::variable_list result{at::Tensor(), grads[0],     at::Tensor(),
+                                          at::Tensor(), at::Tensor(), at::Tensor()};
     result.insert(result.end(), grads.begin() + 1, grads.end());
     return result;
   }
 };
+
+// Packed sequences' lengths must tile the one row of a packed batch.
+void check_packed_lengths(const std::vector<int64_t>& lengths, int64_t b, int64_t s) {
+  int64_t total = 0;
+  for (int64_t len : lengths) {
+    if (len < 1)
+      throw EngineError(detail::cat("Transformer::forward: a packed sequence of ", len, " tokens"));
+    total += len;
+  }
+  if (b != 1 || total != s)
+    throw EngineError(detail::cat("Transformer::forward: packed sequences (", lengths.size(),
+                                  " of ", total, " tokens) must fill one row, got [", b, ", ", s,
+                                  "]"));
+}
 
 }  // namespace
 
@@ -141,7 +166,8 @@ void Transformer::check_token_ids(const at::Tensor& ids, const char* who) const 
 }
 
 at::Tensor Transformer::forward(const at::Tensor& input_arg, const at::Tensor& position_ids_arg,
-                                const at::Tensor& attention_mask_arg) {
+                                const at::Tensor& attention_mask_arg,
+                                const std::vector<int64_t>& packed_lengths) {
   // Inputs on another device (a host batch for a GPU model) are moved to the
   // parameters' device; on the same device this copies nothing.
   const at::Device dev = device();
@@ -152,6 +178,7 @@ at::Tensor Transformer::forward(const at::Tensor& input_arg, const at::Tensor& p
     throw EngineError("Transformer::forward: position_ids " + shape_of(position_ids) +
                       " and attention_mask " + shape_of(attention_mask) + " must both be [B, S]");
   int64_t b = position_ids.size(0), s = position_ids.size(1);
+  if (!packed_lengths.empty()) check_packed_lengths(packed_lengths, b, s);
   int64_t tp = state_->tp().size;
   if (options_.sequence_parallel && s % tp != 0)
     throw EngineError(detail::cat("Transformer::forward: sequence length ", s,
@@ -174,16 +201,22 @@ at::Tensor Transformer::forward(const at::Tensor& input_arg, const at::Tensor& p
     h = input;
   }
   auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
-  auto bias = causal_attention_bias(attention_mask, h.scalar_type());
+  AttentionMask mask;
+  if (packed_lengths.empty()) {
+    mask.bias = causal_attention_bias(attention_mask, h.scalar_type());
+  } else {
+    mask.lengths = packed_lengths;
+  }
   bool recompute = options_.recompute_activations && at::GradMode::is_enabled();
   for (auto& layer : layers_) {
     if (recompute) {
       // As a TensorList, so that autograd sees each parameter as an input.
       auto params = layer->parameters();
-      h = RecomputedLayer::apply(layer.get(), h, rotary.cos, rotary.sin, bias,
+      const at::Tensor bias = mask.packed() ? at::empty({0}, h.options()) : mask.bias;
+      h = RecomputedLayer::apply(layer.get(), h, rotary.cos, rotary.sin, bias, mask.lengths,
                                  at::TensorList(params));
     } else {
-      h = layer->forward(h, rotary, bias);
+      h = layer->forward(h, rotary, mask);
     }
   }
   if (!last_stage()) return h;

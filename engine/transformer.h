@@ -85,8 +85,13 @@ class Transformer : public torch::nn::Module {
   // [B, S, Vp/tp] (LM; Vp = padded_vocab_size(), this rank's columns
   // vocab_shard(); padded columns hold -inf, see vocab_padding.h) or values
   // [B, S, 1] (value model).
+  // `packed_lengths` non-empty: the batch is one packed row (B = 1) of
+  // sequences of these lengths back to back (dynamic batching: no padding);
+  // each sees only itself (AttentionMask), position_ids restart at each, and
+  // attention_mask is not read. Lengths that do not fill the row: EngineError.
   at::Tensor forward(const at::Tensor& input, const at::Tensor& position_ids,
-                     const at::Tensor& attention_mask);
+                     const at::Tensor& attention_mask,
+                     const std::vector<int64_t>& packed_lengths = {});
 
   // One generation step (no autograd; pp = 1, LM only, no sequence
   // parallelism: EngineError otherwise). `ids` and `position_ids` [B, Q] are

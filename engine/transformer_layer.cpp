@@ -108,7 +108,7 @@ TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, i
 }
 
 at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary,
-                                       const at::Tensor& bias) {
+                                       const AttentionMask& mask) {
   int64_t d = config_.head_dim;
   int64_t r = config_.num_heads / config_.num_kv_heads;
   int64_t g = local_groups_;
@@ -116,7 +116,7 @@ at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary
   int64_t b = qkv.size(0), s = qkv.size(1);
   if (fusable(qkv) && fusable(rotary.cos) && d % 2 == 0) {
     QkvHeads heads = fused_qkv_rotary(qkv, rotary.cos, rotary.sin, g, r, d);
-    return proj_->forward(attend(heads.q, heads.k, heads.v, bias));
+    return proj_->forward(attend(heads.q, heads.k, heads.v, mask));
   }
   auto grouped = qkv.view({b, s, g, r + 2, d});
   auto q = grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2);
@@ -124,11 +124,11 @@ at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary
   auto v = grouped.select(3, r + 1).transpose(1, 2);  // [B, g, S, d]
   q = apply_rotary(q, rotary);
   k = apply_rotary(k, rotary);
-  return proj_->forward(attend(q, k, v, bias));
+  return proj_->forward(attend(q, k, v, mask));
 }
 
 at::Tensor TransformerLayer::attend(const at::Tensor& q, at::Tensor k, at::Tensor v,
-                                    const at::Tensor& bias) {
+                                    const AttentionMask& mask) {
   int64_t d = config_.head_dim;
   int64_t r = config_.num_heads / config_.num_kv_heads;
   if (r > 1) {
@@ -142,8 +142,23 @@ at::Tensor TransformerLayer::attend(const at::Tensor& q, at::Tensor k, at::Tenso
     k = repeat(k);
     v = repeat(v);
   }
-  auto ctx = at::scaled_dot_product_attention(q, k, v, bias);
   int64_t b = q.size(0), s = q.size(2);
+  at::Tensor ctx;
+  if (mask.packed()) {
+    // Causal attention of each packed sequence over itself alone.
+    std::vector<at::Tensor> parts;
+    parts.reserve(mask.lengths.size());
+    int64_t start = 0;
+    for (int64_t len : mask.lengths) {
+      parts.push_back(at::scaled_dot_product_attention(
+          q.narrow(2, start, len), k.narrow(2, start, len), v.narrow(2, start, len),
+          /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true));
+      start += len;
+    }
+    ctx = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+  } else {
+    ctx = at::scaled_dot_product_attention(q, k, v, mask.bias);
+  }
   return ctx.transpose(1, 2).reshape({b, s, q.size(1) * d});
 }
 
@@ -166,7 +181,7 @@ at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& r
   auto slots = step.read_slots.reshape({-1});
   auto k = k_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
   auto v = v_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
-  auto h = x + proj_->forward(attend(q, k, v, step.bias));
+  auto h = x + proj_->forward(attend(q, k, v, AttentionMask{step.bias, {}}));
   return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
 }
 
@@ -265,8 +280,8 @@ at::Tensor TransformerLayer::mlp(const at::Tensor& x) {
 }
 
 at::Tensor TransformerLayer::forward(const at::Tensor& x, const Rotary& rotary,
-                                     const at::Tensor& bias) {
-  auto h = x + attention(rms_norm(x, input_norm_, config_.rms_norm_eps), rotary, bias);
+                                     const AttentionMask& mask) {
+  auto h = x + attention(rms_norm(x, input_norm_, config_.rms_norm_eps), rotary, mask);
   return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
 }
 

@@ -42,6 +42,19 @@ double masked_score(at::ScalarType dtype);
 // (j <= i and key j is not padding), the dtype's lowest value elsewhere.
 at::Tensor causal_attention_bias(const at::Tensor& attention_mask, at::ScalarType dtype);
 
+// Which keys each query of TransformerLayer::forward sees. Padded rows: the
+// dense additive `bias` above, [B, 1, S, S]. One packed row (B = 1, dynamic
+// batching): `lengths` of the sequences laid back to back in it (summing to
+// S); each attends causally within itself and never to another, computed
+// sequence by sequence (no S × S bias: the cost is the sum of the squared
+// lengths, not the square of their sum).
+struct AttentionMask {
+  at::Tensor bias;
+  std::vector<int64_t> lengths;
+
+  bool packed() const { return !lengths.empty(); }
+};
+
 // One generation step over a paged KV cache (engine/kv_cache.h): which cache
 // slots the step's B×Q input tokens write their keys and values to, and which
 // slots each row reads back as its context, in position order.
@@ -76,8 +89,8 @@ class TransformerLayer : public torch::nn::Module {
   TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
                    bool sequence_parallel);
 
-  // x: [B, S(/tp), H]; rotary and bias as built above for the full sequence.
-  at::Tensor forward(const at::Tensor& x, const Rotary& rotary, const at::Tensor& bias);
+  // x: [B, S(/tp), H]; rotary and mask as built above for the full sequence.
+  at::Tensor forward(const at::Tensor& x, const Rotary& rotary, const AttentionMask& mask);
 
   // Generation (no autograd): x [B, Q, H] are the step's new tokens. Their
   // keys and values go into `k_cache` / `v_cache` ([slots, kv heads/tp, d])
@@ -106,9 +119,9 @@ class TransformerLayer : public torch::nn::Module {
   std::vector<std::pair<std::string, at::Tensor>> named_params() const;
 
  private:
-  at::Tensor attention(const at::Tensor& x, const Rotary& rotary, const at::Tensor& bias);
+  at::Tensor attention(const at::Tensor& x, const Rotary& rotary, const AttentionMask& mask);
   // Scaled dot-product attention of q [B, g·r, Q, d] over k, v [B, g, L, d].
-  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& bias);
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const AttentionMask& mask);
   at::Tensor mlp(const at::Tensor& x);
 
   ModelConfig config_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/errors.h"
+#include "runtime/profiler.h"
 #include "engine/weight_stream.h"
 
 namespace baton::engine {
@@ -436,7 +437,10 @@ WeightSender::WeightSender(std::shared_ptr<Transformer> train,
                            c10::intrusive_ptr<c10d::ProcessGroup> sync, WeightSyncOptions options)
     : impl_(std::make_unique<Impl>(std::move(train), std::move(sync), options)) {}
 WeightSender::~WeightSender() = default;
-WeightSyncStats WeightSender::send(int64_t version) { return impl_->send(version); }
+WeightSyncStats WeightSender::send(int64_t version) {
+  BATON_PROFILE_SCOPE("engine", "weight sync (send)");
+  return impl_->send(version);
+}
 
 // ---------------------------------------------------------------- receiver
 
@@ -676,6 +680,9 @@ WeightReceiver::WeightReceiver(std::shared_ptr<Transformer> rollout, const Paral
                                WeightSyncOptions options)
     : impl_(std::make_unique<Impl>(std::move(rollout), training, std::move(sync), options)) {}
 WeightReceiver::~WeightReceiver() = default;
-WeightSyncStats WeightReceiver::receive() { return impl_->receive(); }
+WeightSyncStats WeightReceiver::receive() {
+  BATON_PROFILE_SCOPE("engine", "weight sync (receive)");
+  return impl_->receive();
+}
 
 }  // namespace baton::engine

@@ -96,7 +96,8 @@ class SftWorker : public baton::Worker {
     const int64_t micro = batch.meta_value("micro_batch_size")->as_int();
     const double global_tokens = batch.meta_value("global_tokens")->as_float();
     baton::engine::Transformer& model = role_->model();
-    const auto mbs = baton::workers::make_micro_batches(batch, micro, {"loss_mask"}, model.device());
+    const auto mbs =
+        baton::workers::make_micro_batches(batch, {.rows = micro}, {"loss_mask"}, model.device());
     const auto& tp = role_->state().tp();
     // The role's optimizer averages gradients over DP (as verl's losses
     // expect); this loss is a share of the global token mean, so it is scaled
@@ -129,8 +130,8 @@ class SftWorker : public baton::Worker {
     params.temperature = prompts.meta_value("temperature")->as_float();
     params.log_probs = false;
     const at::Tensor ids = prompts.tensor("input_ids");
-    const auto rows =
-        baton::workers::unpadded_prompts(ids, prompts.tensor("attention_mask"), "SftWorker.generate");
+    const auto rows = baton::workers::unpadded_prompts(ids, prompts.tensor("attention_mask"),
+                                                       "SftWorker.generate");
     baton::engine::GenerationEngine engine(
         role_->model_ptr(), baton::engine::GenerationOptions().set_cache_bytes(16 << 20));
     const auto seqs = engine.generate(rows, params);
@@ -175,8 +176,7 @@ struct Example {
 };
 
 std::vector<Example> read_examples(const std::vector<std::string>& files,
-                                   const baton::data::Tokenizer& tok,
-                                   const std::string& prompt_key,
+                                   const baton::data::Tokenizer& tok, const std::string& prompt_key,
                                    const std::string& response_key, int64_t max_length) {
   const auto eos = tok.eos_id();
   if (!eos) throw std::runtime_error("the model's tokenizer has no eos_token");
@@ -201,8 +201,7 @@ std::vector<Example> read_examples(const std::vector<std::string>& files,
                                  response_key + "'");
       }
       Example ex;
-      for (int32_t id : tok.encode(row[prompt_key].get<std::string>(), false))
-        ex.ids.push_back(id);
+      for (int32_t id : tok.encode(row[prompt_key].get<std::string>(), false)) ex.ids.push_back(id);
       ex.prompt_len = static_cast<int64_t>(ex.ids.size());
       for (int32_t id : tok.encode(row[response_key].get<std::string>(), false))
         ex.ids.push_back(id);
@@ -311,17 +310,17 @@ int run(int argc, char** argv) {
     throw baton::trainer::ConfigError("trainer.device: '" + device + "' (expected cpu or cuda)");
   if (workers < 1) throw baton::trainer::ConfigError("trainer.n_gpus_per_node must be positive");
   if (batch_size < 1 || batch_size % workers != 0) {
-    throw baton::trainer::ConfigError(
-        "data.train_batch_size (" + std::to_string(batch_size) +
-        ") must be a positive multiple of trainer.n_gpus_per_node (" + std::to_string(workers) +
-        ")");
+    throw baton::trainer::ConfigError("data.train_batch_size (" + std::to_string(batch_size) +
+                                      ") must be a positive multiple of trainer.n_gpus_per_node (" +
+                                      std::to_string(workers) + ")");
   }
-  if (micro < 1) throw baton::trainer::ConfigError("data.micro_batch_size_per_gpu must be positive");
+  if (micro < 1)
+    throw baton::trainer::ConfigError("data.micro_batch_size_per_gpu must be positive");
 
   const auto tok = baton::data::Tokenizer::load(model_path);
   const auto pad = tok.pad_id().value_or(tok.eos_id().value_or(0));
-  const auto examples = read_examples(config.get<std::vector<std::string>>("data.train_files"),
-                                      tok, config.get<std::string>("data.prompt_key"),
+  const auto examples = read_examples(config.get<std::vector<std::string>>("data.train_files"), tok,
+                                      config.get<std::string>("data.prompt_key"),
                                       config.get<std::string>("data.response_key"),
                                       config.get<int64_t>("data.max_length"));
   const int64_t steps_per_epoch = static_cast<int64_t>(examples.size()) / batch_size;
@@ -359,8 +358,8 @@ int run(int argc, char** argv) {
       {"seed", static_cast<double>(seed)}};
   const auto params =
       group.call("init_model", {model_path, optim, scheduler}).get().as_list().at(0).as_int();
-  std::printf("sft: model %s, %lld parameters (padded vocabulary rows included)\n", model_path.c_str(),
-              static_cast<long long>(params));
+  std::printf("sft: model %s, %lld parameters (padded vocabulary rows included)\n",
+              model_path.c_str(), static_cast<long long>(params));
 
   std::vector<std::size_t> order(examples.size());
   std::mt19937_64 rng(seed);
@@ -370,7 +369,8 @@ int run(int argc, char** argv) {
     const int64_t in_epoch = step % steps_per_epoch;
     if (in_epoch == 0) {
       std::iota(order.begin(), order.end(), 0);
-      for (std::size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng() % (i + 1)]);
+      for (std::size_t i = order.size() - 1; i > 0; --i)
+        std::swap(order[i], order[rng() % (i + 1)]);
     }
     int64_t tokens = 0;
     baton::DataProto batch =
@@ -395,11 +395,12 @@ int run(int argc, char** argv) {
       const int64_t n = (step + 1) % log_every == 0 ? log_every : (step + 1) % log_every;
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("step %lld/%lld  epoch %lld  loss %.6f (mean of last %lld %.4f)  grad_norm %.6f"
-                  "  lr %.2e  %.1f s\n",
-                  static_cast<long long>(step + 1), static_cast<long long>(total_steps),
-                  static_cast<long long>(step / steps_per_epoch), loss, static_cast<long long>(n),
-                  window_loss / static_cast<double>(n), grad_norm, lr, secs);
+      std::printf(
+          "step %lld/%lld  epoch %lld  loss %.6f (mean of last %lld %.4f)  grad_norm %.6f"
+          "  lr %.2e  %.1f s\n",
+          static_cast<long long>(step + 1), static_cast<long long>(total_steps),
+          static_cast<long long>(step / steps_per_epoch), loss, static_cast<long long>(n),
+          window_loss / static_cast<double>(n), grad_norm, lr, secs);
       std::fflush(stdout);
       window_loss = 0;
     }
@@ -420,12 +421,9 @@ int run(int argc, char** argv) {
     std::printf("  %s -> %s\n", prompt.c_str(), response.c_str());
   std::printf("base accuracy: %.1f %% (%lld of %lld, greedy)\n", accuracy,
               static_cast<long long>(eval.correct), static_cast<long long>(eval.total));
-  const nlohmann::json report = {{"accuracy", accuracy / 100.0},
-                                 {"correct", eval.correct},
-                                 {"total", eval.total},
-                                 {"steps", total_steps},
-                                 {"final_loss", last_loss},
-                                 {"train_seconds", train_seconds},
+  const nlohmann::json report = {{"accuracy", accuracy / 100.0}, {"correct", eval.correct},
+                                 {"total", eval.total},          {"steps", total_steps},
+                                 {"final_loss", last_loss},      {"train_seconds", train_seconds},
                                  {"model", model_dir.string()}};
   std::ofstream(out_dir / "eval.json") << report.dump(2) << "\n";
   config.save(out_dir / "config.yaml");

@@ -7,6 +7,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/log.h"
+#include "runtime/profiler.h"
 
 namespace baton {
 
@@ -23,7 +24,10 @@ Driver::Driver()
   ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n > 0) exe_.assign(path, static_cast<size_t>(n));
   args_ = {exe_};
-  io_thread_ = std::thread([this] { io_.run(); });
+  io_thread_ = std::thread([this] {
+    profiler::set_thread_name("io");
+    io_.run();
+  });
 }
 
 void Driver::set_command_line(int argc, char** argv) {
@@ -54,6 +58,7 @@ void Driver::post_dispatch(std::function<void()> task) {
   dispatch_tasks_.push_back(std::move(task));
   if (!dispatch_thread_.joinable()) {
     dispatch_thread_ = std::thread([this] {
+      profiler::set_thread_name("dispatch");
       for (;;) {
         std::function<void()> next;
         {

@@ -3,11 +3,44 @@
 #include <algorithm>
 
 #include "runtime/dispatch_registry.h"
+#include "runtime/profiler.h"
 #include "runtime/runtime.h"
 
 namespace baton {
 
 namespace {
+
+// The profiler's side in every worker process (WorkerGroup::set_profiling and
+// collect_profile call them; the worker host does not trace them):
+//   _profiler_set(on)                     turns recording on or off
+//   _profiler_clock() -> [now_ns, domain] a clock reading and the clock's domain
+//   _profiler_collect(pid, name, origin_ns) -> string
+//                                         the process's events as Chrome trace JSON
+std::vector<MethodSpec> profiler_methods() {
+  std::vector<MethodSpec> out(3);
+  out[0].name = "_profiler_set";
+  out[0].params = {TypeSpec::of(ValueKind::kBool)};
+  out[0].result = TypeSpec::of(ValueKind::kNone);
+  out[0].invoke = [](Worker&, const List& args) {
+    profiler::set_enabled(args[0].as_bool());
+    return Value();
+  };
+  out[1].name = "_profiler_clock";
+  out[1].result = TypeSpec::of(ValueKind::kList);
+  out[1].invoke = [](Worker&, const List&) {
+    return Value(List{Value(profiler::now_ns()), Value(profiler::clock_domain())});
+  };
+  out[2].name = "_profiler_collect";
+  out[2].params = {TypeSpec::of(ValueKind::kInt), TypeSpec::of(ValueKind::kString),
+                   TypeSpec::of(ValueKind::kInt)};
+  out[2].result = TypeSpec::of(ValueKind::kString);
+  out[2].invoke = [](Worker&, const List& args) {
+    return Value(profiler::collect_process(static_cast<int>(args[0].as_int()),
+                                           args[1].as_string(), args[2].as_int())
+                     .events_json);
+  };
+  return out;
+}
 
 std::map<std::string, MethodSpec>& builtins() {
   static std::map<std::string, MethodSpec>* methods = [] {
@@ -17,6 +50,7 @@ std::map<std::string, MethodSpec>& builtins() {
     WorkerClassSpec spec;
     MethodTable<Worker>(spec).def("_query_mesh", &Worker::mesh_entry);
     for (auto& [name, method] : spec.methods) m->emplace(name, std::move(method));
+    for (MethodSpec& p : profiler_methods()) m->emplace(p.name, std::move(p));
     return m;
   }();
   return *methods;

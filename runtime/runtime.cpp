@@ -7,6 +7,7 @@
 
 #include "runtime/driver.h"
 #include "runtime/errors.h"
+#include "runtime/profiler.h"
 #include "runtime/threads.h"
 #include "runtime/worker.h"
 #include "runtime/worker_host.h"
@@ -74,6 +75,7 @@ void init(int argc, char** argv) {
   static std::once_flag once;
   std::call_once(once, [&] {
     Driver::get().set_command_line(argc, argv);
+    profiler::set_thread_name("main");
     // The driver's tensor work is small: one intra-op thread, so no OpenMP
     // team and no spinning at its barriers (runtime/threads.h).
     set_intra_op_threads(1);

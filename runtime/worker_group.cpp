@@ -16,6 +16,7 @@
 #include "runtime/driver.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
+#include "runtime/profiler.h"
 #include "runtime/runtime.h"
 #include "runtime/worker_process.h"
 
@@ -33,6 +34,95 @@ struct Deferred {
   std::function<Future<Value>(const List&)> send;
   Promise<Value> promise;
 };
+
+// The driver's spans of one call (runtime/profiler.h), on a lane of its
+// group's "calls <group>" track: the call, from call() until its result is
+// collected or it fails, and its children "wait for arguments" (a call with
+// future arguments), "dispatch" (the dispatch mode's plan: splitting the
+// DataProto), "encode" (per chunk), "send" (per rank: handing the message to
+// the worker's queue), "wait" (until every rank has answered: the workers'
+// queueing and execution, the results' transfer and decoding) and "collect".
+// Made only while profiling is on (start() gives null otherwise), so that a
+// call pays one relaxed load when it is off. The children are stamped from
+// the calling, dispatch and I/O threads in turn.
+class CallTrace {
+ public:
+  static std::shared_ptr<CallTrace> start(const std::shared_ptr<profiler::Lanes>& lanes,
+                                          const std::string& name) {
+    if (!profiler::enabled() || !lanes) return nullptr;
+    return std::shared_ptr<CallTrace>(new CallTrace(lanes, name));
+  }
+  // A call dropped unfinished (its planning threw, or it never got its
+  // arguments) ends here.
+  ~CallTrace() { finish(false); }
+
+  int64_t begin_ns() const { return begin_ns_; }
+  void child(const char* name, int64_t begin, int64_t end, std::string args = {}) {
+    profiler::record({name, "runtime", begin, end, tid_, std::move(args)});
+  }
+  void sent(int rank, uint64_t call_id, int64_t begin, int64_t end) {
+    child("send", begin, end,
+          profiler::Args().add("rank", rank).add("call_id", static_cast<int64_t>(call_id)).take());
+    std::lock_guard<std::mutex> lock(mu_);
+    call_ids_ += (call_ids_.empty() ? "" : ",") + std::to_string(call_id);
+    sent_ns_ = end;
+  }
+  // Every rank has answered: records "wait" and returns the time.
+  int64_t answered() {
+    const int64_t now = profiler::now_ns();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!waited_) child("wait", sent_ns_, now);
+    waited_ = true;
+    return now;
+  }
+  // Records the call (and its wait, if no result came) and frees the lane.
+  void finish(bool ok) {
+    const int64_t now = profiler::now_ns();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    if (!waited_ && sent_ns_ > 0) child("wait", sent_ns_, now);
+    profiler::record({name_, "runtime", begin_ns_, now, tid_,
+                      profiler::Args()
+                          .add_json("call_ids", "[" + call_ids_ + "]")
+                          .add("ok", ok ? 1 : 0)
+                          .take()});
+    lanes_->release(tid_);
+  }
+
+ private:
+  CallTrace(std::shared_ptr<profiler::Lanes> lanes, std::string name)
+      : lanes_(std::move(lanes)), name_(std::move(name)), tid_(lanes_->acquire()),
+        begin_ns_(profiler::now_ns()) {}
+
+  std::shared_ptr<profiler::Lanes> lanes_;
+  std::string name_;
+  int32_t tid_;
+  int64_t begin_ns_;
+  std::mutex mu_;
+  std::string call_ids_;  // "3,4": the messages' ids, which the workers' spans carry
+  int64_t sent_ns_ = 0;
+  bool waited_ = false;
+  bool finished_ = false;
+};
+using CallTracePtr = std::shared_ptr<CallTrace>;
+
+// `f`, whose completion first ends `trace`: the call's span is recorded, and
+// its lane free for the next call, before the caller can see the result.
+template <class T>
+Future<T> traced(Future<T> f, CallTracePtr trace) {
+  if (!trace) return f;
+  Promise<T> out;
+  f.on_complete([trace, out](const Future<T>& r) mutable {
+    trace->finish(!r.error());
+    if (auto e = r.error()) {
+      out.set_error(e);
+    } else {
+      out.set_value(r.get());
+    }
+  });
+  return out.future();
+}
 
 // `e` (a failed future argument) as the error of the call it was passed to.
 std::exception_ptr upstream_failure(const std::string& where, size_t arg, std::exception_ptr e) {
@@ -67,6 +157,9 @@ struct WorkerGroup::State : std::enable_shared_from_this<WorkerGroup::State> {
   // reach every worker in submission order. Never held long: handing over
   // never blocks (WorkerProcess::send queues what a socket does not take).
   std::mutex send_mu;
+
+  // The tracks of its calls' spans while profiling (CallTrace).
+  std::shared_ptr<profiler::Lanes> lanes;
 
   std::mutex mu;  // guards what follows; never held while sending
   std::map<std::pair<int, std::string>, MeshInfo> meshes;  // (role or -1, mesh)
@@ -248,14 +341,21 @@ struct Sent {
 };
 Sent send_chunks(const std::vector<std::shared_ptr<WorkerProcess>>& workers,
                  const std::string& method, const std::vector<List>& chunks,
-                 const std::vector<int>& chunk_of_rank, const CallOptions& options) {
+                 const std::vector<int>& chunk_of_rank, const CallOptions& options,
+                 CallTrace* trace) {
   std::vector<std::optional<OutgoingCall>> messages(chunks.size());
   Sent sent;
   for (size_t r = 0; r < workers.size(); ++r) {
     int c = chunk_of_rank[r];
     if (c < 0) continue;
-    if (!messages[c]) messages[c] = WorkerProcess::encode_call(method, chunks[c]);
+    if (!messages[c]) {
+      const int64_t t0 = trace ? profiler::now_ns() : 0;
+      messages[c] = WorkerProcess::encode_call(method, chunks[c]);
+      if (trace) trace->child("encode", t0, profiler::now_ns(), profiler::Args().add("chunk", c).take());
+    }
+    const int64_t t0 = trace ? profiler::now_ns() : 0;
     sent.futures.push_back(workers[r]->send(*messages[c], options.timeout));
+    if (trace) trace->sent(static_cast<int>(r), messages[c]->call_id, t0, profiler::now_ns());
     sent.ranks.push_back(static_cast<int>(r));
   }
   for (const auto& msg : messages) {
@@ -430,13 +530,23 @@ DispatchPlan plan_call(const WorkerGroup& view, const RoleSet& roles, const Role
 // every rank that ran has answered (a failure anywhere fails the call).
 Future<Value> send_plan(const std::vector<std::shared_ptr<WorkerProcess>>& workers,
                         const std::string& wire_name, const std::string& where,
-                        const CollectFn& collect, DispatchPlan plan, const CallOptions& options) {
-  Sent sent = send_chunks(workers, wire_name, plan.chunks, plan.chunk_of_rank, options);
+                        const CollectFn& collect, DispatchPlan plan, const CallOptions& options,
+                        CallTracePtr trace) {
+  Sent sent = send_chunks(workers, wire_name, plan.chunks, plan.chunk_of_rank, options, trace.get());
   std::vector<int> ranks = sent.ranks;
   // Hand the collected ranks' results, in rank order, to the collect function.
-  return gather(std::move(sent))
-      .then([where, collect, ranks = std::move(ranks), mask = std::move(plan.collect),
-             pad = plan.pad, info = std::move(plan.info)](const List& results) {
+  auto collected = gather(std::move(sent)).then([where, collect, ranks = std::move(ranks),
+                                                 mask = std::move(plan.collect), pad = plan.pad,
+                                                 info = std::move(plan.info),
+                                                 trace](const List& results) {
+        const int64_t t0 = trace ? trace->answered() : 0;
+        struct Collecting {  // the collect span, however collect() ends
+          CallTrace* trace;
+          int64_t t0;
+          ~Collecting() {
+            if (trace) trace->child("collect", t0, profiler::now_ns());
+          }
+        } collecting{trace.get(), t0};
         CollectInput in;
         in.pad = pad;
         in.info = info;
@@ -451,6 +561,22 @@ Future<Value> send_plan(const std::vector<std::shared_ptr<WorkerProcess>>& worke
           throw Error(where + ": collecting the results failed: " + e.what());
         }
       });
+  return traced(std::move(collected), std::move(trace));
+}
+
+// Plans a call (its "dispatch" span when traced).
+DispatchPlan traced_plan(CallTrace* trace, const WorkerGroup& view, const RoleSet& roles,
+                         const RoleSet::Target& t, const std::string& where,
+                         const DispatchMode& mode, const List& args) {
+  const int64_t t0 = trace ? profiler::now_ns() : 0;
+  DispatchPlan plan = plan_call(view, roles, t, where, mode, args);
+  if (trace) trace->child("dispatch", t0, profiler::now_ns());
+  return plan;
+}
+
+// The "wait for arguments" span of a call sent once its futures completed.
+void waited_for_arguments(CallTrace* trace) {
+  if (trace) trace->child("wait for arguments", trace->begin_ns(), profiler::now_ns());
 }
 
 }  // namespace
@@ -496,6 +622,7 @@ WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& 
   s->name = options.name.empty() ? class_name + "_" + std::to_string(group_counter++) : options.name;
   s->layout = options.layout.value_or(ParallelLayout::data_parallel(pool.world_size()));
   s->shutdown_grace = options.shutdown_grace;
+  s->lanes = std::make_shared<profiler::Lanes>("calls " + s->name);
   if (s->layout.world_size() != pool.world_size() || s->layout.tp < 1 || s->layout.cp < 1 ||
       s->layout.dp < 1 || s->layout.pp < 1) {
     throw CallError("WorkerGroup " + s->name + ": layout " + s->layout.to_string() + " has " +
@@ -608,7 +735,8 @@ MeshInfo WorkerGroup::mesh(const std::string& mesh) const {
   // Sent directly, not in submission order: registrations are made in the
   // workers' constructors, so any order gives the same answer.
   std::vector<int> everyone(s_->workers.size(), 0);
-  Sent sent = send_chunks(s_->workers, target("_query_mesh").wire_name, {{mesh}}, everyone, {});
+  Sent sent =
+      send_chunks(s_->workers, target("_query_mesh").wire_name, {{mesh}}, everyone, {}, nullptr);
   MeshInfo info;
   for (size_t r = 0; r < sent.futures.size(); ++r) {  // the lowest failing rank is named
     Value entry;
@@ -652,32 +780,41 @@ Future<Value> WorkerGroup::call(const std::string& method, CallArgs args, CallOp
   // The dispatch function sees the method's role (its meshes) or the group.
   const int view_role = s_->roles->colocated() ? static_cast<int>(t.role) : -1;
   std::shared_ptr<State> s = s_;
+  CallTracePtr trace = CallTrace::start(s_->lanes, where);
   if (args.has_futures()) {
-    return s_->submit(
-        std::move(args), where, [s, view_role, t, where, mode, options](const List& values) {
-          WorkerGroup view(s, view_role, false);
-          DispatchPlan plan = plan_call(view, *s->roles, t, where, mode, values);
-          return send_plan(s->workers, t.wire_name, where, mode.collect, std::move(plan), options);
-        });
+    return s_->submit(std::move(args), where,
+                      [s, view_role, t, where, mode, options, trace](const List& values) {
+                        waited_for_arguments(trace.get());
+                        WorkerGroup view(s, view_role, false);
+                        DispatchPlan plan =
+                            traced_plan(trace.get(), view, *s->roles, t, where, mode, values);
+                        return send_plan(s->workers, t.wire_name, where, mode.collect,
+                                         std::move(plan), options, trace);
+                      });
   }
   // No futures: bad arguments throw here, before anything is queued or sent.
-  DispatchPlan plan =
-      plan_call(WorkerGroup(s_, view_role, false), *s_->roles, t, where, mode, args.take_values());
-  return s_->submit(
-      {}, where,
-      [s, t, where, collect = mode.collect, plan = std::move(plan), options](const List&) mutable {
-        return send_plan(s->workers, t.wire_name, where, collect, std::move(plan), options);
-      });
+  DispatchPlan plan = traced_plan(trace.get(), WorkerGroup(s_, view_role, false), *s_->roles, t,
+                                  where, mode, args.take_values());
+  return s_->submit({}, where,
+                    [s, t, where, collect = mode.collect, plan = std::move(plan), options,
+                     trace](const List&) mutable {
+                      return send_plan(s->workers, t.wire_name, where, collect, std::move(plan),
+                                       options, trace);
+                    });
 }
 
 Future<List> WorkerGroup::call_all(const std::string& method, CallArgs args, CallOptions options) {
   RoleSet::Target t = target(method);
   const std::string qualified = s_->roles->qualified(t);
   std::shared_ptr<State> s = s_;
-  auto deliver = [s, t, options](const List& values) {
+  CallTracePtr trace = CallTrace::start(s_->lanes, qualified + " (all ranks)");
+  auto deliver = [s, t, options, trace, waits = args.has_futures()](const List& values) {
+    if (waits) waited_for_arguments(trace.get());
     std::vector<int> everyone(s->workers.size(), 0);
-    return gather(send_chunks(s->workers, t.wire_name, {values}, everyone, options))
-        .then(list_to_value);
+    return traced(
+        gather(send_chunks(s->workers, t.wire_name, {values}, everyone, options, trace.get()))
+            .then(list_to_value),
+        trace);
   };
   if (!args.has_futures()) {
     List values = args.take_values();
@@ -705,10 +842,14 @@ Future<Value> WorkerGroup::call_rank(int rank, const std::string& method, CallAr
   RoleSet::Target t = target(method);
   const std::string qualified = s_->roles->qualified(t);
   std::shared_ptr<State> s = s_;
-  auto deliver = [s, t, rank, options](const List& values) {
+  CallTracePtr trace =
+      CallTrace::start(s_->lanes, qualified + " (rank " + std::to_string(rank) + ")");
+  auto deliver = [s, t, rank, options, trace, waits = args.has_futures()](const List& values) {
+    if (waits) waited_for_arguments(trace.get());
     std::vector<int> only(s->workers.size(), -1);
     only[rank] = 0;
-    return send_chunks(s->workers, t.wire_name, {values}, only, options).futures[0];
+    return traced(send_chunks(s->workers, t.wire_name, {values}, only, options, trace.get()).futures[0],
+                  trace);
   };
   if (!args.has_futures()) {
     List values = args.take_values();
@@ -739,16 +880,78 @@ Future<List> WorkerGroup::call_per_rank(const std::string& method, std::vector<L
     }
   }
   std::shared_ptr<State> s = s_;
+  CallTracePtr trace = CallTrace::start(s_->lanes, qualified + " (per rank)");
   return s_
-      ->submit(
-          {}, qualified,
-          [s, t, options, per_rank_args = std::move(per_rank_args)](const List&) {
-            std::vector<int> own(per_rank_args.size());
-            for (size_t r = 0; r < own.size(); ++r) own[r] = static_cast<int>(r);
-            return gather(send_chunks(s->workers, t.wire_name, per_rank_args, own, options))
-                .then(list_to_value);
-          })
+      ->submit({}, qualified,
+               [s, t, options, per_rank_args = std::move(per_rank_args), trace](const List&) {
+                 std::vector<int> own(per_rank_args.size());
+                 for (size_t r = 0; r < own.size(); ++r) own[r] = static_cast<int>(r);
+                 return traced(gather(send_chunks(s->workers, t.wire_name, per_rank_args, own,
+                                                  options, trace.get()))
+                                   .then(list_to_value),
+                               trace);
+               })
       .then(value_to_list);
+}
+
+void WorkerGroup::set_profiling(bool on) {
+  const std::string wire = s_->roles->find(role_ < 0 ? 0 : static_cast<size_t>(role_),
+                                           "_profiler_set").wire_name;
+  std::shared_ptr<State> s = s_;
+  s_->submit({}, name() + " set_profiling", [s, wire, on](const List&) {
+      std::vector<int> everyone(s->workers.size(), 0);
+      return gather(send_chunks(s->workers, wire, {{Value(on)}}, everyone, {}, nullptr))
+          .then(list_to_value);
+    }).get();
+}
+
+std::vector<profiler::ProcessProfile> WorkerGroup::collect_profile(int64_t origin_ns) {
+  auto wire = [&](const char* method) {
+    return s_->roles->find(role_ < 0 ? 0 : static_cast<size_t>(role_), method).wire_name;
+  };
+  const size_t n = s_->workers.size();
+  // Round trips, each stamped here just before its message is queued and on
+  // the I/O thread as its answer arrives (in a continuation, so that the
+  // stamp is made before get() returns); the shortest per worker is used.
+  constexpr int kRoundTrips = 8;
+  std::vector<std::vector<profiler::ClockSample>> samples(n);
+  std::vector<std::string> domains(n);
+  for (int round = 0; round < kRoundTrips; ++round) {
+    const OutgoingCall msg = WorkerProcess::encode_call(wire("_profiler_clock"), {});
+    std::vector<int64_t> sent(n);
+    std::vector<Future<List>> answers;
+    for (size_t r = 0; r < n; ++r) {
+      sent[r] = profiler::now_ns();
+      answers.push_back(s_->workers[r]->send(msg, std::nullopt).then([](const Value& v) {
+        return List{v, Value(profiler::now_ns())};
+      }));
+    }
+    if (msg.segment) Driver::get().pool().release(*msg.segment, kSelfPeer);
+    for (size_t r = 0; r < n; ++r) {
+      const List a = answers[r].get();
+      const List& reading = a[0].as_list();
+      samples[r].push_back({sent[r], reading[0].as_int(), a[1].as_int()});
+      domains[r] = reading[1].as_string();
+    }
+  }
+  std::vector<profiler::ProcessProfile> out(n);
+  std::vector<Future<Value>> parts;
+  for (size_t r = 0; r < n; ++r) {
+    const WorkerProcess& w = *s_->workers[r];
+    out[r].pid = w.trace_pid();
+    out[r].name = w.info().class_name + ":rank " + std::to_string(w.info().rank);
+    out[r].clock = profiler::estimate_clock_offset(samples[r], domains[r] == profiler::clock_domain());
+    // The worker's clock reads its events' times as `origin + offset`.
+    std::vector<int> only(n, -1);
+    only[r] = 0;
+    parts.push_back(send_chunks(s_->workers, wire("_profiler_collect"),
+                                {{Value(out[r].pid), Value(out[r].name),
+                                  Value(origin_ns + out[r].clock.applied_ns())}},
+                                only, {}, nullptr)
+                        .futures[0]);
+  }
+  for (size_t r = 0; r < n; ++r) out[r].events_json = parts[r].get().as_string();
+  return out;
 }
 
 void WorkerGroup::shutdown(std::chrono::milliseconds grace) { s_->shutdown(grace); }

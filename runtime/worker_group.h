@@ -44,6 +44,7 @@
 #include "runtime/future.h"
 #include "runtime/method_table.h"
 #include "runtime/parallel_layout.h"
+#include "runtime/profiler.h"
 #include "runtime/resource_pool.h"
 #include "runtime/role_set.h"
 #include "runtime/value.h"
@@ -187,6 +188,23 @@ class WorkerGroup {
   // per_rank_args[r] goes to rank r; its size must equal world_size().
   Future<List> call_per_rank(const std::string& method, std::vector<List> per_rank_args,
                              CallOptions options = {});
+
+  // Profiling (runtime/profiler.h). While the driver's recording is on
+  // (profiler::set_enabled), each call on the group records its driver-side
+  // spans on the driver's "calls <group>" track. set_profiling turns recording
+  // on or off in every worker process of the group (of every role, for a
+  // colocated one), in submission order with the group's calls; blocks until
+  // every worker has. Throws as a failed call does.
+  void set_profiling(bool on);
+  // Takes the events every worker process of the group recorded, each
+  // process's part of a Chrome trace (profiler::chrome_trace): trace pid the
+  // process's stable id, name "<class>:rank <r>", times in microseconds since
+  // `origin_ns` of the driver's clock. Each worker's clock offset is estimated
+  // first from a few round trips (profiler::estimate_clock_offset) and its
+  // events shifted by it, unless it shares the driver's clock. Blocks; meant
+  // for an idle group (a round trip that waits behind a method only makes the
+  // estimate less certain). Throws as a failed call does.
+  std::vector<profiler::ProcessProfile> collect_profile(int64_t origin_ns);
 
   // Asks every worker to exit after the calls already sent, waits for them
   // (killing any still alive after `grace`, a stopped or hung one included;

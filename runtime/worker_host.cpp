@@ -11,6 +11,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "runtime/driver.h"
 #include "runtime/errors.h"
 #include "runtime/method_table.h"
+#include "runtime/profiler.h"
 #include "runtime/role_set.h"
 #include "runtime/threads.h"
 #include "runtime/value_codec.h"
@@ -101,7 +103,9 @@ class Host {
 
   [[noreturn]] void run() {
     for (;;) {
-      if (channel_.read_blocking() == Channel::ReadStatus::kClosed) {
+      const Channel::ReadStatus status = channel_.read_blocking();
+      read_ns_ = profiler::enabled() ? profiler::now_ns() : 0;
+      if (status == Channel::ReadStatus::kClosed) {
         // Drain what arrived before the close, then go: the driver is gone.
         drain();
         quit(0);
@@ -167,19 +171,40 @@ class Host {
     }
   }
 
+  // When the call is traced (profiling on, and not one of the profiler's own
+  // calls): the worker's spans of one call, on its main thread. The parent
+  // span is named for the method; its children are queue (from the read of
+  // the call's message, or the end of the call before it, to its start),
+  // decode, execute and encode result. They end as the result is handed to
+  // the socket: the driver may read it before the write returns here, and
+  // the worker's spans of a call must lie within the driver's.
+  struct CallSpans {
+    bool on = false;
+    int64_t queued = 0, decode = 0, execute = 0, executed = 0, encoded = 0;
+  };
+
   void on_call(wire::Envelope::Reader env, std::vector<int> fds) {
     auto call = env.getCall();
     uint64_t id = call.getCallId();
     Value result;
     std::string error;
     wire::ErrorKind kind = wire::ErrorKind::EXCEPTION;
+    CallSpans spans;
+    spans.on = profiler::enabled();
+    if (spans.on) {
+      spans.decode = profiler::now_ns();
+      spans.queued = std::min(spans.decode, std::max(read_ns_ > 0 ? read_ns_ : spans.decode,
+                                                     last_call_end_ns_));
+    }
     {
       ValueDecoder decoder(std::move(fds), env.getSharedBytes(), regions_, release_sink());
       try {
         if (workers_.empty()) throw CallError("the worker was not constructed");
         RoleSet::Target t = roles_->find(call.getMethod().cStr());
+        if (t.method->name.rfind("_profiler_", 0) == 0) spans.on = false;
         List args = decoder.decode(call.getArgs());
         t.method->check_args(roles_->qualified(t), args);
+        if (spans.on) spans.execute = profiler::now_ns();
         result = t.method->invoke(*workers_[t.role], args);
       } catch (const CallError& e) {
         error = e.what();
@@ -190,11 +215,34 @@ class Host {
         error = "unknown exception";
       }
     }  // the arguments' shared memory is released here unless the method kept it
-    reply(id, result, error.empty() ? nullptr : &error, kind);
+    if (spans.on) {
+      spans.executed = profiler::now_ns();
+      if (spans.execute == 0) spans.execute = spans.executed;  // failed before it ran
+    }
+    reply(id, result, error.empty() ? nullptr : &error, kind, spans.on ? &spans : nullptr);
+    if (spans.on) record_call(id, call.getMethod().cStr(), spans, error.empty());
+  }
+
+  void record_call(uint64_t id, const std::string& method, const CallSpans& s, bool ok) {
+    last_call_end_ns_ = profiler::now_ns();
+    const std::string args = profiler::Args()
+                                 .add("call_id", static_cast<int64_t>(id))
+                                 .add("method", method)
+                                 .add("rank", info_.rank)
+                                 .add("ok", ok ? 1 : 0)
+                                 .take();
+    auto span = [&](std::string name, int64_t begin, int64_t end, std::string a) {
+      profiler::record({std::move(name), "worker", begin, end, 0, std::move(a)});
+    };
+    span(method, s.queued, s.encoded, args);
+    span("queue", s.queued, s.decode, {});
+    span("decode", s.decode, s.execute, {});
+    span("execute", s.execute, s.executed, args);
+    span("encode result", s.executed, s.encoded, {});
   }
 
   void reply(uint64_t id, const Value& value, const std::string* error,
-             wire::ErrorKind kind = wire::ErrorKind::EXCEPTION) {
+             wire::ErrorKind kind = wire::ErrorKind::EXCEPTION, CallSpans* spans = nullptr) {
     SmallMessageBuilder builder;
     auto env = builder.initRoot<wire::Envelope>();
     {
@@ -224,6 +272,7 @@ class Host {
     }
     if (auto seg = enc.segment()) pool_.hold(*seg, kDriverPeer);
     auto words = capnp::messageToFlatArray(builder);
+    if (spans != nullptr) spans->encoded = profiler::now_ns();
     bool sent = channel_.send(words.asPtr(), fds);
     if (auto seg = enc.segment()) pool_.release(*seg, kSelfPeer);
     if (!sent) quit(0);  // the driver is gone
@@ -237,6 +286,10 @@ class Host {
   std::vector<std::unique_ptr<Worker>> workers_;  // one per role
   std::mutex release_mu_;
   std::vector<SegmentId> releases_;  // driver segments this worker is done with
+  // For the calls' queue spans (only while profiling): when the last read
+  // from the driver returned, and when the last traced call was sent back.
+  int64_t read_ns_ = 0;
+  int64_t last_call_end_ns_ = 0;
 };
 
 }  // namespace
@@ -250,6 +303,7 @@ void run_worker_host(int fd) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   install_crash_handler(env_str("BATON_CLASS") + ":" + env_str("RANK"));
   set_intra_op_threads(env_int("BATON_THREADS", 1));
+  profiler::set_thread_name("main");
   Host host(fd);
   host.run();
 }

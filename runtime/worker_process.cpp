@@ -24,6 +24,7 @@
 #include "runtime/driver.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
+#include "runtime/profiler.h"
 #include "runtime/threads.h"
 #include "runtime/value_codec.h"
 
@@ -325,16 +326,22 @@ void WorkerProcess::handle_message(wire::Envelope::Reader env, std::vector<int> 
     return;
   }
   std::weak_ptr<WorkerProcess> weak = weak_from_this();
+  Value value;
   try {
+    // On the I/O thread's track; the future's callbacks run after it.
+    profiler::Span span("decode result", "runtime");
+    span.arg("call_id", static_cast<int64_t>(result.getCallId())).arg("rank", info_.rank);
     ValueDecoder decoder(std::move(fds), env.getSharedBytes(), regions_, [weak](SegmentId id) {
       if (auto self = weak.lock()) self->queue_release(id);
     });
-    pending.promise.set_value(decoder.decode(result.getValue()));
+    value = decoder.decode(result.getValue());
   } catch (const std::exception& e) {
     pending.promise.fail(Error("result of " + info_.class_name + "." + pending.method +
                                " on rank " + std::to_string(info_.rank) +
                                " could not be read: " + e.what()));
+    return;
   }
+  pending.promise.set_value(std::move(value));
 }
 
 void WorkerProcess::start_log_pipe(int fd, bool is_stderr) {

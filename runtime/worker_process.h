@@ -62,6 +62,9 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   bool alive() const;
   // "worker Adder rank 2 (pid 123)"
   std::string label() const;
+  // The process's pid in profiles: stable within a run (the order in which
+  // the driver started its workers, from 2; the driver is 1).
+  int trace_pid() const { return static_cast<int>(peer_); }
 
   // Sends the Init message; the future completes when the constructors (one
   // per role) ran.

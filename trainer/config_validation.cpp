@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/step_profiler.h"
+
 namespace baton::trainer {
 namespace {
 
@@ -218,6 +220,28 @@ void validate_ppo_config(const Config& config) {
   c.at_least("actor_rollout_ref.actor.ppo_epochs", 1);
   c.positive_or_null("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu");
   c.positive_or_null("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu");
+  // Dynamic batch sizes: a packed micro-batch holds whole sequences, so its
+  // budget must hold the longest one.
+  const auto longest = [&]() -> std::optional<int64_t> {
+    const auto p = c.read<int64_t>("data.max_prompt_length");
+    const auto r = c.read<int64_t>("data.max_response_length");
+    if (!p || !r) return std::nullopt;
+    return *p + *r;
+  }();
+  auto check_dynamic = [&](const std::string& switch_key, const std::string& max_key) {
+    const auto max_tokens = c.at_least(max_key, 1);
+    if (!c.read<bool>(switch_key).value_or(false)) return;
+    if (max_tokens && longest && *max_tokens < *longest)
+      c.problem(cat(max_key, " = ", *max_tokens, " cannot hold a sequence of ", *longest,
+                    " tokens (data.max_prompt_length + data.max_response_length) with ", switch_key,
+                    " = true"));
+  };
+  check_dynamic("actor_rollout_ref.actor.use_dynamic_bsz",
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu");
+  check_dynamic("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu");
+  check_dynamic("actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu");
   check_update_batches(c, "actor", train_batch, n, actor_dp,
                        "actor_rollout_ref.actor.ppo_mini_batch_size",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu");
@@ -225,7 +249,11 @@ void validate_ppo_config(const Config& config) {
     c.at_least("critic.ppo_epochs", 1);
     check_update_batches(c, "critic", train_batch, n, critic_dp, "critic.ppo_mini_batch_size",
                          "critic.ppo_micro_batch_size_per_gpu");
+    check_dynamic("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu");
+    check_dynamic("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu");
   }
+  if (c.read<bool>("reward_model.enable").value_or(false))
+    check_dynamic("reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu");
   if (train_batch && n && rollout_dp && (*train_batch * *n) % *rollout_dp != 0)
     c.problem(cat("data.train_batch_size x actor_rollout_ref.rollout.n = ", *train_batch, " x ", *n,
                   " = ", *train_batch * *n, " sequences do not split evenly over the rollout's ",
@@ -297,6 +325,8 @@ void validate_ppo_config(const Config& config) {
     for (const auto& logger : *loggers)
       if (logger != "console" && logger != "file")
         c.problem(cat("trainer.logger has '", logger, "'; the loggers are console and file"));
+
+  for (std::string& p : profiler_config_problems(config)) c.problem(std::move(p));
 
   if (!c.problems().empty()) {
     std::string message = "the config cannot be used:";

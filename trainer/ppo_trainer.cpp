@@ -19,6 +19,7 @@
 #include "engine/sampling.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
+#include "runtime/profiler.h"
 #include "runtime/resource_pool.h"
 #include "runtime/worker_group.h"
 #include "trainer/config_validation.h"
@@ -188,7 +189,11 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   st.actor->call("init_model", {}).get();
   if (s.use_critic) st.critic_role().call("init_model", {}).get();
   if (s.use_rm) st.reward_model().call("init_model", {}).get();
-
+  // Each worker process once: the groups that own processes.
+  std::vector<WorkerGroup*> processes = {&*st.group};
+  if (st.critic_group) processes.push_back(&*st.critic_group);
+  if (st.rm_group) processes.push_back(&*st.rm_group);
+  st.profiler = std::make_unique<StepProfiler>(read_profiler_settings(c), processes);
 }
 
 PpoTrainer::~PpoTrainer() = default;
@@ -284,10 +289,13 @@ FitResult PpoTrainer::fit() {
   const double temperature = s.sampling.temperature;
   while (st.global_step < s.total_steps) {
     ++st.global_step;
+    st.profiler->begin_step(st.global_step);
     const auto step_start = Clock::now();
     Metrics m, timing;
+    // A phase: timing_s/<name>, and its span when the step is profiled.
     auto timed = [&](const char* name, auto&& fn) {
       progress.update(st.global_step - 1, "step " + std::to_string(st.global_step) + ": " + name);
+      profiler::Span span(name, "trainer");
       const auto t0 = Clock::now();
       fn();
       timing[name] = seconds_since(t0);
@@ -423,6 +431,7 @@ FitResult PpoTrainer::fit() {
 
     if (s.test_freq > 0 && st.val_data &&
         (st.global_step % s.test_freq == 0 || st.global_step == s.total_steps)) {
+      profiler::Span span("testing", "trainer");
       const auto t0 = Clock::now();
       Metrics v = validate();
       timing["testing"] = seconds_since(t0);
@@ -440,8 +449,11 @@ FitResult PpoTrainer::fit() {
     st.logger->log(st.global_step, m);
     result.last_metrics = m;
     if (s.save_freq > 0 && (st.global_step % s.save_freq == 0 || st.global_step == s.total_steps)) {
+      profiler::Span span("save_checkpoint", "trainer");
       save_trainer_checkpoint(st);
     }
+    const std::string trace = st.profiler->end_step(st.global_step);
+    if (!trace.empty()) log(LogLevel::kInfo, "profile of step " + std::to_string(st.global_step) + ": " + trace);
   }
   result.steps = st.global_step;
   progress.update(st.global_step);

@@ -49,6 +49,23 @@ SamplingSettings sampling_from(const Config& c, const std::string& prefix, int64
   return s;
 }
 
+// A role's packed micro-batch budget: `max_key`'s tokens when `switch_key`
+// (a use_dynamic_bsz) is on, else 0 (micro-batches of rows).
+int64_t dynamic_max_tokens(const Config& c, const std::string& switch_key,
+                           const std::string& max_key) {
+  const auto max_tokens = c.get<int64_t>(max_key);  // read (and typed) either way
+  return c.get<bool>(switch_key) ? max_tokens : 0;
+}
+
+// A role's megatron.{param,grad,optimizer}_offload.
+workers::OffloadOptions offload_from(const Config& c, const std::string& megatron) {
+  workers::OffloadOptions o;
+  o.params = c.get<bool>(megatron + ".param_offload");
+  o.grads = c.get<bool>(megatron + ".grad_offload");
+  o.optimizer = c.get<bool>(megatron + ".optimizer_offload");
+  return o;
+}
+
 void read_actor(const Config& c, TrainerSettings& s) {
   const std::string a = "actor_rollout_ref.actor";
   workers::ActorRolloutRefOptions& o = s.actor;
@@ -64,6 +81,8 @@ void read_actor(const Config& c, TrainerSettings& s) {
   // null: the local mini-batch, in micro-batches of at most 8 sequences.
   o.update.micro_batch_size = c.get_optional<int64_t>(a + ".ppo_micro_batch_size_per_gpu")
                                   .value_or(std::min<int64_t>(o.update.mini_batch_size / dp, 8));
+  o.update.max_token_len =
+      dynamic_max_tokens(c, a + ".use_dynamic_bsz", a + ".ppo_max_token_len_per_gpu");
   o.update.epochs = c.get<int64_t>(a + ".ppo_epochs");
   s.old_log_prob_from_update = c.get<bool>(a + ".skip_old_log_prob_on_policy") &&
                                o.update.epochs == 1 && s.actor_mini_prompts == s.train_batch &&
@@ -76,6 +95,8 @@ void read_actor(const Config& c, TrainerSettings& s) {
   o.optim.distributed = c.get<bool>(a + ".megatron.use_distributed_optimizer");
   o.optim.overlap_grad_reduce = c.get<bool>(a + ".megatron.overlap_grad_reduce");
   o.optim.bucket_bytes = c.get<int64_t>(a + ".megatron.grad_reduce_bucket_bytes");
+  o.model.offload = offload_from(c, a + ".megatron");
+  o.ref_param_offload = c.get<bool>("actor_rollout_ref.ref.megatron.param_offload");
 
   workers::PolicyOptions& p = o.policy;
   const std::string pl = a + ".policy_loss";
@@ -110,6 +131,11 @@ void read_actor(const Config& c, TrainerSettings& s) {
   o.ref_log_prob_micro_batch_size =
       c.get_optional<int64_t>("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu")
           .value_or(int64_t{1} << 30);
+  o.rollout.log_prob_max_token_len =
+      dynamic_max_tokens(c, r + ".log_prob_use_dynamic_bsz", r + ".log_prob_max_token_len_per_gpu");
+  o.ref_log_prob_max_token_len =
+      dynamic_max_tokens(c, "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+                         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu");
   o.ref = s.use_ref;
 }
 
@@ -134,8 +160,13 @@ void read_critic(const Config& c, TrainerSettings& s) {
   k.optim.distributed = c.get<bool>("critic.megatron.use_distributed_optimizer");
   k.optim.overlap_grad_reduce = c.get<bool>("critic.megatron.overlap_grad_reduce");
   k.optim.bucket_bytes = c.get<int64_t>("critic.megatron.grad_reduce_bucket_bytes");
+  k.model.offload = offload_from(c, "critic.megatron");
   k.cliprange_value = c.get<double>("critic.cliprange_value");
   k.forward_micro_batch_size = k.update.micro_batch_size;
+  k.update.max_token_len =
+      dynamic_max_tokens(c, "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu");
+  k.forward_max_token_len =
+      dynamic_max_tokens(c, "critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu");
 }
 
 void read_reward_model(const Config& c, TrainerSettings& s) {
@@ -145,8 +176,11 @@ void read_reward_model(const Config& c, TrainerSettings& s) {
   s.rm.model.value_model = true;
   s.rm.model.tp = c.get<int64_t>("reward_model.megatron.tensor_model_parallel_size");
   s.rm.model.pp = c.get<int64_t>("reward_model.megatron.pipeline_model_parallel_size");
+  s.rm.model.offload.params = c.get<bool>("reward_model.megatron.param_offload");
   s.rm.micro_batch_size =
       c.get_optional<int64_t>("reward_model.micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
+  s.rm.max_token_len = dynamic_max_tokens(c, "reward_model.use_dynamic_bsz",
+                                          "reward_model.forward_max_token_len_per_gpu");
 }
 
 }  // namespace

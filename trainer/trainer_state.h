@@ -15,6 +15,7 @@
 #include "trainer/metrics.h"
 #include "trainer/ppo_trainer.h"
 #include "trainer/settings.h"
+#include "trainer/step_profiler.h"
 #include "workers/algos/kl.h"
 #include "workers/rewards/reward_manager.h"
 
@@ -39,6 +40,7 @@ struct PpoTrainer::State {
   WorkerGroup& reward_model() { return rm ? *rm : *rm_group; }
   WorkerGroup& critic_role() { return critic ? *critic : *critic_group; }
   std::unique_ptr<MetricsLogger> logger;
+  std::unique_ptr<StepProfiler> profiler;  // global_profiler.steps
   int64_t global_step = 0;
 };
 

@@ -221,5 +221,102 @@ TEST(Transformer, RecomputedActivationsGiveTheSameGradients) {
     expect_close(b[i].second.grad(), a[i].second.grad(), Tolerance::exact(), a[i].first);
 }
 
+// The fixture's padded rows packed into one row: their real tokens back to
+// back, positions as in the padded rows; `index` [B, S] is where each padded
+// column's token lands (padding: -1).
+struct Packed {
+  at::Tensor ids, pos;
+  std::vector<int64_t> lengths;
+  at::Tensor index;
+};
+
+Packed pack_rows(const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& mask) {
+  Packed p;
+  const at::Tensor real = mask.ne(0);
+  p.ids = ids.masked_select(real).unsqueeze(0);
+  p.pos = pos.masked_select(real).unsqueeze(0);
+  p.index = at::full(ids.sizes(), -1, at::kLong);
+  int64_t next = 0;
+  for (int64_t r = 0; r < ids.size(0); ++r) {
+    int64_t len = 0;
+    for (int64_t c = 0; c < ids.size(1); ++c) {
+      if (real[r][c].item<bool>()) {
+        p.index[r][c] = next++;
+        ++len;
+      }
+    }
+    p.lengths.push_back(len);
+  }
+  return p;
+}
+
+// Rows of a packed output [1, T, ...] at the padded layout's real columns,
+// and the padded output [B, S, ...] at the same columns, both [tokens, ...].
+std::pair<at::Tensor, at::Tensor> at_real_tokens(const at::Tensor& packed, const at::Tensor& padded,
+                                                 const Packed& p) {
+  const at::Tensor real = p.index.ge(0);
+  const at::Tensor from_packed = packed.select(0, 0).index_select(0, p.index.masked_select(real));
+  const at::Tensor from_padded = padded.flatten(0, 1).index_select(
+      0, at::arange(real.numel(), at::kLong).masked_select(real.flatten()));
+  return {from_packed, from_padded};
+}
+
+TEST(Transformer, PackedSequencesGiveThePaddedRowsLogitsAndGradients) {
+  auto f = load_fixture("tiny-qwen2");
+  auto padded_model = build(f);
+  const auto& ids = f.ref.at("input_ids");
+  const auto& pos = f.ref.at("position_ids");
+  const auto& mask = f.ref.at("attention_mask");
+  const Packed p = pack_rows(ids, pos, mask);
+  ASSERT_GT(p.lengths.size(), 1u);
+  ASSERT_LT(p.ids.size(1), ids.numel()) << "the fixture has padding to remove";
+
+  // Each sequence sees itself only: the same logits as its padded row, up to
+  // the summation order of attention over a shorter key range.
+  at::Tensor padded = padded_model->forward(ids, pos, mask);
+  at::Tensor packed = padded_model->forward(p.ids, p.pos, at::ones_like(p.ids), p.lengths);
+  ASSERT_EQ(packed.size(1), p.ids.size(1));
+  auto [a, b] = at_real_tokens(packed, padded, p);
+  const int64_t seq = ids.size(1);
+  const double m = std::max(1.0, b.abs().max().item<double>());
+  expect_close(a, b, Tolerance::fp32(test::logit_terms(f.config, seq), m), "packed logits");
+
+  // The gradient of a loss over the real tokens, through plain and
+  // recomputed layers, equals the padded one's.
+  auto recomputed = std::make_shared<Transformer>(
+      f.config, ParallelState::single(), TransformerOptions().set_recompute_activations(true));
+  recomputed->load_state_dict(padded_model->state_dict());
+  auto padded_loss = [&](Transformer& model) {
+    auto out = model.forward(ids, pos, mask).log_softmax(-1);
+    return (out.select(-1, 3) * mask.to(at::kFloat)).sum();
+  };
+  auto packed_loss = [&](Transformer& model) {
+    return model.forward(p.ids, p.pos, at::ones_like(p.ids), p.lengths)
+        .log_softmax(-1)
+        .select(-1, 3)
+        .sum();
+  };
+  padded_loss(*padded_model).backward();
+  packed_loss(*recomputed).backward();
+  const int64_t tokens = p.ids.size(1);
+  auto x = padded_model->named_params(), y = recomputed->named_params();
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double gm = std::max(1e-3, x[i].second.grad().abs().max().item<double>());
+    expect_close(y[i].second.grad(), x[i].second.grad(),
+                 Tolerance::fp32(test::gradient_terms(f.config, seq, tokens), gm), x[i].first);
+  }
+}
+
+TEST(Transformer, PackedLengthsMustFillOneRow) {
+  auto f = load_fixture("tiny-llama");
+  auto model = build(f);
+  const at::Tensor ids = at::zeros({1, 6}, at::kLong), pos = at::zeros({1, 6}, at::kLong);
+  EXPECT_NO_THROW(model->forward(ids, pos, at::ones_like(ids), {2, 4}));
+  EXPECT_THROW(model->forward(ids, pos, at::ones_like(ids), {2, 3}), EngineError);
+  EXPECT_THROW(model->forward(ids, pos, at::ones_like(ids), {6, 0}), EngineError);
+  const at::Tensor two = at::zeros({2, 3}, at::kLong);
+  EXPECT_THROW(model->forward(two, two, at::ones_like(two), {3, 3}), EngineError);
+}
+
 }  // namespace
 }  // namespace baton::engine

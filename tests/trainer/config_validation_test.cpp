@@ -4,6 +4,9 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include "trainer/step_profiler.h"
 
 namespace baton::trainer {
 namespace {
@@ -202,6 +205,27 @@ TEST(ConfigValidation, OptimizerSettingsAreInRange) {
                   "critic.optim.lr_scheduler_type = 'linear' is not one of: constant, cosine");
 }
 
+TEST(ConfigValidation, DynamicBatchBudgetsMustHoldTheLongestSequence) {
+  // The base allows prompts of 512 and responses of 512 tokens.
+  EXPECT_EQ(problems_with(small_with({"actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"})),
+            "");
+  const std::string p =
+      problems_with(small_with({"actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000"}));
+  EXPECT_CONTAINS(p, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 1000 cannot hold a "
+                     "sequence of 1024 tokens");
+  // The log-prob budgets follow the actor's (interpolated), so they are named too.
+  EXPECT_CONTAINS(p, "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu = 1000");
+  EXPECT_CONTAINS(p, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu = 1000");
+  // Off, the budget is only checked to be positive.
+  EXPECT_EQ(problems_with(small_with({"actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000"})),
+            "");
+  EXPECT_CONTAINS(problems_with(small_with({"critic.ppo_max_token_len_per_gpu=0",
+                                            "algorithm.adv_estimator=gae", "critic.enable=true"})),
+                  "critic.ppo_max_token_len_per_gpu = 0 must be >= 1");
+}
+
 TEST(ConfigValidation, NullWhereAValueIsNeededIsNamed) {
   EXPECT_CONTAINS(problems_with(small_with({"data.train_batch_size=null"})),
                   "config key 'data.train_batch_size' is null");
@@ -213,6 +237,27 @@ TEST(ConfigValidation, EveryProblemIsListed) {
   EXPECT_CONTAINS(message, "the config cannot be used:\n  - ");
   EXPECT_CONTAINS(message, "data.truncation");
   EXPECT_CONTAINS(message, "actor_rollout_ref.rollout.n");
+}
+
+TEST(ConfigValidation, ProfiledStepsAreStepNumbersAndTheTracesGoUnderTheRunDirectory) {
+  EXPECT_EQ(problems_with({"global_profiler.steps=[2,3]"}), "");
+  EXPECT_EQ(problems_with({"global_profiler.steps=[]"}), "");
+  EXPECT_CONTAINS(problems_with({"global_profiler.steps=[2,0]"}),
+                  "global_profiler.steps has 0; steps count from 1");
+  EXPECT_CONTAINS(problems_with({"global_profiler.steps=[two]"}),
+                  "global_profiler.steps must be null or a list of step numbers, like [2, 3]");
+  EXPECT_CONTAINS(problems_with({"global_profiler.save_path=[a,b]"}),
+                  "global_profiler.save_path must be null or a directory");
+
+  Config config = Config::load(kBase);
+  config.apply_overrides({"trainer.default_local_dir=runs/x", "global_profiler.steps=[3,1]"});
+  ProfilerSettings s = read_profiler_settings(config.resolved());
+  EXPECT_EQ(s.steps, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(s.save_path, "runs/x/profile");
+  config.apply_override("global_profiler.save_path=/tmp/traces");
+  EXPECT_EQ(read_profiler_settings(config.resolved()).save_path, "/tmp/traces");
+  // Off by default.
+  EXPECT_TRUE(read_profiler_settings(Config::load(kBase).resolved()).steps.empty());
 }
 
 }  // namespace

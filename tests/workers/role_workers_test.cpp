@@ -17,6 +17,7 @@
 #include <string>
 
 #include "dispatch/data_proto.h"
+#include "engine/atomic_file.h"
 #include "engine/hf_model.h"
 #include "engine/model_config.h"
 #include "engine/transformer.h"
@@ -27,7 +28,6 @@
 #include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/roles/critic_worker.h"
 #include "workers/roles/reward_model_worker.h"
-#include "engine/atomic_file.h"
 
 namespace baton::workers {
 namespace {
@@ -66,8 +66,8 @@ WorkerGroup spawn(const std::string& cls, const std::string& json, int tp, int p
 
 // Four left-padded prompts of the fixture's vocabulary (128 ids).
 DataProto prompts() {
-  at::Tensor ids = at::tensor({0, 0, 5, 9, 0, 3, 4, 7, 11, 12, 13, 14, 0, 0, 0, 42}, at::kLong)
-                       .view({4, 4});
+  at::Tensor ids =
+      at::tensor({0, 0, 5, 9, 0, 3, 4, 7, 11, 12, 13, 14, 0, 0, 0, 42}, at::kLong).view({4, 4});
   DataProto d;
   d.set_tensor("input_ids", ids);
   d.set_tensor("attention_mask", (ids != 0).to(at::kLong));
@@ -126,8 +126,8 @@ TEST(ActorRolloutRefWorker, TrainingLogProbsMatchTheRolloutsAndAgreeAcrossLayout
     batch.set_meta("temperature", Value(1.0));
     greedy = g.call("generate_sequences", {greedy_prompts}).get().as<DataProto>();
     dp2_lp = g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
-    const at::Tensor ref = g.call("compute_ref_log_prob", {batch}).get().as<DataProto>().tensor(
-        "ref_log_prob");
+    const at::Tensor ref =
+        g.call("compute_ref_log_prob", {batch}).get().as<DataProto>().tensor("ref_log_prob");
     const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
     test::expect_close(dp2_lp * mask, batch.tensor("rollout_log_probs") * mask,
                        log_prob_tolerance(batch), "old log-probs vs the rollout's");
@@ -135,8 +135,8 @@ TEST(ActorRolloutRefWorker, TrainingLogProbsMatchTheRolloutsAndAgreeAcrossLayout
     test::expect_close(ref * mask, dp2_lp * mask, Tolerance::exact(), "ref vs actor before update");
   }
   for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
-    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(tp, pp, tp).to_json(),
-                          tp, pp);
+    WorkerGroup g =
+        spawn(actor_rollout_ref_worker_class(), actor_options(tp, pp, tp).to_json(), tp, pp);
     const at::Tensor lp =
         g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
     const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
@@ -197,15 +197,16 @@ TEST(ActorRolloutRefWorker, AnUpdateRaisesReinforcedSamplesAndIsTheSameInEveryLa
   EXPECT_LT(seq_delta.slice(0, 1, 8, 2).mean().item<double>(), 0);
 
   for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
-    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(tp, pp, tp).to_json(),
-                          tp, pp);
+    WorkerGroup g =
+        spawn(actor_rollout_ref_worker_class(), actor_options(tp, pp, tp).to_json(), tp, pp);
     DataProto m = g.call("update_actor", {batch}).get().as<DataProto>();
     // The gradient norm (before clipping) is the same whatever the split:
     // the loss is normalised by the global token count and DP averages. A
     // scaling mistake shows here (AdamW's first step would hide it).
     const auto cfg = engine::ModelConfig::load(kModel);
-    const double terms = engine::test::gradient_terms(cfg, batch.tensor("input_ids").size(1),
-                                                      batch.tensor("response_mask").sum().item<int64_t>());
+    const double terms =
+        engine::test::gradient_terms(cfg, batch.tensor("input_ids").size(1),
+                                     batch.tensor("response_mask").sum().item<int64_t>());
     test::expect_near(metric(m, "actor/grad_norm"), grad_norm_dp2,
                       Tolerance::fp32(terms, grad_norm_dp2),
                       "grad norm tp" + std::to_string(tp) + " pp" + std::to_string(pp));
@@ -218,8 +219,7 @@ TEST(ActorRolloutRefWorker, AnUpdateRaisesReinforcedSamplesAndIsTheSameInEveryLa
     // flip signs of near-zero gradients only).
     const at::Tensor diff = ((after - after_dp2) * mask).abs().max();
     const at::Tensor moved = ((after_dp2 - before) * mask).abs().max();
-    EXPECT_LT(diff.item<double>(), 0.05 * moved.item<double>() + 1e-4)
-        << "tp" << tp << " pp" << pp;
+    EXPECT_LT(diff.item<double>(), 0.05 * moved.item<double>() + 1e-4) << "tp" << tp << " pp" << pp;
   }
 }
 
@@ -233,19 +233,21 @@ TEST(ActorRolloutRefWorker, AnOnPolicyUpdateWithoutOldLogProbsUsesItsOwnPass) {
   {
     WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
     batch = with_advantages(g.call("generate_sequences", {prompts()}).get().as<DataProto>());
-    batch.set_tensor("old_log_probs",
-                     g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs"));
+    batch.set_tensor(
+        "old_log_probs",
+        g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs"));
     with_old = metric(g.call("update_actor", {batch}).get().as<DataProto>(), "actor/grad_norm");
   }
-  DataProto fresh = batch.select({"input_ids", "attention_mask", "position_ids", "responses",
-                                  "response_mask", "advantages"});
+  DataProto fresh = batch.select(
+      {"input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"});
   fresh.set_meta("temperature", Value(1.0));
   {
     WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
     DataProto m = g.call("update_actor", {fresh}).get().as<DataProto>();
     const auto cfg = engine::ModelConfig::load(kModel);
-    const double terms = engine::test::gradient_terms(
-        cfg, batch.tensor("input_ids").size(1), batch.tensor("response_mask").sum().item<int64_t>());
+    const double terms =
+        engine::test::gradient_terms(cfg, batch.tensor("input_ids").size(1),
+                                     batch.tensor("response_mask").sum().item<int64_t>());
     test::expect_near(metric(m, "actor/grad_norm"), with_old, Tolerance::fp32(terms, with_old),
                       "on-policy grad norm");
     EXPECT_EQ(metric(m, "actor/pg_clipfrac"), 0.0);
@@ -265,7 +267,8 @@ TEST(ActorRolloutRefWorker, AnExportThatFailsOnOneRankFailsOnAllAndLeavesTheGrou
   // DP 2: rank 0 alone prepares the folder; here it cannot (its parent is a
   // file). Every rank reports the failure at once, instead of rank 1 waiting
   // at a barrier for the group timeout, and the group still works after it.
-  const fs::path tmp = fs::temp_directory_path() / ("baton_export_fail_" + std::to_string(::getpid()));
+  const fs::path tmp =
+      fs::temp_directory_path() / ("baton_export_fail_" + std::to_string(::getpid()));
   baton::engine::remove_tree(tmp);
   fs::create_directories(tmp);
   { std::ofstream(tmp / "a_file") << "x"; }
@@ -309,6 +312,183 @@ TEST(CriticWorker, ValuesComeFromAFreshHeadAndUpdatesFitTheReturns) {
   EXPECT_LT(err(v1), 0.5 * before);
 }
 
+// Offload (param_offload, grad_offload, optimizer_offload; the reference's
+// param_offload): between phases the role's memory leaves (a spill file on
+// the CPU) and comes back bit for bit, so two updates, their log-probs and
+// the reference's are exactly those of the run that keeps everything; the
+// role's resident bytes drop to nothing while it is idle.
+TEST(ActorRolloutRefWorker, OffloadBetweenPhasesTrainsBitIdenticallyAndFreesTheRole) {
+  DataProto batch;
+  std::vector<at::Tensor> results[2];
+  std::vector<double> grad_norms[2];
+  MetricLists offloaded_metrics;
+  for (int offload : {0, 1}) {
+    ActorRolloutRefOptions o = actor_options(1, 1, 1);
+    o.model.offload =
+        OffloadOptions{.params = offload == 1, .grads = offload == 1, .optimizer = offload == 1};
+    o.ref_param_offload = offload == 1;
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), o.to_json(), 1, 1);
+    if (offload == 0) {
+      batch = with_advantages(g.call("generate_sequences", {prompts()}).get().as<DataProto>());
+    } else {
+      // The rollout runs from offloaded parameters too (they come back for it).
+      EXPECT_TRUE(at::equal(
+          g.call("generate_sequences", {prompts()}).get().as<DataProto>().tensor("responses"),
+          batch.tensor("responses")));
+    }
+    for (int step = 0; step < 2; ++step) {
+      DataProto m = g.call("update_actor", {batch}).get().as<DataProto>();
+      grad_norms[offload].push_back(metric(m, "actor/grad_norm"));
+      if (offload == 1) {
+        for (const auto& [k, v] : m.meta_value("metrics")->as_dict())
+          for (const Value& x : v.as_list()) offloaded_metrics[k].push_back(x.as_float());
+      }
+      results[offload].push_back(
+          g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs"));
+    }
+    results[offload].push_back(
+        g.call("compute_ref_log_prob", {batch}).get().as<DataProto>().tensor("ref_log_prob"));
+  }
+  for (size_t i = 0; i < results[0].size(); ++i)
+    EXPECT_TRUE(at::equal(results[1][i], results[0][i])) << "result " << i;
+  EXPECT_EQ(grad_norms[1], grad_norms[0]);
+  // During the update: parameters, gradients and AdamW state (each DP rank's
+  // half of the two moments): three parameter-sized parts. Idle: only the
+  // gradient buffer, which the distributed optimizer keeps in the DP ranks'
+  // shared-memory segment (not this process's allocator's to free): a third.
+  const auto& update = offloaded_metrics["perf/resident_gb/actor_update"];
+  const auto& idle = offloaded_metrics["perf/resident_gb/actor_idle"];
+  ASSERT_EQ(update.size(), 4u);  // 2 ranks × 2 updates
+  ASSERT_EQ(idle.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_GT(update[i], 0.0);
+    EXPECT_LT(idle[i], 0.4 * update[i]) << "update " << update[i];
+  }
+}
+
+// Dynamic batch size: micro-batches hold whole sequences up to a token
+// budget, packed into one row without padding.
+TEST(MakeMicroBatches, PacksWholeRowsUpToTheTokenBudgetAndMapsColumnsBack) {
+  // Rows of 3, 5, 2 and 4 real tokens in a padded width of 6.
+  at::Tensor mask = at::tensor({0, 0, 0, 1, 1, 1,  //
+                                0, 1, 1, 1, 1, 1,  //
+                                0, 0, 0, 0, 1, 1,  //
+                                0, 0, 1, 1, 1, 1},
+                               at::kLong)
+                        .view({4, 6});
+  at::Tensor ids = (at::arange(24, at::kLong).view({4, 6}) + 1) * mask;
+  DataProto batch;
+  batch.set_tensor("input_ids", ids);
+  batch.set_tensor("attention_mask", mask);
+  batch.set_tensor("advantages", at::arange(4, at::kFloat).view({4, 1}));
+  const auto mbs =
+      make_micro_batches(batch, {.rows = 1, .max_tokens = 8}, {"advantages"}, at::Device(at::kCPU));
+  // In order: {3, 5} = 8, then {2, 4} = 6.
+  ASSERT_EQ(mbs.size(), 2u);
+  EXPECT_EQ(mbs[0].packed_lengths, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(mbs[1].packed_lengths, (std::vector<int64_t>{2, 4}));
+  EXPECT_TRUE(
+      at::equal(mbs[0].input_ids, at::tensor({4, 5, 6, 8, 9, 10, 11, 12}, at::kLong).view({1, 8})));
+  // Positions restart at each sequence.
+  EXPECT_TRUE(
+      at::equal(mbs[1].position_ids, at::tensor({0, 1, 0, 1, 2, 3}, at::kLong).view({1, 6})));
+  EXPECT_TRUE(at::equal(mbs[1].extra.at("advantages"), at::tensor({2.0f, 3.0f}).view({2, 1})));
+  // Columns map back: the last two columns of rows 2 and 3.
+  const at::Tensor back = padded_columns(mbs[1].input_ids, mbs[1], 4, 6);
+  EXPECT_TRUE(at::equal(back, ids.slice(0, 2, 4).slice(1, 4, 6)));
+  EXPECT_EQ(padded_width(mbs[1]), 6);
+
+  // A row longer than the budget is named; so is an empty one.
+  try {
+    make_micro_batches(batch, {.rows = 1, .max_tokens = 4}, {}, at::Device(at::kCPU));
+    ADD_FAILURE() << "no error for a 5-token row in a budget of 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 1 has 5 tokens"), std::string::npos) << e.what();
+  }
+  batch.set_tensor("attention_mask", mask * (at::arange(4).view({4, 1}) != 2).to(at::kLong));
+  EXPECT_THROW(make_micro_batches(batch, {.rows = 1, .max_tokens = 8}, {}, at::Device(at::kCPU)),
+               Error);
+}
+
+// Log-probs, values, losses and gradients of packed micro-batches equal the
+// padded path's (to the rounding of another attention length), in the DP2
+// and PP2 layouts; budgets of 12 and 15 tokens put one or two of the
+// 10-column sequences in each micro-batch.
+TEST(ActorRolloutRefWorker, DynamicBatchSizeGivesThePaddedPathsLogProbsAndUpdate) {
+  DataProto batch;
+  at::Tensor lp_padded, after_padded, values_padded;
+  double grad_norm_padded = 0, pg_loss_padded = 0;
+  {
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+    batch = with_advantages(g.call("generate_sequences", {prompts()}).get().as<DataProto>());
+    lp_padded = g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    DataProto m = g.call("update_actor", {batch}).get().as<DataProto>();
+    grad_norm_padded = metric(m, "actor/grad_norm");
+    pg_loss_padded = metric(m, "actor/pg_loss");
+    after_padded =
+        g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+  }
+  const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+  const auto cfg = engine::ModelConfig::load(kModel);
+  const double terms = engine::test::gradient_terms(cfg, batch.tensor("input_ids").size(1),
+                                                    mask.sum().item<int64_t>());
+  for (auto [tp, pp] : {std::pair{1, 1}, std::pair{1, 2}}) {
+    ActorRolloutRefOptions o = actor_options(tp, pp, tp);
+    o.update.max_token_len = 12;
+    o.rollout.log_prob_max_token_len = 15;
+    o.ref_log_prob_max_token_len = 15;
+    const std::string where = "packed pp" + std::to_string(pp);
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), o.to_json(), tp, pp);
+    const at::Tensor lp =
+        g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    test::expect_close(lp * mask, lp_padded * mask, log_prob_tolerance(batch),
+                       where + " log-probs");
+    const at::Tensor ref =
+        g.call("compute_ref_log_prob", {batch}).get().as<DataProto>().tensor("ref_log_prob");
+    test::expect_close(ref * mask, lp * mask, Tolerance::exact(), where + " ref log-probs");
+    DataProto m = g.call("update_actor", {batch}).get().as<DataProto>();
+    // The loss sums ratio·advantage terms of magnitude 1 (advantages ±1,
+    // ratios near 1) that nearly cancel: its tolerance is theirs.
+    test::expect_near(metric(m, "actor/grad_norm"), grad_norm_padded,
+                      Tolerance::fp32(terms, grad_norm_padded), where + " grad norm");
+    test::expect_near(metric(m, "actor/pg_loss"), pg_loss_padded, Tolerance::fp32(terms, 1.0),
+                      where + " pg loss");
+    const at::Tensor after =
+        g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    const at::Tensor diff = ((after - after_padded) * mask).abs().max();
+    const at::Tensor moved = ((after_padded - lp_padded) * mask).abs().max();
+    EXPECT_LT(diff.item<double>(), 0.05 * moved.item<double>() + 1e-4) << where;
+  }
+
+  // The critic: values and a value-loss update, padded against packed.
+  CriticOptions c;
+  c.model.path = kModel;
+  c.optim.lr = 5e-3;
+  c.optim.grad_clip = 0;
+  c.update.mini_batch_size = 8;
+  c.update.micro_batch_size = 2;
+  std::vector<at::Tensor> values, updated;
+  for (int64_t budget : {0, 12}) {
+    c.update.max_token_len = budget;
+    c.forward_max_token_len = budget;
+    WorkerGroup g = spawn(critic_worker_class(), c.to_json(), 1, 1);
+    values.push_back(g.call("compute_values", {batch}).get().as<DataProto>().tensor("values"));
+    DataProto b = batch;
+    b.set_tensor("values", values.front());
+    b.set_tensor("returns", mask * 1.0);
+    g.call("update_critic", {b}).get();
+    updated.push_back(g.call("compute_values", {batch}).get().as<DataProto>().tensor("values"));
+  }
+  const double vm = std::max(1.0, values[0].abs().max().item<double>());
+  test::expect_close(
+      values[1], values[0],
+      Tolerance::fp32(engine::test::logit_terms(cfg, batch.tensor("input_ids").size(1)), vm),
+      "packed values");
+  const double moved = (updated[0] - values[0]).abs().max().item<double>();
+  EXPECT_LT((updated[1] - updated[0]).abs().max().item<double>(), 0.05 * moved + 1e-4)
+      << "packed critic update";
+}
+
 }  // namespace
 }  // namespace baton::workers
 
@@ -331,8 +511,10 @@ TEST(RewardModelWorker, ScoresEachResponseAtItsLastTokenInEveryLayout) {
   at::Tensor values;
   {
     at::NoGradGuard no_grad;
-    values = model.forward(batch.tensor("input_ids"), batch.tensor("position_ids"),
-                           batch.tensor("attention_mask")).squeeze(-1);
+    values = model
+                 .forward(batch.tensor("input_ids"), batch.tensor("position_ids"),
+                          batch.tensor("attention_mask"))
+                 .squeeze(-1);
   }
   const at::Tensor mask = batch.tensor("response_mask");
   const int64_t P = batch.tensor("prompts").size(1), R = mask.size(1);
@@ -341,9 +523,9 @@ TEST(RewardModelWorker, ScoresEachResponseAtItsLastTokenInEveryLayout) {
     const int64_t len = mask[i].sum().item<int64_t>();
     if (len > 0) expected[i][len - 1] = values[i][P + len - 1];
   }
-  const Tolerance tol = Tolerance::fp32(
-      engine::test::logit_terms(hf.config, batch.tensor("input_ids").size(1)),
-      std::max(1.0, values.abs().max().item<double>()));
+  const Tolerance tol =
+      Tolerance::fp32(engine::test::logit_terms(hf.config, batch.tensor("input_ids").size(1)),
+                      std::max(1.0, values.abs().max().item<double>()));
 
   RewardModelOptions o;
   o.model.path = value_model;

@@ -40,7 +40,8 @@ bool meta_bool(const DataProto& d, const char* key, bool fallback) {
 
 ActorRolloutRefWorker::ActorRolloutRefWorker(const List& init_args) {
   if (init_args.size() != 1 || init_args[0].kind() != ValueKind::kString) {
-    throw Error("ActorRolloutRefWorker: expected one init argument, ActorRolloutRefOptions::to_json()");
+    throw Error(
+        "ActorRolloutRefWorker: expected one init argument, ActorRolloutRefOptions::to_json()");
   }
   options_ = ActorRolloutRefOptions::from_json(init_args[0].as_string());
   const int64_t tp = options_.rollout.tp;
@@ -63,6 +64,7 @@ void ActorRolloutRefWorker::init_model() {
   if (options_.ref) {
     ModelOptions ref_model = options_.model;
     ref_model.dtype = options_.ref_dtype;
+    ref_model.offload = OffloadOptions{.params = options_.ref_param_offload};
     ref_ = std::make_unique<RoleModel>(info(), ref_model, "ref", nullptr, actor_->state_ptr());
   }
   engine::HybridEngineOptions h;
@@ -77,6 +79,8 @@ void ActorRolloutRefWorker::init_model() {
                 std::to_string(hybrid_->rollout_replica()) + ", its mesh says " +
                 std::to_string(rank() / options_.rollout.tp));
   }
+  actor_->idle();
+  if (ref_) ref_->idle();
 }
 
 DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
@@ -96,33 +100,40 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
   const int64_t R = meta_int(prompts, "response_length", options_.rollout.response_length);
   sp.max_new_tokens = R;
   const int64_t pad = meta_int(prompts, "pad_token_id", 0);
-  if (const Value* stop = prompts.meta_value("stop_token_ids"); stop != nullptr && !stop->is_none()) {
+  if (const Value* stop = prompts.meta_value("stop_token_ids");
+      stop != nullptr && !stop->is_none()) {
     for (const Value& s : stop->as_list()) sp.stop_token_ids.push_back(s.as_int());
   }
   std::vector<uint64_t> seeds;
   if (sp.temperature > 0 && !prompts.has_tensor("request_seed")) {
-    throw Error("generate_sequences: a sampled batch (do_sample, temperature > 0) needs a "
-                "'request_seed' tensor, one int64 per prompt: without it every replica would "
-                "draw from the same streams and a run could not repeat");
+    throw Error(
+        "generate_sequences: a sampled batch (do_sample, temperature > 0) needs a "
+        "'request_seed' tensor, one int64 per prompt: without it every replica would "
+        "draw from the same streams and a run could not repeat");
   }
   if (prompts.has_tensor("request_seed")) {
     at::Tensor s = prompts.tensor("request_seed").to(at::kLong).contiguous();
-    for (int64_t i = 0; i < n_prompts; ++i) seeds.push_back(static_cast<uint64_t>(s[i].item<int64_t>()));
+    for (int64_t i = 0; i < n_prompts; ++i)
+      seeds.push_back(static_cast<uint64_t>(s[i].item<int64_t>()));
   }
 
   auto rows = unpadded_prompts(ids, mask, "generate_sequences");
-  if (actor_->trainable()) actor_->optimizer().offload();
+  OffloadPhase phase(*actor_, /*training=*/false);
+  // The optimizer state leaves a GPU during the rollout anyway (unless the
+  // role's own optimizer offload already moved it).
+  const bool move_optimizer = actor_->trainable() && !options_.model.offload.optimizer;
+  if (move_optimizer) actor_->optimizer().offload();
   hybrid_->enter_rollout();
   std::vector<engine::GeneratedSequence> seqs;
   try {
     seqs = hybrid_->generate(rows, sp, seeds);
   } catch (...) {
     hybrid_->exit_rollout();
-    if (actor_->trainable()) actor_->optimizer().reload();
+    if (move_optimizer) actor_->optimizer().reload();
     throw;
   }
   hybrid_->exit_rollout();
-  if (actor_->trainable()) actor_->optimizer().reload();
+  if (move_optimizer) actor_->optimizer().reload();
 
   // Fixed widths (P from the input, R from the config), so that replicas'
   // results concatenate.
@@ -143,7 +154,8 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
     for (int64_t t = 0; t < len; ++t) {
       rp[i][t] = s.response[static_cast<size_t>(t)];
       rm[i][t] = 1;
-      if (static_cast<size_t>(t) < s.log_probs.size()) rl[i][t] = s.log_probs[static_cast<size_t>(t)];
+      if (static_cast<size_t>(t) < s.log_probs.size())
+        rl[i][t] = s.log_probs[static_cast<size_t>(t)];
     }
   }
   at::Tensor attention = at::cat({prompt_mask, response_mask}, 1);
@@ -161,8 +173,10 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
 DataProto ActorRolloutRefWorker::compute_log_prob(const DataProto& batch) {
   batch.require_tensors({"input_ids", "attention_mask", "responses"}, "compute_log_prob");
   at::Tensor entropy;
-  at::Tensor lp = actor().response_log_probs(batch, options_.rollout.log_prob_micro_batch_size,
-                                             meta_float(batch, "temperature", 1.0), &entropy);
+  OffloadPhase phase(actor(), /*training=*/false);
+  at::Tensor lp = actor().response_log_probs(
+      batch, {options_.rollout.log_prob_micro_batch_size, options_.rollout.log_prob_max_token_len},
+      meta_float(batch, "temperature", 1.0), &entropy);
   DataProto out;
   if (lp.defined()) {
     out.set_tensor("old_log_probs", lp);
@@ -173,12 +187,15 @@ DataProto ActorRolloutRefWorker::compute_log_prob(const DataProto& batch) {
 
 DataProto ActorRolloutRefWorker::compute_ref_log_prob(const DataProto& batch) {
   if (!ref_) {
-    throw Error("compute_ref_log_prob: this worker has no reference model (spawn it with "
-                "ActorRolloutRefOptions::ref = true)");
+    throw Error(
+        "compute_ref_log_prob: this worker has no reference model (spawn it with "
+        "ActorRolloutRefOptions::ref = true)");
   }
   batch.require_tensors({"input_ids", "attention_mask", "responses"}, "compute_ref_log_prob");
-  at::Tensor lp = ref_->response_log_probs(batch, options_.ref_log_prob_micro_batch_size,
-                                           meta_float(batch, "temperature", 1.0));
+  OffloadPhase phase(*ref_, /*training=*/false);
+  at::Tensor lp = ref_->response_log_probs(
+      batch, {options_.ref_log_prob_micro_batch_size, options_.ref_log_prob_max_token_len},
+      meta_float(batch, "temperature", 1.0));
   DataProto out;
   if (lp.defined()) out.set_tensor("ref_log_prob", lp);
   return out;
@@ -187,12 +204,25 @@ DataProto ActorRolloutRefWorker::compute_ref_log_prob(const DataProto& batch) {
 DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
   RoleModel& a = actor();
   if (!a.trainable()) throw Error("update_actor: this worker has no actor role (options.actor)");
+  MetricLists metrics;
+  {
+    OffloadPhase phase(a, /*training=*/true);
+    metrics = update_actor_resident(batch);
+    metrics["perf/resident_gb/actor_update"].push_back(gigabytes(a.resident_bytes()));
+  }
+  metrics["perf/resident_gb/actor_idle"].push_back(gigabytes(a.resident_bytes()));
+  add_device_memory_metrics(metrics, a.model().device());
+  return metrics_proto(metrics);
+}
+
+MetricLists ActorRolloutRefWorker::update_actor_resident(const DataProto& batch) {
+  RoleModel& a = actor();
   const PolicyOptions& po = options_.policy;
   // Without old_log_probs the update is on-policy: the old log-probs are
   // this pass's own, detached (the driver skips its old-log-prob pass).
   const bool on_policy = !batch.has_tensor("old_log_probs");
-  std::vector<std::string> keys = {"input_ids", "attention_mask", "position_ids", "responses",
-                                   "response_mask", "advantages"};
+  std::vector<std::string> keys = {"input_ids", "attention_mask", "position_ids",
+                                   "responses", "response_mask",  "advantages"};
   if (!on_policy) keys.push_back("old_log_probs");
   if (po.use_kl_loss) keys.push_back("ref_log_prob");
   batch.require_tensors(keys, "update_actor");
@@ -205,13 +235,13 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
   if (!on_policy) mb_extra.push_back("old_log_probs");
   if (po.use_kl_loss) mb_extra.push_back("ref_log_prob");
 
-  std::vector<DataProto> minis =
-      local_mini_batches(batch.select(keys), options_.update, ps.config().dp, updates_,
-                         "update_actor");
+  std::vector<DataProto> minis = local_mini_batches(batch.select(keys), options_.update,
+                                                    ps.config().dp, updates_, "update_actor");
   if (on_policy && minis.size() != 1) {
-    throw Error("update_actor: the batch has no old_log_probs, which only an on-policy update "
-                "(one epoch, one mini-batch) may leave out; this one makes " +
-                std::to_string(minis.size()) + " optimizer steps (run compute_log_prob first)");
+    throw Error(
+        "update_actor: the batch has no old_log_probs, which only an on-policy update "
+        "(one epoch, one mini-batch) may leave out; this one makes " +
+        std::to_string(minis.size()) + " optimizer steps (run compute_log_prob first)");
   }
   MetricLists metrics;
   for (const DataProto& mini : minis) {
@@ -239,19 +269,20 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
     a.optimizer().zero_grad();
     engine::forward_backward(
         a.model(),
-        make_micro_batches(mini, options_.update.micro_batch_size, mb_extra, a.model().device()),
+        make_micro_batches(mini, {options_.update.micro_batch_size, options_.update.max_token_len},
+                           mb_extra, a.model().device()),
         [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
-          ResponseScores s = response_scores(logits, mb.input_ids, R, temperature, ps.tp());
+          ResponseScores s = response_scores(logits, mb, R, temperature, ps.tp());
           const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat);
-          const at::Tensor old =
-              on_policy ? s.log_probs.detach() : mb.extra.at("old_log_probs");
+          const at::Tensor old = on_policy ? s.log_probs.detach() : mb.extra.at("old_log_probs");
           const at::Tensor adv = mb.extra.at("advantages");
           algos::PolicyLossResult pl =
               algos::policy_loss(po.loss_mode, old, s.log_probs, adv, mask, plo);
           at::Tensor loss = pl.loss;
           sums[0] += pl.loss.item<double>();
           if (mask.sum().item<double>() > 0) {
-            for (const auto& [k, v] : pl.metrics) micro_metrics[k].push_back(v);  // keys carry "actor/"
+            for (const auto& [k, v] : pl.metrics)
+              micro_metrics[k].push_back(v);  // keys carry "actor/"
           }
           sums[2] += (s.entropy.detach() * mask).sum().item<double>();
           if (po.entropy_coeff != 0) {
@@ -290,25 +321,28 @@ DataProto ActorRolloutRefWorker::update_actor(const DataProto& batch) {
     metrics["actor/lr"].push_back(step.lr);
     if (step.skipped) metrics["actor/skipped_steps"].push_back(1.0);
   }
-  return metrics_proto(metrics);
+  return metrics;
 }
 
 void ActorRolloutRefWorker::save_checkpoint(const std::string& dir, int64_t step,
                                             const std::string& extra_json) {
   RoleModel& a = actor();
-  nlohmann::json extra = extra_json.empty() ? nlohmann::json::object()
-                                            : nlohmann::json::parse(extra_json);
+  OffloadPhase phase(a, /*training=*/true);
+  nlohmann::json extra =
+      extra_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(extra_json);
   engine::save_checkpoint(dir, step, a.model(), a.optimizer(), extra);
 }
 
 std::string ActorRolloutRefWorker::load_checkpoint(const std::string& dir, int64_t step) {
   RoleModel& a = actor();
+  OffloadPhase phase(a, /*training=*/true);
   return engine::load_checkpoint(dir, a.model(), a.optimizer(),
                                  step < 0 ? std::nullopt : std::optional<int64_t>(step))
       .dump();
 }
 
 void ActorRolloutRefWorker::export_hf(const std::string& dir) {
+  OffloadPhase phase(actor(), /*training=*/false);
   export_hf_model(actor(), dir);
 }
 

@@ -40,6 +40,7 @@
 #include "runtime/worker.h"
 #include "workers/roles/role_model.h"
 #include "workers/roles/role_options.h"
+#include "workers/roles/role_update.h"
 
 namespace baton::workers {
 
@@ -59,6 +60,8 @@ class ActorRolloutRefWorker : public Worker {
   static void register_methods(MethodTable<ActorRolloutRefWorker>& t);
 
  private:
+  // update_actor's work, the role resident (metrics as lists).
+  MetricLists update_actor_resident(const DataProto& batch);
   RoleModel& actor();
 
   ActorRolloutRefOptions options_;

@@ -6,8 +6,8 @@
 #include "dispatch/dispatch_modes.h"
 #include "engine/checkpoint.h"
 #include "runtime/errors.h"
-#include "workers/roles/role_update.h"
 #include "workers/algos/value_loss.h"
+#include "workers/roles/role_update.h"
 
 namespace baton::workers {
 
@@ -26,11 +26,14 @@ RoleModel& CriticWorker::critic() {
 
 void CriticWorker::init_model() {
   critic_ = std::make_unique<RoleModel>(info(), options_.model, "critic", &options_.optim);
+  critic_->idle();
 }
 
 DataProto CriticWorker::compute_values(const DataProto& batch) {
   batch.require_tensors({"input_ids", "attention_mask", "responses"}, "compute_values");
-  at::Tensor values = critic().response_values(batch, options_.forward_micro_batch_size);
+  OffloadPhase phase(critic(), /*training=*/false);
+  at::Tensor values = critic().response_values(
+      batch, {options_.forward_micro_batch_size, options_.forward_max_token_len});
   DataProto out;
   if (values.defined()) out.set_tensor("values", values * response_mask_of(batch));
   return out;
@@ -38,8 +41,10 @@ DataProto CriticWorker::compute_values(const DataProto& batch) {
 
 DataProto CriticWorker::update_critic(const DataProto& batch) {
   RoleModel& c = critic();
-  const std::vector<std::string> keys = {"input_ids", "attention_mask", "position_ids", "responses",
-                                         "response_mask", "values", "returns"};
+  OffloadPhase phase(c, /*training=*/true);
+  const std::vector<std::string> keys = {"input_ids", "attention_mask", "position_ids",
+                                         "responses", "response_mask",  "values",
+                                         "returns"};
   batch.require_tensors(keys, "update_critic");
   engine::ParallelState& ps = c.state();
   const int64_t R = response_width(batch);
@@ -52,15 +57,14 @@ DataProto CriticWorker::update_critic(const DataProto& batch) {
     c.optimizer().zero_grad();
     engine::forward_backward(
         c.model(),
-        make_micro_batches(mini, options_.update.micro_batch_size,
+        make_micro_batches(mini, {options_.update.micro_batch_size, options_.update.max_token_len},
                            {"response_mask", "values", "returns"}, c.model().device()),
         [&](const at::Tensor& out, const engine::MicroBatch& mb) {
-          const int64_t S = out.size(1);
-          at::Tensor vpreds = out.squeeze(-1).slice(1, S - R - 1, S - 1);
+          const int64_t S = padded_width(mb);
+          at::Tensor vpreds = padded_columns(out.squeeze(-1), mb, S - R - 1, S - 1);
           const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat);
-          auto vl = algos::compute_value_loss(vpreds, mb.extra.at("returns"),
-                                              mb.extra.at("values"), mask,
-                                              options_.cliprange_value, agg, global);
+          auto vl = algos::compute_value_loss(vpreds, mb.extra.at("returns"), mb.extra.at("values"),
+                                              mask, options_.cliprange_value, agg, global);
           const double tokens = mask.sum().item<double>();
           sums[0] += vl.loss.item<double>();
           if (tokens > 0) sums[1] += vl.clipfrac * tokens;
@@ -80,23 +84,29 @@ DataProto CriticWorker::update_critic(const DataProto& batch) {
     metrics["critic/grad_norm"].push_back(step.grad_norm);
     metrics["critic/lr"].push_back(step.lr);
   }
+  metrics["perf/resident_gb/critic_update"].push_back(gigabytes(c.resident_bytes()));
   return metrics_proto(metrics);
 }
 
 void CriticWorker::save_checkpoint(const std::string& dir, int64_t step,
                                    const std::string& extra_json) {
-  nlohmann::json extra = extra_json.empty() ? nlohmann::json::object()
-                                            : nlohmann::json::parse(extra_json);
+  nlohmann::json extra =
+      extra_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(extra_json);
+  OffloadPhase phase(critic(), /*training=*/true);
   engine::save_checkpoint(dir, step, critic().model(), critic().optimizer(), extra);
 }
 
 std::string CriticWorker::load_checkpoint(const std::string& dir, int64_t step) {
+  OffloadPhase phase(critic(), /*training=*/true);
   return engine::load_checkpoint(dir, critic().model(), critic().optimizer(),
                                  step < 0 ? std::nullopt : std::optional<int64_t>(step))
       .dump();
 }
 
-void CriticWorker::export_hf(const std::string& dir) { export_hf_model(critic(), dir); }
+void CriticWorker::export_hf(const std::string& dir) {
+  OffloadPhase phase(critic(), /*training=*/false);
+  export_hf_model(critic(), dir);
+}
 
 void CriticWorker::register_methods(MethodTable<CriticWorker>& t) {
   namespace mode = dispatch_mode;

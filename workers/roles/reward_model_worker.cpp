@@ -17,21 +17,25 @@ RewardModelWorker::RewardModelWorker(const List& init_args) {
 
 void RewardModelWorker::init_model() {
   model_ = std::make_unique<RoleModel>(info(), options_.model, "reward_model", nullptr);
+  model_->idle();
 }
 
 DataProto RewardModelWorker::compute_rm_score(const DataProto& batch) {
   if (!model_) throw Error("RewardModelWorker: init_model was not called");
   batch.require_tensors({"input_ids", "attention_mask", "responses", "response_mask"},
                         "compute_rm_score");
-  at::Tensor values = model_->response_values(batch, options_.micro_batch_size, /*at_tokens=*/true);
+  OffloadPhase phase(*model_, /*training=*/false);
+  at::Tensor values = model_->response_values(
+      batch, {options_.micro_batch_size, options_.max_token_len}, /*at_tokens=*/true);
   DataProto out;
-  if (values.defined()) out.set_tensor("rm_scores", last_token_scores(values, batch.tensor("response_mask")));
+  if (values.defined())
+    out.set_tensor("rm_scores", last_token_scores(values, batch.tensor("response_mask")));
   return out;
 }
 
 at::Tensor last_token_scores(const at::Tensor& values, const at::Tensor& response_mask) {
   const at::Tensor mask = response_mask.to(at::kLong);
-  const at::Tensor length = mask.sum(1);                        // [N]
+  const at::Tensor length = mask.sum(1);                           // [N]
   const at::Tensor last = (length - 1).clamp_min(0).unsqueeze(1);  // [N, 1]
   at::Tensor out = at::zeros(values.sizes(), values.options().dtype(at::kFloat));
   const at::Tensor picked = values.to(at::kFloat).gather(1, last) * (length > 0).unsqueeze(1);

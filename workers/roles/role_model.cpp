@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 #include "engine/atomic_file.h"
 #include "engine/hf_model.h"
@@ -12,6 +13,7 @@
 #include "engine/vocab_parallel.h"
 #include "engine/weight_conversion.h"
 #include "runtime/errors.h"
+#include "runtime/log.h"
 #include "runtime/process_group.h"
 
 #if defined(BATON_CUDA)
@@ -63,7 +65,8 @@ RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const 
   }
 
   engine::HfModel hf = engine::load_hf_model(options.path);
-  hf_config_text_ = engine::read_json_file(std::filesystem::path(options.path) / "config.json").dump();
+  hf_config_text_ =
+      engine::read_json_file(std::filesystem::path(options.path) / "config.json").dump();
   state_->set_num_layers(hf.config.num_layers);
   engine::TransformerOptions topts;
   topts.value_model = options.value_model;
@@ -85,50 +88,155 @@ engine::Optimizer& RoleModel::optimizer() {
   return *optimizer_;
 }
 
+namespace {
+
+std::vector<at::Tensor> tensors_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::vector<at::Tensor> out;
+  for (const auto& [name, t] : named) out.push_back(t);
+  return out;
+}
+
+}  // namespace
+
+void RoleModel::resident(bool training) {
+  if (params_away_) {
+    params_away_->reload();
+    params_away_.reset();
+  }
+  if (!training) return;
+  for (auto* away : {&grads_away_, &optimizer_away_}) {
+    if (*away) {
+      (*away)->reload();
+      away->reset();
+    }
+  }
+}
+
+void RoleModel::idle() {
+  const OffloadOptions& o = options_.offload;
+  const auto params = tensors_of(model_->named_params());
+  if (o.grads && !grads_away_) {
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    grads_away_ = std::make_unique<engine::TensorOffload>(grads);
+    grads_away_->offload();
+  }
+  if (o.optimizer && optimizer_ && !optimizer_away_) {
+    optimizer_away_ = std::make_unique<engine::TensorOffload>(optimizer_->state_tensor_handles());
+    optimizer_away_->offload();
+  }
+  if (o.params && !params_away_) {
+    params_away_ = std::make_unique<engine::TensorOffload>(params);
+    params_away_->offload();
+  }
+}
+
+int64_t RoleModel::resident_bytes() const {
+  std::vector<at::Tensor> all = tensors_of(model_->named_params());
+  const size_t n = all.size();
+  for (size_t i = 0; i < n; ++i)
+    if (all[i].grad().defined()) all.push_back(all[i].grad());
+  if (optimizer_)
+    for (const at::Tensor& t : optimizer_->state_tensor_handles()) all.push_back(t);
+  std::set<const c10::StorageImpl*> seen;
+  int64_t bytes = 0;
+  for (const at::Tensor& t : all) {
+    if (!t.defined() || !t.has_storage()) continue;
+    if (seen.insert(t.storage().unsafeGetStorageImpl()).second)
+      bytes += static_cast<int64_t>(t.storage().nbytes());
+  }
+  return bytes;
+}
+
+OffloadPhase::~OffloadPhase() {
+  try {
+    role_.idle();
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarn,
+        std::string("offload after a phase failed (the role stays on its device): ") + e.what());
+  }
+}
+
 bool RoleModel::is_collector() const {
   const engine::Coords& c = state_->coords();
   return c.tp == 0 && c.cp == 0 && state_->is_last_stage();
 }
 
-at::Tensor RoleModel::response_log_probs(const DataProto& batch, int64_t micro_batch,
+at::Tensor RoleModel::response_log_probs(const DataProto& batch, const MicroBatching& batching,
                                          double temperature, at::Tensor* entropy) {
   const int64_t R = response_width(batch);
   const engine::Group& tp = state_->tp();
   std::vector<at::Tensor> entropies;
-  auto outs = engine::forward_only(
-      *model_, make_micro_batches(batch, micro_batch, {}, model_->device()),
-      [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
-        ResponseScores s = response_scores(logits, mb.input_ids, R, temperature, tp);
-        if (entropy != nullptr) entropies.push_back(s.entropy.to(at::kFloat).cpu());
-        return s.log_probs.to(at::kFloat).cpu();
-      });
+  auto outs =
+      engine::forward_only(*model_, make_micro_batches(batch, batching, {}, model_->device()),
+                           [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
+                             ResponseScores s = response_scores(logits, mb, R, temperature, tp);
+                             if (entropy != nullptr)
+                               entropies.push_back(s.entropy.to(at::kFloat).cpu());
+                             return s.log_probs.to(at::kFloat).cpu();
+                           });
   if (outs.empty()) return {};
   if (entropy != nullptr) *entropy = at::cat(entropies, 0);
   return at::cat(outs, 0);
 }
 
-at::Tensor RoleModel::response_values(const DataProto& batch, int64_t micro_batch,
-                                     bool at_tokens) {
+at::Tensor RoleModel::response_values(const DataProto& batch, const MicroBatching& batching,
+                                      bool at_tokens) {
   const int64_t R = response_width(batch);
   const int64_t shift = at_tokens ? 0 : 1;
-  auto outs = engine::forward_only(*model_,
-                                   make_micro_batches(batch, micro_batch, {}, model_->device()),
-                                   [&](const at::Tensor& values, const engine::MicroBatch&) {
-                                     const int64_t S = values.size(1);
-                                     return values.squeeze(-1)
-                                         .slice(1, S - R - shift, S - shift)
-                                         .to(at::kFloat)
-                                         .cpu();
-                                   });
+  auto outs =
+      engine::forward_only(*model_, make_micro_batches(batch, batching, {}, model_->device()),
+                           [&](const at::Tensor& values, const engine::MicroBatch& mb) {
+                             const int64_t S = padded_width(mb);
+                             return padded_columns(values.squeeze(-1), mb, S - R - shift, S - shift)
+                                 .to(at::kFloat)
+                                 .cpu();
+                           });
   if (outs.empty()) return {};
   return at::cat(outs, 0);
 }
 
-std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64_t micro_batch,
+namespace {
+
+// Consecutive rows [begin, end) whose real tokens fill one packed row.
+struct PackGroup {
+  int64_t begin, end;
+};
+
+// Rows in order, as many per group as fit in `max_tokens` real tokens.
+std::vector<PackGroup> pack_groups(const std::vector<int64_t>& lengths, int64_t max_tokens) {
+  std::vector<PackGroup> groups;
+  int64_t tokens = 0;
+  for (int64_t r = 0; r < static_cast<int64_t>(lengths.size()); ++r) {
+    const int64_t len = lengths[static_cast<size_t>(r)];
+    if (len < 1) {
+      throw Error("make_micro_batches: row " + std::to_string(r) +
+                  " has no tokens (attention_mask is all 0)");
+    }
+    if (len > max_tokens) {
+      throw Error("make_micro_batches: row " + std::to_string(r) + " has " + std::to_string(len) +
+                  " tokens, more than the dynamic batch's max_token_len " +
+                  std::to_string(max_tokens) + " (raise *_max_token_len_per_gpu)");
+    }
+    if (groups.empty() || tokens + len > max_tokens) {
+      groups.push_back({r, r});
+      tokens = 0;
+    }
+    groups.back().end = r + 1;
+    tokens += len;
+  }
+  return groups;
+}
+
+}  // namespace
+
+std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
+                                                   const MicroBatching& batching,
                                                    const std::vector<std::string>& extra,
                                                    at::Device device) {
-  if (micro_batch < 1) {
-    throw Error("make_micro_batches: micro-batch size " + std::to_string(micro_batch) +
+  if (batching.max_tokens <= 0 && batching.rows < 1) {
+    throw Error("make_micro_batches: micro-batch size " + std::to_string(batching.rows) +
                 " (must be >= 1)");
   }
   std::vector<std::string> required = {"input_ids", "attention_mask"};
@@ -137,23 +245,64 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64
   // One host-to-device copy per tensor, then the micro-batches are views.
   const at::Tensor ids = batch.tensor("input_ids").to(device);
   const at::Tensor mask = batch.tensor("attention_mask").to(device, at::kLong);
-  const at::Tensor pos = batch.has_tensor("position_ids")
-                             ? batch.tensor("position_ids").to(device)
-                             : (mask.cumsum(1) - 1).clamp_min(0);
+  const at::Tensor pos = batch.has_tensor("position_ids") ? batch.tensor("position_ids").to(device)
+                                                          : (mask.cumsum(1) - 1).clamp_min(0);
   std::map<std::string, at::Tensor> extras;
   for (const auto& key : extra) extras[key] = batch.tensor(key).to(device);
   std::vector<engine::MicroBatch> out;
   const int64_t n = batch.size();
-  for (int64_t start = 0; start < n; start += micro_batch) {
-    const int64_t end = std::min(n, start + micro_batch);
+  auto with_extras = [&](engine::MicroBatch& mb, int64_t begin, int64_t end) {
+    for (const auto& [key, t] : extras) mb.extra[key] = t.slice(0, begin, end);
+  };
+  if (batching.max_tokens <= 0) {
+    for (int64_t start = 0; start < n; start += batching.rows) {
+      const int64_t end = std::min(n, start + batching.rows);
+      engine::MicroBatch mb;
+      mb.input_ids = ids.slice(0, start, end);
+      mb.attention_mask = mask.slice(0, start, end);
+      mb.position_ids = pos.slice(0, start, end);
+      with_extras(mb, start, end);
+      out.push_back(std::move(mb));
+    }
+    return out;
+  }
+  // Packed: the lengths decide the groups on the host; the gathers run on
+  // `device`.
+  const at::Tensor host_lengths = batch.tensor("attention_mask").to(at::kLong).sum(1).cpu();
+  const std::vector<int64_t> lengths(host_lengths.data_ptr<int64_t>(),
+                                     host_lengths.data_ptr<int64_t>() + n);
+  const at::Tensor real = mask.ne(0);
+  const at::Tensor before = mask.ne(0).to(at::kLong).cumsum(1) - 1;  // real tokens before a column
+  for (const PackGroup& g : pack_groups(lengths, batching.max_tokens)) {
     engine::MicroBatch mb;
-    mb.input_ids = ids.slice(0, start, end);
-    mb.attention_mask = mask.slice(0, start, end);
-    mb.position_ids = pos.slice(0, start, end);
-    for (const auto& [key, t] : extras) mb.extra[key] = t.slice(0, start, end);
+    const at::Tensor sel = real.slice(0, g.begin, g.end);
+    mb.input_ids = ids.slice(0, g.begin, g.end).masked_select(sel).unsqueeze(0);
+    mb.position_ids = pos.slice(0, g.begin, g.end).masked_select(sel).unsqueeze(0);
+    mb.attention_mask = at::ones_like(mb.input_ids);
+    mb.packed_lengths.assign(lengths.begin() + g.begin, lengths.begin() + g.end);
+    std::vector<int64_t> offsets(mb.packed_lengths.size(), 0);
+    for (size_t i = 1; i < offsets.size(); ++i)
+      offsets[i] = offsets[i - 1] + mb.packed_lengths[i - 1];
+    const at::Tensor first =
+        at::tensor(offsets, at::TensorOptions().dtype(at::kLong)).to(device).unsqueeze(1);
+    mb.packed_index = at::where(sel, first + before.slice(0, g.begin, g.end), first);
+    with_extras(mb, g.begin, g.end);
     out.push_back(std::move(mb));
   }
   return out;
+}
+
+int64_t padded_width(const engine::MicroBatch& mb) {
+  return mb.packed_lengths.empty() ? mb.input_ids.size(1) : mb.packed_index.size(1);
+}
+
+at::Tensor padded_columns(const at::Tensor& out, const engine::MicroBatch& mb, int64_t from,
+                          int64_t to) {
+  if (mb.packed_lengths.empty()) return out.slice(1, from, to);
+  const at::Tensor index = mb.packed_index.slice(1, from, to);
+  std::vector<int64_t> shape = {index.size(0), index.size(1)};
+  for (int64_t d = 2; d < out.dim(); ++d) shape.push_back(out.size(d));
+  return out.select(0, 0).index_select(0, index.reshape({-1}).to(out.device())).view(shape);
 }
 
 std::vector<std::vector<int64_t>> unpadded_prompts(const at::Tensor& ids, const at::Tensor& mask,
@@ -177,8 +326,9 @@ std::vector<std::vector<int64_t>> unpadded_prompts(const at::Tensor& ids, const 
 int64_t response_width(const DataProto& batch) {
   if (batch.has_tensor("responses")) return batch.tensor("responses").size(1);
   if (batch.has_tensor("response_mask")) return batch.tensor("response_mask").size(1);
-  throw Error("the RL batch has neither 'responses' nor 'response_mask' (which give the response "
-              "width)");
+  throw Error(
+      "the RL batch has neither 'responses' nor 'response_mask' (which give the response "
+      "width)");
 }
 
 at::Tensor response_mask_of(const DataProto& batch) {
@@ -188,18 +338,18 @@ at::Tensor response_mask_of(const DataProto& batch) {
   return mask.slice(1, mask.size(1) - R).to(at::kFloat);
 }
 
-ResponseScores response_scores(const at::Tensor& logits_shard, const at::Tensor& input_ids,
+ResponseScores response_scores(const at::Tensor& logits_shard, const engine::MicroBatch& mb,
                                int64_t response_width, double temperature,
                                const engine::Group& tp) {
-  const int64_t S = input_ids.size(1);
+  const int64_t S = padded_width(mb);
   const int64_t R = response_width;
   if (R < 1 || R >= S) {
     throw Error("response_scores: response width " + std::to_string(R) + " for sequences of " +
                 std::to_string(S) + " tokens");
   }
-  at::Tensor logits = logits_shard.slice(1, S - R - 1, S - 1);
+  at::Tensor logits = padded_columns(logits_shard, mb, S - R - 1, S - 1);
   if (temperature > 0 && temperature != 1.0) logits = logits / temperature;
-  at::Tensor targets = input_ids.slice(1, S - R).to(logits.device());
+  at::Tensor targets = padded_columns(mb.input_ids, mb, S - R, S).to(logits.device());
   auto both = engine::vocab_parallel_log_probs_entropy(logits, targets, tp);
   return {both.log_probs, both.entropy};
 }
@@ -259,20 +409,22 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
     engine::write_sharded_layout(shards, cfg, layout, &base);
   });
   part_then_agree(ps, "writing the shards", [&] {
-    if (c.dp == 0 && c.cp == 0) engine::write_sharded_rank(shards, c.tp, c.pp, role.model().state_dict());
+    if (c.dp == 0 && c.cp == 0)
+      engine::write_sharded_rank(shards, c.tp, c.pp, role.model().state_dict());
   });
   part_then_agree(ps, "merging the shards into the HF checkpoint", [&] {
     if (ps.rank() != 0) return;
     const auto saved = engine::load_sharded_layout(shards);
-    engine::TensorMap hf = engine::shards_to_hf(engine::load_sharded_all(shards), cfg,
-                                                saved.layer_split, saved.value_model,
-                                                saved.make_vocab_size_divisible_by);
+    engine::TensorMap hf =
+        engine::shards_to_hf(engine::load_sharded_all(shards), cfg, saved.layer_split,
+                             saved.value_model, saved.make_vocab_size_divisible_by);
     engine::save_hf_model(out, cfg, hf, saved.value_model, engine::kDefaultMaxShardBytes, &base);
     engine::remove_tree(shards);
     // The source directory's other files (tokenizer, generation config).
     for (const auto& e : fs::directory_iterator(role.options().path)) {
       const std::string name = e.path().filename().string();
-      if (!e.is_regular_file() || name == "config.json" || name.find(".safetensors") != std::string::npos)
+      if (!e.is_regular_file() || name == "config.json" ||
+          name.find(".safetensors") != std::string::npos)
         continue;
       fs::copy_file(e.path(), out / name, fs::copy_options::overwrite_existing);
     }

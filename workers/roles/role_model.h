@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dispatch/data_proto.h"
+#include "engine/offload.h"
 #include "engine/optimizer.h"
 #include "engine/pipeline_schedule.h"
 #include "engine/transformer.h"
@@ -32,6 +33,16 @@
 #include "workers/roles/role_options.h"
 
 namespace baton::workers {
+
+// How a role cuts a batch into micro-batches (make_micro_batches).
+struct MicroBatching {
+  int64_t rows = 8;  // rows per micro-batch, padded to the batch's width
+  // > 0: dynamic batch size (verl's use_dynamic_bsz with
+  // *_max_token_len_per_gpu): whole sequences, in batch order, as many as fit
+  // in this many real tokens, packed into one row without padding
+  // (engine::MicroBatch::packed_lengths). `rows` is then not read.
+  int64_t max_tokens = 0;
+};
 
 class RoleModel {
  public:
@@ -58,20 +69,32 @@ class RoleModel {
   const std::string& hf_config_text() const { return hf_config_text_; }
 
   // Per-token outputs of the responses, [N, R] fp32, computed forward-only in
-  // micro-batches of `micro_batch` rows. On the last stage: log-probs of the
+  // micro-batches cut as `batching` says. On the last stage: log-probs of the
   // response tokens under logits / temperature (and their entropy when
   // `entropy` is non-null). Elsewhere: undefined tensors.
-  at::Tensor response_log_probs(const DataProto& batch, int64_t micro_batch, double temperature,
-                                at::Tensor* entropy = nullptr);
+  at::Tensor response_log_probs(const DataProto& batch, const MicroBatching& batching,
+                                double temperature, at::Tensor* entropy = nullptr);
   // The value model's values for the response tokens, [N, R] fp32 on the
   // last stage (undefined elsewhere): at the position before each token
   // (P + t - 1, the critic's V(s_t)) or, `at_tokens`, at the token itself
   // (P + t, where a reward model scores the sequence so far).
-  at::Tensor response_values(const DataProto& batch, int64_t micro_batch, bool at_tokens = false);
+  at::Tensor response_values(const DataProto& batch, const MicroBatching& batching,
+                             bool at_tokens = false);
 
   // Whether this rank's results are the ones a MEGATRON_COMPUTE* collect
   // keeps (tp 0, cp 0, the last stage).
   bool is_collector() const;
+
+  // Offload (ModelOptions::offload, engine/offload.h). A phase of the role
+  // calls resident() first — the parameters come back, and for `training`
+  // (an update, a checkpoint) the gradients and optimizer state too — and
+  // idle() last: what the options name leaves the device. Without offload
+  // options both do nothing. OffloadPhase below pairs them.
+  void resident(bool training);
+  void idle();
+  // Bytes of this rank's parameters, gradients and optimizer state on its
+  // device now (each storage once; offloaded ones count 0).
+  int64_t resident_bytes() const;
 
  private:
   std::shared_ptr<engine::ParallelState> state_;
@@ -79,15 +102,45 @@ class RoleModel {
   std::unique_ptr<engine::Optimizer> optimizer_;
   ModelOptions options_;
   std::string hf_config_text_;
+  std::unique_ptr<engine::TensorOffload> params_away_, grads_away_, optimizer_away_;
 };
 
-// `batch` cut into micro-batches of `micro_batch` rows (the last may be
+// RAII: resident(training) now, idle() at scope exit (also when the phase
+// throws; an idle() that fails then only logs, leaving the role resident).
+class OffloadPhase {
+ public:
+  OffloadPhase(RoleModel& role, bool training) : role_(role) { role_.resident(training); }
+  ~OffloadPhase();
+  OffloadPhase(const OffloadPhase&) = delete;
+  OffloadPhase& operator=(const OffloadPhase&) = delete;
+
+ private:
+  RoleModel& role_;
+};
+
+// `batch` cut into micro-batches of `batching.rows` rows (the last may be
 // shorter): input_ids, attention_mask, position_ids (from the batch, or the
 // cumulative mask when it has none), and the tensors named in `extra`, each
 // on `device` (the model's: a worker's batch arrives in host memory).
-std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch, int64_t micro_batch,
+// With batching.max_tokens > 0, each micro-batch instead packs the real
+// tokens (attention_mask 1) of consecutive rows into one row, at most
+// max_tokens of them, with their own position ids (engine::MicroBatch::
+// packed_lengths, packed_index); `extra` stays per row, [b, ...]. A row with
+// more tokens than max_tokens, or none: baton::Error naming the row.
+std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
+                                                   const MicroBatching& batching,
                                                    const std::vector<std::string>& extra,
                                                    at::Device device);
+
+// The padded batch's width S of a micro-batch (packed or not).
+int64_t padded_width(const engine::MicroBatch& mb);
+
+// A per-position stage output `out` ([b, S, ...] for padded rows, [1, T, ...]
+// for a packed row) at columns [from, to) of each padded row: [b, to - from,
+// ...]. Padding columns of a packed micro-batch read its rows' first tokens
+// (values to be masked, as the padded path's are).
+at::Tensor padded_columns(const at::Tensor& out, const engine::MicroBatch& mb, int64_t from,
+                          int64_t to);
 
 // Rows of left-padded prompts `ids` [N, P] (with their attention `mask`) as
 // token lists without the padding, what a GenerationEngine takes. A row with
@@ -104,14 +157,14 @@ int64_t response_width(const DataProto& batch);
 at::Tensor response_mask_of(const DataProto& batch);
 
 // Per-token log-probs and entropy of response tokens from one micro-batch's
-// logits shard [b, P+R, V/tp]: positions P-1 .. P+R-2 score tokens P .. P+R-1.
+// logits shard ([b, P+R, V/tp], or packed [1, T, V/tp]): positions
+// P-1 .. P+R-2 score tokens P .. P+R-1.
 struct ResponseScores {
   at::Tensor log_probs;  // [b, R]
   at::Tensor entropy;    // [b, R]
 };
-ResponseScores response_scores(const at::Tensor& logits_shard, const at::Tensor& input_ids,
-                               int64_t response_width, double temperature,
-                               const engine::Group& tp);
+ResponseScores response_scores(const at::Tensor& logits_shard, const engine::MicroBatch& mb,
+                               int64_t response_width, double temperature, const engine::Group& tp);
 
 // Sums `values` element-wise over `group` in place (a no-op for size 1).
 // `device`: where the group's collectives run (ParallelState::device(): a GPU

@@ -19,6 +19,13 @@ using nlohmann::json;
 // tests/workers/role_options_test.cpp sets every field).
 
 template <typename O, typename F>
+void fields(O& o, F&& f) requires std::is_same_v<std::remove_const_t<O>, OffloadOptions> {
+  f("params", o.params);
+  f("grads", o.grads);
+  f("optimizer", o.optimizer);
+}
+
+template <typename O, typename F>
 void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, ModelOptions> {
   f("path", m.path);
   f("value_model", m.value_model);
@@ -27,6 +34,7 @@ void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, ModelOp
   f("vocab_divisible_by", m.vocab_divisible_by);
   f("seed", m.seed);
   f("dtype", m.dtype);
+  f("offload", m.offload);
 }
 
 template <typename O, typename F>
@@ -49,6 +57,7 @@ template <typename O, typename F>
 void fields(O& u, F&& f) requires std::is_same_v<std::remove_const_t<O>, UpdateOptions> {
   f("mini_batch_size", u.mini_batch_size);
   f("micro_batch_size", u.micro_batch_size);
+  f("max_token_len", u.max_token_len);
   f("epochs", u.epochs);
   f("shuffle", u.shuffle);
   f("loss_agg_mode", u.loss_agg_mode);
@@ -85,6 +94,7 @@ void fields(O& r, F&& f) requires std::is_same_v<std::remove_const_t<O>, Rollout
   f("cache_bytes", r.cache_bytes);
   f("packed_cpu_steps", r.packed_cpu_steps);
   f("log_prob_micro_batch_size", r.log_prob_micro_batch_size);
+  f("log_prob_max_token_len", r.log_prob_max_token_len);
 }
 
 template <typename O, typename F>
@@ -98,6 +108,8 @@ void fields(O& o, F&& f) requires std::is_same_v<std::remove_const_t<O>, ActorRo
   f("ref", o.ref);
   f("ref_dtype", o.ref_dtype);
   f("ref_log_prob_micro_batch_size", o.ref_log_prob_micro_batch_size);
+  f("ref_log_prob_max_token_len", o.ref_log_prob_max_token_len);
+  f("ref_param_offload", o.ref_param_offload);
 }
 
 template <typename O, typename F>
@@ -107,12 +119,14 @@ void fields(O& o, F&& f) requires std::is_same_v<std::remove_const_t<O>, CriticO
   f("update", o.update);
   f("cliprange_value", o.cliprange_value);
   f("forward_micro_batch_size", o.forward_micro_batch_size);
+  f("forward_max_token_len", o.forward_max_token_len);
 }
 
 template <typename O, typename F>
 void fields(O& o, F&& f) requires std::is_same_v<std::remove_const_t<O>, RewardModelOptions> {
   f("model", o.model);
   f("micro_batch_size", o.micro_batch_size);
+  f("max_token_len", o.max_token_len);
 }
 
 // A scalar or a string travels as itself, an empty optional as null, a

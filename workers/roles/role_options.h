@@ -19,20 +19,32 @@
 
 namespace baton::workers {
 
+// What of a role leaves the device between the phases that need it (verl's
+// megatron.param_offload / grad_offload / optimizer_offload;
+// engine/offload.h): parameters outside the role's forwards, gradients and
+// optimizer state outside its updates.
+struct OffloadOptions {
+  bool params = false;
+  bool grads = false;
+  bool optimizer = false;
+
+  bool operator==(const OffloadOptions&) const = default;
+};
+
 struct ModelOptions {
-  std::string path;              // HF model directory (config.json + safetensors)
-  bool value_model = false;      // a value head (critic, reward model) instead of the LM head
-  int64_t tp = 1;                // tensor-parallel size of the training layout
-  int64_t pp = 1;                // pipeline stages
+  std::string path;                  // HF model directory (config.json + safetensors)
+  bool value_model = false;          // a value head (critic, reward model) instead of the LM head
+  int64_t tp = 1;                    // tensor-parallel size of the training layout
+  int64_t pp = 1;                    // pipeline stages
   int64_t vocab_divisible_by = 128;  // Megatron's make_vocab_size_divisible_by
   uint64_t seed = 42;                // fresh parameters (a value head) and dropout-free RNG
   // The parameters' dtype: "float32" or "bfloat16". A trained model keeps
   // fp32 master weights and optimizer state either way (engine::Optimizer).
   std::string dtype = "float32";
+  OffloadOptions offload;
 
   bool operator==(const ModelOptions&) const = default;
 };
-
 
 struct OptimOptions {
   double lr = 1e-6;
@@ -54,14 +66,17 @@ struct OptimOptions {
 
 // One PPO-style update pass over a batch (actor or critic).
 struct UpdateOptions {
-  int64_t mini_batch_size = 1;        // rows per optimizer step (all DP ranks)
-  int64_t micro_batch_size = 1;       // rows per forward/backward on one rank
-  int64_t epochs = 1;                 // passes over the batch
-  bool shuffle = false;               // reshuffle the mini-batches every epoch
+  int64_t mini_batch_size = 1;   // rows per optimizer step (all DP ranks)
+  int64_t micro_batch_size = 1;  // rows per forward/backward on one rank
+  // > 0: dynamic batch size instead (use_dynamic_bsz): micro-batches packed
+  // with at most this many tokens (ppo_max_token_len_per_gpu).
+  int64_t max_token_len = 0;
+  int64_t epochs = 1;    // passes over the batch
+  bool shuffle = false;  // reshuffle the mini-batches every epoch
   std::string loss_agg_mode = "token-mean";
   // seq-mean-token-sum-norm's divisor (none: the padded response length).
   std::optional<double> loss_scale_factor;
-  uint64_t seed = 0;                  // of the shuffle
+  uint64_t seed = 0;  // of the shuffle
 
   bool operator==(const UpdateOptions&) const = default;
 };
@@ -90,6 +105,7 @@ struct RolloutOptions {
   int64_t cache_bytes = 64 << 20;  // KV cache budget per rank
   bool packed_cpu_steps = true;    // GenerationOptions::packed_cpu_steps
   int64_t log_prob_micro_batch_size = 8;
+  int64_t log_prob_max_token_len = 0;  // > 0: packed micro-batches (UpdateOptions::max_token_len)
 
   bool operator==(const RolloutOptions&) const = default;
 };
@@ -100,10 +116,12 @@ struct ActorRolloutRefOptions {
   UpdateOptions update;
   PolicyOptions policy;
   RolloutOptions rollout;
-  bool actor = true;  // the actor role (training); false: rollout/ref only
-  bool ref = false;   // keep a frozen copy of the initial weights (ref log-probs)
+  bool actor = true;                  // the actor role (training); false: rollout/ref only
+  bool ref = false;                   // keep a frozen copy of the initial weights (ref log-probs)
   std::string ref_dtype = "float32";  // the reference copy's parameter dtype (ModelOptions::dtype)
   int64_t ref_log_prob_micro_batch_size = 8;  // rows per reference log-prob forward on one rank
+  int64_t ref_log_prob_max_token_len = 0;     // > 0: packed (UpdateOptions::max_token_len)
+  bool ref_param_offload = false;  // the reference's parameters resident only while it computes
 
   bool operator==(const ActorRolloutRefOptions&) const = default;
 
@@ -120,6 +138,7 @@ struct CriticOptions {
   UpdateOptions update;
   double cliprange_value = 0.5;
   int64_t forward_micro_batch_size = 8;
+  int64_t forward_max_token_len = 0;  // > 0: packed (UpdateOptions::max_token_len)
 
   bool operator==(const CriticOptions&) const = default;
 
@@ -128,8 +147,9 @@ struct CriticOptions {
 };
 
 struct RewardModelOptions {
-  ModelOptions model;                  // a value model (value_model is forced on)
-  int64_t micro_batch_size = 8;        // rows per scoring forward on one rank
+  ModelOptions model;            // a value model (value_model is forced on)
+  int64_t micro_batch_size = 8;  // rows per scoring forward on one rank
+  int64_t max_token_len = 0;     // > 0: packed (UpdateOptions::max_token_len)
 
   bool operator==(const RewardModelOptions&) const = default;
 

@@ -1,6 +1,13 @@
 #include "workers/roles/role_update.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+
+#if defined(BATON_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include "runtime/errors.h"
 #include "workers/roles/role_model.h"
@@ -52,6 +59,30 @@ DataProto metrics_proto(const MetricLists& metrics) {
   DataProto out;
   out.set_meta("metrics", Value(std::move(d)));
   return out;
+}
+
+double gigabytes(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
+
+void add_device_memory_metrics(MetricLists& metrics, at::Device device) {
+#if defined(BATON_CUDA)
+  if (device.is_cuda()) {
+    namespace alloc = c10::cuda::CUDACachingAllocator;
+    const auto stats = alloc::getDeviceStats(device.index());
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    metrics["perf/max_memory_allocated_gb"].push_back(gigabytes(stats.allocated_bytes[all].peak));
+    metrics["perf/max_memory_reserved_gb"].push_back(gigabytes(stats.reserved_bytes[all].peak));
+    alloc::resetPeakStats(device.index());
+    return;
+  }
+#endif
+  // statm's second field: resident pages.
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  metrics["perf/cpu_memory_used_gb"].push_back(
+      gigabytes(static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE)));
 }
 
 }  // namespace baton::workers

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
+
 #include "dispatch/data_proto.h"
 #include "engine/parallel_state.h"
 #include "workers/algos/agg_loss.h"
@@ -35,5 +37,14 @@ algos::GlobalBatchInfo global_batch_info(const DataProto& mini, const engine::Pa
 
 // A zero-row DataProto whose meta "metrics" holds `metrics`.
 DataProto metrics_proto(const MetricLists& metrics);
+
+// Bytes in GB (1e9), as verl's perf/* metrics.
+double gigabytes(int64_t bytes);
+
+// Memory metrics of the phase that just ended on `device`: on a GPU the
+// caching allocator's peaks since the last call (perf/max_memory_allocated_gb,
+// perf/max_memory_reserved_gb, as verl's), which it then resets; on the CPU
+// the process's resident memory now (perf/cpu_memory_used_gb).
+void add_device_memory_metrics(MetricLists& metrics, at::Device device);
 
 }  // namespace baton::workers
