@@ -11,7 +11,7 @@
 // budget set to a padded micro-batch's token slots (--micro × width) so that
 // both bound activation memory alike.
 //
-//   build/bench/packing_bench [--threads 2] [--iters 3] [--micro 8]
+//   build/bench/packing_bench [--threads 2] [--iters 3] [--micro 8] [--device cpu|cuda]
 //
 // Prints one JSON line: tokens/s (real tokens) of each pass on each path, the
 // speed-up, the micro-batch counts, and the largest log-prob difference
@@ -126,6 +126,7 @@ PassTimes run(baton::engine::Transformer& model, const DataProto& batch,
 int main(int argc, char** argv) {
   int threads = 2, iters = 3;
   int64_t micro = 8;
+  std::string device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--threads") {
@@ -134,8 +135,12 @@ int main(int argc, char** argv) {
       iters = std::stoi(v);
     } else if (k == "--micro") {
       micro = std::stoll(v);
+    } else if (k == "--device") {
+      device = v;
     } else {
-      std::fprintf(stderr, "usage: packing_bench [--threads N] [--iters N] [--micro ROWS]\n");
+      std::fprintf(stderr,
+                   "usage: packing_bench [--threads N] [--iters N] [--micro ROWS] "
+                   "[--device cpu|cuda]\n");
       return 2;
     }
   }
@@ -143,6 +148,7 @@ int main(int argc, char** argv) {
   at::manual_seed(1234);
   auto cfg = baton::engine::ModelConfig::from_hf_json(model_json(), "packing_bench");
   baton::engine::Transformer model(cfg, baton::engine::ParallelState::single());
+  model.to(at::Device(device));
   const DataProto batch = skewed_batch();
   const int64_t width = kPrompt + kLong;
   const double real = batch.tensor("attention_mask").sum().item<double>();
@@ -162,6 +168,7 @@ int main(int argc, char** argv) {
                   {"padding_fraction", 1.0 - real / static_cast<double>(kRows * width)},
                   {"responses", {{"short", kShort}, {"long", kLong}, {"long_every", 10}}}};
   out["threads"] = threads;
+  out["device"] = device;
   out["iters"] = iters;
   auto path = [&](const PassTimes& t, const MicroBatching& b) {
     return json{{"micro_batches", t.micro_batches},

@@ -73,12 +73,12 @@ export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 [[ -n "${CUDACXX:-}" ]] || export CUDACXX="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 # The programs first, then the test binaries with -k 0: a test that does not
 # compile against this LibTorch must not stop the training runs.
-programs=(toy_task sft grpo ppo)
+programs=(toy_task sft grpo ppo packing_bench)
 tests=(runtime_unit_tests runtime_process_tests engine_unit_tests engine_model_tests
   engine_parallel_model_tests workers_role_tests trainer_fit_tests)
 build_rc=0
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" -DBATON_PYTHON="$PY" \
-  -DBATON_BUILD_BENCH=OFF > "$OUT/configure.txt" 2>&1 &&
+  -DBATON_BUILD_BENCH=ON > "$OUT/configure.txt" 2>&1 &&
   cmake --build "$B" -j "$JOBS" $(printf -- '--target %s ' "${programs[@]}") > "$OUT/build.txt" 2>&1 ||
   build_rc=$?
 if ((build_rc == 0 && TESTS)); then
@@ -176,6 +176,15 @@ if [[ -x "$B/examples/grpo" ]]; then
   run ppo_gpu_resume 300 "${ppo[@]}" trainer.total_training_steps=6 trainer.save_freq=6 \
     trainer.resume_mode=auto
   [[ -f "$toy/ppo/actor_hf/config.json" ]] && result[ppo_export]=ok || result[ppo_export]=missing
+  # Dynamic batch size (packed micro-batches) and offload of the actor's
+  # parameters, gradients and optimizer state between phases.
+  run grpo_packed_offload 300 "$B/examples/grpo" --config configs/grpo_toy.yaml "${data[@]}" "${gpu[@]}" \
+    "actor_rollout_ref.model.path=$toy/sft/model" "trainer.default_local_dir=$toy/grpo_packed" \
+    trainer.n_gpus_per_node=1 trainer.total_training_steps=10 \
+    actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=256 \
+    actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.grad_offload=true \
+    actor_rollout_ref.actor.megatron.optimizer_offload=true
+  run packing_bench 120 "$B/bench/packing_bench" --device cuda --iters 3
   if ((n_gpus >= 2)); then
     run grpo_tp2 300 "$B/examples/grpo" --config configs/grpo_toy.yaml "${data[@]}" "${gpu[@]}" \
       "actor_rollout_ref.model.path=$toy/sft/model" "trainer.default_local_dir=$toy/grpo_tp2" \
@@ -203,6 +212,9 @@ cat > "$OUT/summary.json" <<EOF
  "ppo": {"accuracy_before_pct": $(accuracy "$toy/ppo" first),
          "accuracy_after_pct": $(accuracy "$toy/ppo" last),
          "seconds_per_step_median": $(step_seconds "$toy/ppo")},
+ "grpo_packed_offload": {"accuracy_before_pct": $(accuracy "$toy/grpo_packed" first),
+          "accuracy_after_pct": $(accuracy "$toy/grpo_packed" last),
+          "seconds_per_step_median": $(step_seconds "$toy/grpo_packed")},
  "peak_gpu_memory_mib": ${peak:-{\}},
  "seconds": $(($(date +%s) - T0))}
 EOF
