@@ -116,7 +116,7 @@ PassTimes run(baton::engine::Transformer& model, const DataProto& batch,
     t.log_prob_s += std::chrono::duration<double>(mid - start).count() / iters;
     t.update_s += std::chrono::duration<double>(end - mid).count() / iters;
     t.micro_batches = static_cast<int64_t>(mbs.size());
-    t.log_probs = at::cat(outs, 0);
+    t.log_probs = at::cat(outs, 0).cpu();
   }
   return t;
 }

@@ -39,6 +39,15 @@
 
 namespace baton::engine {
 
+// How a packed row's attention runs (Transformer::forward's packed_lengths).
+// Per sequence: one causal attention call per sequence (cost: the sum of the
+// squared lengths; the CPU's choice). Dense bias: one call over the whole
+// row with a block-diagonal causal bias (cost: the square of the row, one
+// kernel launch; a GPU's choice for rows up to kDenseBiasMaxTokens, where
+// many short sequences would otherwise be launch-bound). Auto picks.
+enum class PackedAttention { kAuto, kPerSequence, kDenseBias };
+inline constexpr int64_t kDenseBiasMaxTokens = 4096;
+
 struct TransformerOptions {
   // Value head (hidden → 1) on the last stage instead of the LM head.
   bool value_model = false;
@@ -51,6 +60,7 @@ struct TransformerOptions {
   bool recompute_activations = false;
   // Seed of the value head's fresh initialisation (same on every rank).
   uint64_t value_head_seed = 1234;
+  PackedAttention packed_attention = PackedAttention::kAuto;
 
   TransformerOptions& set_value_model(bool v) {
     value_model = v;
@@ -62,6 +72,10 @@ struct TransformerOptions {
   }
   TransformerOptions& set_recompute_activations(bool v) {
     recompute_activations = v;
+    return *this;
+  }
+  TransformerOptions& set_packed_attention(PackedAttention v) {
+    packed_attention = v;
     return *this;
   }
 };

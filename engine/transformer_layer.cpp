@@ -43,6 +43,19 @@ at::Tensor causal_attention_bias(const at::Tensor& attention_mask, at::ScalarTyp
   return bias.masked_fill(allowed.logical_not(), masked_score(dtype));
 }
 
+at::Tensor packed_attention_bias(const std::vector<int64_t>& lengths, at::ScalarType dtype,
+                                 at::Device device) {
+  const auto k = static_cast<int64_t>(lengths.size());
+  const at::Tensor counts = at::tensor(lengths, at::kLong);
+  const at::Tensor segment =
+      at::repeat_interleave(at::arange(k, at::kLong), counts).to(device);  // [S]
+  const int64_t s = segment.size(0);
+  auto causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(device)).tril();
+  auto allowed = causal.logical_and(segment.unsqueeze(1).eq(segment.unsqueeze(0)));
+  auto bias = at::zeros({s, s}, at::TensorOptions().dtype(dtype).device(device));
+  return bias.masked_fill(allowed.logical_not(), masked_score(dtype)).view({1, 1, s, s});
+}
+
 double masked_score(at::ScalarType dtype) {
   return dtype == at::kDouble     ? std::numeric_limits<double>::lowest()
          : dtype == at::kBFloat16 ? -3.38e38

@@ -42,6 +42,12 @@ double masked_score(at::ScalarType dtype);
 // (j <= i and key j is not padding), the dtype's lowest value elsewhere.
 at::Tensor causal_attention_bias(const at::Tensor& attention_mask, at::ScalarType dtype);
 
+// The additive bias [1, 1, S, S] of one packed row of sequences of `lengths`
+// (summing to S): 0 where query i may see key j (j <= i, the same sequence),
+// the dtype's lowest value elsewhere.
+at::Tensor packed_attention_bias(const std::vector<int64_t>& lengths, at::ScalarType dtype,
+                                 at::Device device);
+
 // Which keys each query of TransformerLayer::forward sees. Padded rows: the
 // dense additive `bias` above, [B, 1, S, S]. One packed row (B = 1, dynamic
 // batching): `lengths` of the sequences laid back to back in it (summing to

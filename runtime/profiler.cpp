@@ -133,11 +133,21 @@ std::string json_string(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -265,7 +275,8 @@ const std::string& clock_domain() {
   return id;
 }
 
-std::string chrome_events(int pid, const std::string& process_name, const std::vector<Event>& events,
+std::string chrome_events(int pid, const std::string& process_name,
+                          const std::vector<Event>& events,
                           const std::map<int32_t, std::string>& tracks, int64_t origin_ns) {
   const std::string p = std::to_string(pid);
   std::string out = "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + p +
@@ -289,8 +300,8 @@ std::string chrome_events(int pid, const std::string& process_name, const std::v
     last_tid = e->tid;
     auto it = tracks.find(e->tid);
     const std::string name = it != tracks.end() ? it->second : "thread " + std::to_string(e->tid);
-    out += ",{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + p + ",\"tid\":" +
-           std::to_string(e->tid) + ",\"args\":{\"name\":" + json_string(name) + "}}";
+    out += ",{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + p +
+           ",\"tid\":" + std::to_string(e->tid) + ",\"args\":{\"name\":" + json_string(name) + "}}";
   }
   for (const Event* e : kept) {
     out += ",{\"name\":" + json_string(e->name) + ",\"cat\":" + json_string(e->category) +

@@ -184,10 +184,10 @@ const std::string& clock_domain();
 
 // One process's part of a trace.
 struct ProcessProfile {
-  int pid = 0;                 // the trace's, stable per run: 1 the driver, then per worker process
-  std::string name;            // "driver", "ActorRolloutRefWorker:rank 0"
-  ClockOffset clock;           // the process's clock against the driver's
-  std::string events_json;     // its trace events, comma-separated (see chrome_events)
+  int pid = 0;              // the trace's, stable per run: 1 the driver, then per worker process
+  std::string name;         // "driver", "ActorRolloutRefWorker:rank 0"
+  ClockOffset clock;        // the process's clock against the driver's
+  std::string events_json;  // its trace events, comma-separated (see chrome_events)
 };
 
 // Chrome trace-event JSON objects, comma-separated without brackets: the
@@ -195,7 +195,8 @@ struct ProcessProfile {
 // then one complete ("X") event per span, with timestamps in microseconds
 // since `origin_ns` of this process's clock. Events that began before origin
 // (in an earlier profiling session) are left out.
-std::string chrome_events(int pid, const std::string& process_name, const std::vector<Event>& events,
+std::string chrome_events(int pid, const std::string& process_name,
+                          const std::vector<Event>& events,
                           const std::map<int32_t, std::string>& tracks, int64_t origin_ns);
 
 // Takes this process's events (take_events) and makes its part of a trace:
@@ -207,7 +208,8 @@ ProcessProfile collect_process(int pid, const std::string& name, int64_t origin_
 // "ms", "otherData": {"clocks": [per process: pid, name, offset_us (applied),
 // estimated_offset_us, uncertainty_us, same_clock_domain], plus `other`'s
 // members (JSON object members without braces, or empty)}}.
-std::string chrome_trace(const std::vector<ProcessProfile>& processes, const std::string& other = "");
+std::string chrome_trace(const std::vector<ProcessProfile>& processes,
+                         const std::string& other = "");
 
 // `text` as a JSON string literal, quotes included.
 std::string json_string(std::string_view text);

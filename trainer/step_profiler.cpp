@@ -56,13 +56,15 @@ std::vector<std::string> profiler_config_problems(const Config& config) {
 
 ProfilerSettings read_profiler_settings(const Config& config) {
   ProfilerSettings s;
-  if (config.has(kSteps)) s.steps = config.get_optional<std::vector<int64_t>>(kSteps).value_or(s.steps);
+  if (config.has(kSteps))
+    s.steps = config.get_optional<std::vector<int64_t>>(kSteps).value_or(s.steps);
   std::optional<std::string> path;
   if (config.has(kSavePath)) path = config.get_optional<std::string>(kSavePath);
-  s.save_path = path ? *path
-                     : (std::filesystem::path(config.get<std::string>("trainer.default_local_dir")) /
-                        "profile")
-                           .string();
+  s.save_path = path
+                    ? *path
+                    : (std::filesystem::path(config.get<std::string>("trainer.default_local_dir")) /
+                       "profile")
+                          .string();
   return s;
 }
 
@@ -105,11 +107,11 @@ std::string StepProfiler::end_step(int64_t step) {
   const std::filesystem::path file =
       std::filesystem::path(settings_.save_path) / ("step_" + std::to_string(step) + ".json");
   try {
-    engine::write_file_atomically(file, profiler::chrome_trace(
-                                            processes, "\"step\":" + std::to_string(step)));
+    engine::write_file_atomically(
+        file, profiler::chrome_trace(processes, "\"step\":" + std::to_string(step)));
   } catch (const std::exception& e) {
-    throw Error("global_profiler: cannot write the trace of " + step_name + " to " +
-                file.string() + ": " + e.what());
+    throw Error("global_profiler: cannot write the trace of " + step_name + " to " + file.string() +
+                ": " + e.what());
   }
   return file.string();
 }

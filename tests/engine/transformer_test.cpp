@@ -307,6 +307,34 @@ TEST(Transformer, PackedSequencesGiveThePaddedRowsLogitsAndGradients) {
   }
 }
 
+TEST(Transformer, PackedAttentionByBiasEqualsItSequenceBySequence) {
+  auto f = load_fixture("tiny-llama");
+  auto per_sequence = build(f);
+  auto dense = std::make_shared<Transformer>(
+      f.config, ParallelState::single(),
+      TransformerOptions().set_packed_attention(PackedAttention::kDenseBias));
+  dense->load_state_dict(per_sequence->state_dict());
+  const Packed p =
+      pack_rows(f.ref.at("input_ids"), f.ref.at("position_ids"), f.ref.at("attention_mask"));
+  at::NoGradGuard no_grad;
+  const at::Tensor a = per_sequence->forward(p.ids, p.pos, at::ones_like(p.ids), p.lengths);
+  const at::Tensor b = dense->forward(p.ids, p.pos, at::ones_like(p.ids), p.lengths);
+  const double m = std::max(1.0, a.abs().max().item<double>());
+  expect_close(b, a, Tolerance::fp32(test::logit_terms(f.config, p.ids.size(1)), m),
+               "dense-bias packed logits");
+  // The bias itself: causal, and blind across sequences.
+  const at::Tensor bias = packed_attention_bias({2, 3}, at::kFloat, at::kCPU);
+  ASSERT_EQ(bias.sizes(), (at::IntArrayRef{1, 1, 5, 5}));
+  const at::Tensor open = bias.view({5, 5}).eq(0).to(at::kLong);
+  EXPECT_TRUE(at::equal(open, at::tensor({1, 0, 0, 0, 0,  //
+                                          1, 1, 0, 0, 0,  //
+                                          0, 0, 1, 0, 0,  //
+                                          0, 0, 1, 1, 0,  //
+                                          0, 0, 1, 1, 1},
+                                         at::kLong)
+                                  .view({5, 5})));
+}
+
 TEST(Transformer, PackedLengthsMustFillOneRow) {
   auto f = load_fixture("tiny-llama");
   auto model = build(f);

@@ -65,9 +65,11 @@ TEST(Profiling, CallsOfAGroupTraceDriverAndWorkerSpansThatNestAndLineUp) {
   std::set<std::string> lanes;
   for (const auto& s : t.spans) {
     (s.pid == kDriverPid ? driver_spans : worker_spans)[s.name]++;
-    if (s.pid == kDriverPid && s.args.contains("call_ids")) lanes.insert(t.threads.at({s.pid, s.tid}));
+    if (s.pid == kDriverPid && s.args.contains("call_ids"))
+      lanes.insert(t.threads.at({s.pid, s.tid}));
   }
-  EXPECT_EQ(driver_spans["TestWorker.add (ONE_TO_ALL)"], 1) << "the calls before and after are not in";
+  EXPECT_EQ(driver_spans["TestWorker.add (ONE_TO_ALL)"], 1)
+      << "the calls before and after are not in";
   EXPECT_EQ(driver_spans["TestWorker.my_rank (rank 1)"], 1);
   for (const char* child : {"dispatch", "encode", "send", "wait", "collect", "decode result"})
     EXPECT_GE(driver_spans[child], 1) << child;

@@ -15,8 +15,8 @@
 namespace baton::profiler {
 namespace {
 
-using baton::testing::ParsedTrace;
 using baton::testing::parse_trace;
+using baton::testing::ParsedTrace;
 
 // Leaves recording off and the buffers empty for the next test.
 class ProfilerTest : public ::testing::Test {
@@ -99,9 +99,9 @@ TEST_F(ProfilerTest, TheClockOffsetComesFromTheShortestRoundTrip) {
   // answer waited in a queue); the 40 us one read it 10 us after its midpoint.
   const int64_t ahead = 5'000'000'000;
   std::vector<ClockSample> samples = {
-      {1'000'000, 1'000'000 + ahead + 900'000, 2'000'000},   // 1 ms round trip
-      {3'000'000, 3'000'000 + ahead + 30'000, 3'040'000},    // 40 us
-      {4'000'000, 4'000'000 + ahead + 250'000, 4'300'000},   // 300 us
+      {1'000'000, 1'000'000 + ahead + 900'000, 2'000'000},  // 1 ms round trip
+      {3'000'000, 3'000'000 + ahead + 30'000, 3'040'000},   // 40 us
+      {4'000'000, 4'000'000 + ahead + 250'000, 4'300'000},  // 300 us
   };
   const ClockOffset o = estimate_clock_offset(samples, false);
   EXPECT_EQ(o.uncertainty_ns, 20'000);
@@ -118,8 +118,8 @@ TEST_F(ProfilerTest, AnotherClocksEventsAreShiftedOntoTheDriversTimeline) {
   // The driver's call ran [1000, 9000] us after the origin; the worker, whose
   // clock is 5 s ahead, executed it at [2000, 8000] us of the driver's time.
   const int64_t origin = 100'000'000'000, ahead = 5'000'000'000;
-  const std::vector<Event> driver = {{"call", "runtime", origin + 1'000'000, origin + 9'000'000,
-                                      7, "\"call_ids\":[42]"}};
+  const std::vector<Event> driver = {
+      {"call", "runtime", origin + 1'000'000, origin + 9'000'000, 7, "\"call_ids\":[42]"}};
   const std::vector<Event> worker = {
       {"execute", "worker", origin + ahead + 2'000'000, origin + ahead + 8'000'000, 11,
        "\"call_id\":42"},

@@ -25,10 +25,10 @@ struct TraceSpan {
 };
 
 struct ParsedTrace {
-  std::map<int64_t, std::string> processes;                     // pid -> process_name
-  std::map<std::pair<int64_t, int64_t>, std::string> threads;   // (pid, tid) -> thread_name
-  std::vector<TraceSpan> spans;                                 // the "X" events
-  nlohmann::json other;                                         // otherData
+  std::map<int64_t, std::string> processes;                    // pid -> process_name
+  std::map<std::pair<int64_t, int64_t>, std::string> threads;  // (pid, tid) -> thread_name
+  std::vector<TraceSpan> spans;                                // the "X" events
+  nlohmann::json other;                                        // otherData
 };
 
 inline int64_t micros_to_ns(const nlohmann::json& us) {
@@ -62,7 +62,8 @@ inline ParsedTrace parse_trace(const std::string& text) {
       if (kind == "process_name") t.processes[e["pid"]] = e["args"]["name"];
       if (kind == "thread_name") t.threads[{e["pid"], e["tid"]}] = e["args"]["name"];
     } else if (ph == "X") {
-      if (!e.contains("ts") || !e.contains("dur") || !e["ts"].is_number() || !e["dur"].is_number()) {
+      if (!e.contains("ts") || !e.contains("dur") || !e["ts"].is_number() ||
+          !e["dur"].is_number()) {
         ADD_FAILURE() << "a complete event without numeric ts and dur: " << e.dump();
         continue;
       }
@@ -94,8 +95,8 @@ inline void expect_spans_nest(const ParsedTrace& t) {
   std::map<std::pair<int64_t, int64_t>, std::vector<const TraceSpan*>> tracks;
   for (const TraceSpan& s : t.spans) tracks[{s.pid, s.tid}].push_back(&s);
   for (auto& [track, spans] : tracks) {
-    EXPECT_TRUE(t.threads.count(track)) << "track pid " << track.first << " tid " << track.second
-                                        << " has no thread_name";
+    EXPECT_TRUE(t.threads.count(track))
+        << "track pid " << track.first << " tid " << track.second << " has no thread_name";
     std::sort(spans.begin(), spans.end(), [](const TraceSpan* a, const TraceSpan* b) {
       return a->begin_ns != b->begin_ns ? a->begin_ns < b->begin_ns : a->end_ns > b->end_ns;
     });
@@ -130,7 +131,8 @@ inline int expect_calls_contain_worker_spans(const ParsedTrace& t, int64_t drive
       continue;
     }
     const TraceSpan& call = *it->second;
-    EXPECT_LE(call.begin_ns, s.begin_ns) << describe(s) << " begins before its call " << describe(call);
+    EXPECT_LE(call.begin_ns, s.begin_ns)
+        << describe(s) << " begins before its call " << describe(call);
     EXPECT_GE(call.end_ns, s.end_ns) << describe(s) << " ends after its call " << describe(call);
     ++checked;
   }
