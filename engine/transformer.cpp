@@ -203,8 +203,8 @@ at::Tensor Transformer::forward(const at::Tensor& input_arg, const at::Tensor& p
   auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
   AttentionMask mask;
   const bool dense = options_.packed_attention == PackedAttention::kDenseBias ||
-                     (options_.packed_attention == PackedAttention::kAuto && dev.is_cuda() &&
-                      s <= kDenseBiasMaxTokens);
+                     (options_.packed_attention == PackedAttention::kAuto &&
+                      s <= (dev.is_cuda() ? kDenseBiasMaxTokens : kDenseBiasMaxTokensCpu));
   if (packed_lengths.empty()) {
     mask.bias = causal_attention_bias(attention_mask, h.scalar_type());
   } else if (dense) {

@@ -41,12 +41,15 @@ namespace baton::engine {
 
 // How a packed row's attention runs (Transformer::forward's packed_lengths).
 // Per sequence: one causal attention call per sequence (cost: the sum of the
-// squared lengths; the CPU's choice). Dense bias: one call over the whole
-// row with a block-diagonal causal bias (cost: the square of the row, one
-// kernel launch; a GPU's choice for rows up to kDenseBiasMaxTokens, where
-// many short sequences would otherwise be launch-bound). Auto picks.
+// squared lengths). Dense bias: one call over the whole row with a
+// block-diagonal causal bias (cost: the square of the row, one kernel
+// launch). Auto: the dense bias for rows up to kDenseBiasMaxTokens on a GPU
+// (where many short sequences would otherwise be launch-bound) and up to
+// kDenseBiasMaxTokensCpu on the CPU (short rows, where the calls' overhead
+// outweighs the masked work), sequence by sequence above.
 enum class PackedAttention { kAuto, kPerSequence, kDenseBias };
 inline constexpr int64_t kDenseBiasMaxTokens = 4096;
+inline constexpr int64_t kDenseBiasMaxTokensCpu = 512;
 
 struct TransformerOptions {
   // Value head (hidden → 1) on the last stage instead of the LM head.

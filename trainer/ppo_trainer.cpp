@@ -30,14 +30,14 @@
 #include "trainer/seqlen_balancing.h"
 #include "trainer/settings.h"
 #include "trainer/trainer_state.h"
-#include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/algos/algo_registry.h"
-#include "workers/roles/critic_worker.h"
 #include "workers/algos/kl.h"
 #include "workers/algos/masked_reductions.h"
 #include "workers/rewards/reward_manager.h"
-#include "workers/roles/reward_model_worker.h"
 #include "workers/rewards/reward_registry.h"
+#include "workers/roles/actor_rollout_ref_worker.h"
+#include "workers/roles/critic_worker.h"
+#include "workers/roles/reward_model_worker.h"
 #include "workers/roles/role_options.h"
 
 namespace baton::trainer {
@@ -54,7 +54,6 @@ double seconds_since(Clock::time_point t0) {
 using Settings = TrainerSettings;
 
 }  // namespace
-
 
 namespace {
 
@@ -104,7 +103,6 @@ void merge_metrics(Metrics& into, const DataProto& result) {
 
 }  // namespace
 
-
 PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   validate_ppo_config(config);
   State& st = *s_;
@@ -126,12 +124,13 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
 
   st.tokenizer.emplace(data::Tokenizer::load(s.tokenizer_path));
   st.train_data = data::PromptDataset::load(s.train_files, *st.tokenizer, s.dataset);
-  if (!s.val_files.empty()) st.val_data = data::PromptDataset::load(s.val_files, *st.tokenizer, s.dataset);
-  st.loader = std::make_unique<data::PromptLoader>(
-      *st.train_data, data::PromptLoaderOptions()
-                          .set_batch_size(s.train_batch)
-                          .set_shuffle(s.data_shuffle)
-                          .set_seed(s.data_seed));
+  if (!s.val_files.empty())
+    st.val_data = data::PromptDataset::load(s.val_files, *st.tokenizer, s.dataset);
+  st.loader =
+      std::make_unique<data::PromptLoader>(*st.train_data, data::PromptLoaderOptions()
+                                                               .set_batch_size(s.train_batch)
+                                                               .set_shuffle(s.data_shuffle)
+                                                               .set_seed(s.data_seed));
   if (st.loader->batches_per_epoch() < 1) {
     throw ConfigError("data.train_batch_size = " + std::to_string(s.train_batch) +
                       " is more than the " + std::to_string(st.train_data->size()) +
@@ -155,13 +154,14 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   layout.tp = static_cast<int>(s.actor.model.tp);
   layout.pp = static_cast<int>(s.actor.model.pp);
   layout.dp = static_cast<int>(s.world / (s.actor.model.tp * s.actor.model.pp));
-  const bool colocate_critic =
-      s.use_critic && s.critic.model.tp == s.actor.model.tp && s.critic.model.pp == s.actor.model.pp;
+  const bool colocate_critic = s.use_critic && s.critic.model.tp == s.actor.model.tp &&
+                               s.critic.model.pp == s.actor.model.pp;
   std::vector<RoleSpec> roles = {
       {"actor", workers::actor_rollout_ref_worker_class(), {s.actor.to_json()}}};
-  if (colocate_critic) roles.push_back({"critic", workers::critic_worker_class(), {s.critic.to_json()}});
-  const bool colocate_rm =
-      s.use_rm && s.rm.model.tp == s.actor.model.tp && s.rm.model.pp == s.actor.model.pp;
+  if (colocate_critic)
+    roles.push_back({"critic", workers::critic_worker_class(), {s.critic.to_json()}});
+  const bool colocate_rm = s.use_rm && !s.rm_centralized && s.rm.model.tp == s.actor.model.tp &&
+                           s.rm.model.pp == s.actor.model.pp;
   if (colocate_rm) roles.push_back({"rm", workers::reward_model_worker_class(), {s.rm.to_json()}});
   st.group.emplace(WorkerGroup::spawn_colocated(
       roles, *st.pool, WorkerGroupOptions().set_layout(layout).set_name("actor_rollout_ref")));
@@ -170,25 +170,44 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
     cl.tp = static_cast<int>(s.critic.model.tp);
     cl.pp = static_cast<int>(s.critic.model.pp);
     cl.dp = static_cast<int>(s.world / (s.critic.model.tp * s.critic.model.pp));
-    st.critic_group.emplace(WorkerGroup::spawn(workers::critic_worker_class(), *st.pool,
-                                               {s.critic.to_json()},
-                                               WorkerGroupOptions().set_layout(cl).set_name("critic")));
+    st.critic_group.emplace(
+        WorkerGroup::spawn(workers::critic_worker_class(), *st.pool, {s.critic.to_json()},
+                           WorkerGroupOptions().set_layout(cl).set_name("critic")));
   }
   if (s.use_rm && !colocate_rm) {
     ParallelLayout rl;
     rl.tp = static_cast<int>(s.rm.model.tp);
     rl.pp = static_cast<int>(s.rm.model.pp);
     rl.dp = static_cast<int>(s.world / (s.rm.model.tp * s.rm.model.pp));
-    st.rm_group.emplace(WorkerGroup::spawn(workers::reward_model_worker_class(), *st.pool,
-                                           {s.rm.to_json()},
-                                           WorkerGroupOptions().set_layout(rl).set_name("reward_model")));
+    ResourcePool* rm_pool = &*st.pool;
+    if (s.rm_centralized) {
+      // One replica, in processes of its own on the first tp x pp devices.
+      rl.dp = 1;
+      ResourcePoolOptions ro = popts;
+      ro.processes_on_nodes = {rl.tp * rl.pp};
+      st.rm_pool.emplace(ro);
+      rm_pool = &*st.rm_pool;
+    }
+    st.rm_group.emplace(
+        WorkerGroup::spawn(workers::reward_model_worker_class(), *rm_pool, {s.rm.to_json()},
+                           WorkerGroupOptions().set_layout(rl).set_name("reward_model")));
   }
   if (colocate_rm) st.rm.emplace(st.group->role("rm"));
   st.actor.emplace(st.group->role("actor"));
   if (colocate_critic) st.critic.emplace(st.group->role("critic"));
   st.actor->call("init_model", {}).get();
   if (s.use_critic) st.critic_role().call("init_model", {}).get();
-  if (s.use_rm) st.reward_model().call("init_model", {}).get();
+  if (s.use_rm) {
+    st.reward_model().call("init_model", {}).get();
+    // The reward model's parameter bytes on a training rank's device, on
+    // average: every replica's shard beside the actor, or one copy over all.
+    double total = 0;
+    const List shards = st.reward_model().call("param_bytes", {}).get().as_list();
+    for (const Value& b : shards) total += static_cast<double>(b.as_int());
+    const double replicas =
+        s.rm_centralized ? 1.0 : static_cast<double>(s.world) / static_cast<double>(shards.size());
+    st.rm_param_bytes_per_rank = total * replicas / static_cast<double>(s.world);
+  }
   // Each worker process once: the groups that own processes.
   std::vector<WorkerGroup*> processes = {&*st.group};
   if (st.critic_group) processes.push_back(&*st.critic_group);
@@ -205,11 +224,13 @@ std::map<std::string, double> PpoTrainer::validate() {
   const int64_t n = vs.n;
   WorkerGroup& actor = *st.actor;
   const int64_t replicas = st.s.world / st.s.actor.rollout.tp;
-  const int64_t batch_size = st.s.val_batch_size.value_or(static_cast<int64_t>(st.val_data->size()));
+  const int64_t batch_size =
+      st.s.val_batch_size.value_or(static_cast<int64_t>(st.val_data->size()));
   std::map<std::string, std::vector<double>> by_source;
   for (size_t start = 0; start < st.val_data->size(); start += static_cast<size_t>(batch_size)) {
     std::vector<size_t> idx;
-    for (size_t i = start; i < std::min(st.val_data->size(), start + static_cast<size_t>(batch_size)); ++i)
+    for (size_t i = start;
+         i < std::min(st.val_data->size(), start + static_cast<size_t>(batch_size)); ++i)
       idx.push_back(i);
     DataProto batch = prompt_batch_proto(st.val_data->batch(idx), "val-");
     const DataProto out =
@@ -222,9 +243,9 @@ std::map<std::string, double> PpoTrainer::validate() {
     if (st.s.use_rm) {
       // Rows padded to the reward model's DP size for its dispatch, then dropped.
       const int64_t rm_dp = st.s.world / (st.s.rm.model.tp * st.s.rm.model.pp);
-      auto [scored, rm_pad] = rows.select({"input_ids", "attention_mask", "position_ids",
-                                           "responses", "response_mask"})
-                                  .pad_to_multiple(rm_dp);
+      auto [scored, rm_pad] =
+          rows.select({"input_ids", "attention_mask", "position_ids", "responses", "response_mask"})
+              .pad_to_multiple(rm_dp);
       const at::Tensor rm = st.reward_model()
                                 .call("compute_rm_score", {scored})
                                 .get()
@@ -237,7 +258,8 @@ std::map<std::string, double> PpoTrainer::validate() {
       scores = st.reward->compute(rows).scores;
     }
     const List& sources = rows.column("data_source");
-    for (size_t i = 0; i < scores.size(); ++i) by_source[sources[i].as_string()].push_back(scores[i]);
+    for (size_t i = 0; i < scores.size(); ++i)
+      by_source[sources[i].as_string()].push_back(scores[i]);
   }
   // Each prompt's n samples are consecutive: mean@n over every sample; with
   // n > 1 also the mean over prompts of the best and the worst of their n
@@ -336,7 +358,8 @@ FitResult PpoTrainer::fit() {
       // verl's _balance_batch: the update and log-prob calls give DP rank r
       // the r-th equal slice, so rows are reordered for equal tokens per rank.
       const at::Tensor lens = batch.tensor("attention_mask").to(at::kLong).sum(1).contiguous();
-      const std::vector<int64_t> sizes(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + lens.numel());
+      const std::vector<int64_t> sizes(lens.data_ptr<int64_t>(),
+                                       lens.data_ptr<int64_t>() + lens.numel());
       const auto parts = balanced_partitions(sizes, actor_dp);
       const std::vector<int64_t> order = balanced_order(parts);
       batch = batch.select_rows(order);
@@ -347,31 +370,41 @@ FitResult PpoTrainer::fit() {
     batch.set_meta("temperature", Value(temperature));
     batch.set_meta("global_steps", Value(st.global_step));
 
+    // As verl's naive manager: a reward model's scores replace the rule
+    // rewards. Started now; with prefetch collected only before the
+    // advantages, so that scoring overlaps the log-prob and value passes.
+    std::optional<Future<Value>> rm_scores;
+    int64_t rm_pad = 0;
+    if (s.use_rm) {
+      const int64_t rm_dp = s.rm_centralized ? 1 : s.world / (s.rm.model.tp * s.rm.model.pp);
+      auto padded = batch.pad_to_multiple(rm_dp);
+      rm_pad = padded.second;
+      rm_scores = st.reward_model().call("compute_rm_score", {padded.first});
+      m["reward_model/param_bytes_per_training_rank"] = st.rm_param_bytes_per_rank;
+    }
+    auto collect_rm_scores = [&] {
+      batch.set_tensor("token_level_scores",
+                       rm_scores->get().as<DataProto>().unpad(rm_pad).tensor("rm_scores"));
+      rm_scores.reset();
+    };
     timed("reward", [&] {
       if (s.use_rm) {
-        // As verl's naive manager: a reward model's scores replace the rule rewards.
-        const int64_t rm_dp = s.world / (s.rm.model.tp * s.rm.model.pp);
-        auto [scored, rm_pad] = batch.pad_to_multiple(rm_dp);
-        batch.set_tensor("token_level_scores", st.reward_model()
-                                                   .call("compute_rm_score", {scored})
-                                                   .get()
-                                                   .as<DataProto>()
-                                                   .unpad(rm_pad)
-                                                   .tensor("rm_scores"));
+        if (!s.rm_prefetch) collect_rm_scores();
       } else {
         batch = st.reward->with_token_level_scores(batch);
         if (s.zero_on_reward_error)
           m["reward/errors"] = batch.meta_value("reward_errors")->as_float();
       }
     });
-    if (!s.old_log_prob_from_update) timed("old_log_prob", [&] {
-      DataProto lp = actor.call("compute_log_prob", {batch}).get().as<DataProto>();
-      const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
-      m["actor/entropy"] = algos::agg_loss(lp.tensor("entropys"), mask,
-                                           algos::parse_loss_agg_mode(s.loss_agg_mode))
-                               .item<double>();
-      batch.set_tensor("old_log_probs", lp.tensor("old_log_probs"));
-    });
+    if (!s.old_log_prob_from_update)
+      timed("old_log_prob", [&] {
+        DataProto lp = actor.call("compute_log_prob", {batch}).get().as<DataProto>();
+        const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+        m["actor/entropy"] = algos::agg_loss(lp.tensor("entropys"), mask,
+                                             algos::parse_loss_agg_mode(s.loss_agg_mode))
+                                 .item<double>();
+        batch.set_tensor("old_log_probs", lp.tensor("old_log_probs"));
+      });
     if (s.use_ref) {
       timed("ref", [&] {
         DataProto lp = actor.call("compute_ref_log_prob", {batch}).get().as<DataProto>();
@@ -384,6 +417,7 @@ FitResult PpoTrainer::fit() {
         batch.set_tensor("values", v.tensor("values"));
       });
     }
+    if (rm_scores) timed("reward_wait", collect_rm_scores);
     timed("adv", [&] {
       const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
       const at::Tensor scores = batch.tensor("token_level_scores");
@@ -418,9 +452,8 @@ FitResult PpoTrainer::fit() {
     }
     // verl's rule (ray_trainer.py: `critic_warmup <= global_steps`, steps count from 1).
     if (st.global_step >= s.critic_warmup) {
-      timed("update_actor", [&] {
-        merge_metrics(m, actor.call("update_actor", {batch}).get().as<DataProto>());
-      });
+      timed("update_actor",
+            [&] { merge_metrics(m, actor.call("update_actor", {batch}).get().as<DataProto>()); });
       // actor/entropy is the old-log-prob pass's (verl's); the update reports
       // its own forward's as actor/update_entropy. Without that pass the
       // update's first forward ran at the same weights: it is that value.
@@ -439,10 +472,10 @@ FitResult PpoTrainer::fit() {
       if (result.first_validation.empty()) result.first_validation = v;
       m.insert(v.begin(), v.end());
     }
-    for (const auto& [k, v] : compute_data_metrics(batch, s.use_critic, s.response_length)) m[k] = v;
+    for (const auto& [k, v] : compute_data_metrics(batch, s.use_critic, s.response_length))
+      m[k] = v;
     for (const auto& [k, v] : compute_timing_metrics(batch, timing)) m[k] = v;
-    for (const auto& [k, v] :
-         compute_throughput_metrics(batch, timing, static_cast<int>(s.world)))
+    for (const auto& [k, v] : compute_throughput_metrics(batch, timing, static_cast<int>(s.world)))
       m[k] = v;
     m["training/global_step"] = static_cast<double>(st.global_step);
     progress.clear();
@@ -453,7 +486,8 @@ FitResult PpoTrainer::fit() {
       save_trainer_checkpoint(st);
     }
     const std::string trace = st.profiler->end_step(st.global_step);
-    if (!trace.empty()) log(LogLevel::kInfo, "profile of step " + std::to_string(st.global_step) + ": " + trace);
+    if (!trace.empty())
+      log(LogLevel::kInfo, "profile of step " + std::to_string(st.global_step) + ": " + trace);
   }
   result.steps = st.global_step;
   progress.update(st.global_step);

@@ -177,6 +177,8 @@ void read_reward_model(const Config& c, TrainerSettings& s) {
   s.rm.model.tp = c.get<int64_t>("reward_model.megatron.tensor_model_parallel_size");
   s.rm.model.pp = c.get<int64_t>("reward_model.megatron.pipeline_model_parallel_size");
   s.rm.model.offload.params = c.get<bool>("reward_model.megatron.param_offload");
+  s.rm_centralized = c.get<bool>("reward_model.centralized");
+  s.rm_prefetch = c.get<bool>("reward_model.prefetch");
   s.rm.micro_batch_size =
       c.get_optional<int64_t>("reward_model.micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
   s.rm.max_token_len = dynamic_max_tokens(c, "reward_model.use_dynamic_bsz",

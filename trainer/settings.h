@@ -77,6 +77,12 @@ struct TrainerSettings {
   workers::CriticOptions critic;
   bool use_rm = false;
   workers::RewardModelOptions rm;
+  // One copy of the reward model in processes of its own (tp × pp of them)
+  // instead of one per data-parallel replica beside the actor, and its
+  // scoring started as soon as a batch is generated, so that it runs while
+  // the actor computes log-probs (reward_model.centralized / .prefetch).
+  bool rm_centralized = false;
+  bool rm_prefetch = false;
   algos::AdvantageOptions adv;
   algos::KLControlOptions kl_ctrl;
 

@@ -34,8 +34,10 @@ struct PpoTrainer::State {
   std::optional<WorkerGroup> critic_group;  // a critic with a layout of its own
   std::optional<WorkerGroup> actor;         // views: the actor role of `group`,
   std::optional<WorkerGroup> critic;        // the critic's role or critic_group
+  std::optional<ResourcePool> rm_pool;      // a centralized reward model's processes
   std::optional<WorkerGroup> rm_group;      // a reward model with a layout of its own
   std::optional<WorkerGroup> rm;            // the reward model's role (colocated)
+  double rm_param_bytes_per_rank = 0;       // its parameter bytes per training device
 
   WorkerGroup& reward_model() { return rm ? *rm : *rm_group; }
   WorkerGroup& critic_role() { return critic ? *critic : *critic_group; }

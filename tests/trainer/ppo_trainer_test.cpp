@@ -212,6 +212,40 @@ TEST_F(PpoTrainerTest, AValueModelRewardReplacesTheRuleRewardInTrainingAndValida
   EXPECT_NE(r.last_validation.at("val-core/openai/gsm8k/reward/mean@1"), 0.0);
 }
 
+// reward_model.centralized: one copy of the reward model in a process of its
+// own scores every replica's rows; the training ranks hold half of what they
+// held with a copy beside each (2 ranks), and the scores are the same rows
+// scored by the same model. With prefetch the scores are collected only
+// before the advantages (timing_s/reward_wait), without it at once.
+TEST_F(PpoTrainerTest, ACentralizedRewardModelScoresForEveryRankAndPrefetches) {
+  std::map<std::string, FitResult> runs;
+  for (const char* v : {"colocated", "centralized", "centralized_no_prefetch"}) {
+    TempDir out;
+    Config c = config("grpo_toy", out.path());
+    c.apply_overrides({"reward_model.enable=true",
+                       "reward_model.model.path=" + toy_->path().string() + "/model",
+                       "trainer.total_training_steps=2", "trainer.test_freq=-1",
+                       "trainer.val_before_train=false"});
+    if (std::string(v) != "colocated") c.apply_overrides({"reward_model.centralized=true"});
+    if (std::string(v) == "centralized_no_prefetch")
+      c.apply_overrides({"reward_model.prefetch=false"});
+    runs[v] = PpoTrainer(c).fit();
+  }
+  const auto& colocated = runs["colocated"].last_metrics;
+  for (const char* v : {"centralized", "centralized_no_prefetch"}) {
+    const auto& m = runs[v].last_metrics;
+    // The same sequences (the same seeds and weights) scored by the same
+    // model in another batch split: equal to fp32 rounding.
+    const double want = colocated.at("critic/score/mean");
+    test::expect_near(m.at("critic/score/mean"), want, test::Tolerance::fp32(1000, 1.0), v);
+    EXPECT_DOUBLE_EQ(m.at("reward_model/param_bytes_per_training_rank"),
+                     colocated.at("reward_model/param_bytes_per_training_rank") / 2)
+        << v;
+  }
+  EXPECT_TRUE(runs["centralized"].last_metrics.count("timing_s/reward_wait"));
+  EXPECT_FALSE(runs["centralized_no_prefetch"].last_metrics.count("timing_s/reward_wait"));
+}
+
 TEST_F(PpoTrainerTest, AResumedRunTakesTheSameNextStepAsAnUninterruptedOne) {
   TempDir straight, split;
   FitResult expected;

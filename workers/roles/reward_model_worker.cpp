@@ -42,8 +42,14 @@ at::Tensor last_token_scores(const at::Tensor& values, const at::Tensor& respons
   return out.scatter_(1, last, picked);
 }
 
+int64_t RewardModelWorker::param_bytes() {
+  if (!model_) throw Error("RewardModelWorker: init_model was not called");
+  return model_->model().param_bytes();
+}
+
 void RewardModelWorker::register_methods(MethodTable<RewardModelWorker>& t) {
   t.def("init_model", &RewardModelWorker::init_model);
+  t.def("param_bytes", &RewardModelWorker::param_bytes);
   t.def("compute_rm_score", &RewardModelWorker::compute_rm_score,
         MethodOptions().set_dispatch_mode(dispatch_mode::kMegatronComputeProto));
 }

@@ -31,6 +31,9 @@ class RewardModelWorker : public Worker {
 
   void init_model();
   DataProto compute_rm_score(const DataProto& batch);
+  // Bytes of this rank's shard of the model's parameters (what a training
+  // rank saves when the reward model is centralized).
+  int64_t param_bytes();
 
   static void register_methods(MethodTable<RewardModelWorker>& t);
 
