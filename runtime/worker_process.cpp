@@ -154,10 +154,14 @@ struct LogPump : std::enable_shared_from_this<LogPump> {
   }
 
   void emit(std::string_view text) {
-    std::lock_guard<std::mutex> lock(console_mu());
-    std::fwrite(prefix.data(), 1, prefix.size(), sink);
-    std::fwrite(text.data(), 1, text.size(), sink);
-    std::fflush(sink);
+    {
+      std::lock_guard<std::mutex> lock(console_mu());
+      std::fwrite(prefix.data(), 1, prefix.size(), sink);
+      std::fwrite(text.data(), 1, text.size(), sink);
+      std::fflush(sink);
+    }
+    // The run's log file (runtime/log.h) gets every process's lines.
+    log_output_line(prefix + std::string(text));
   }
 
   asio::posix::stream_descriptor pipe;

@@ -16,6 +16,9 @@ packages=(
   libcapnp-dev capnproto
   libboost-dev
   libtbb-dev
+  # runtime/log.cpp's per-run log file (rotating, timestamped); Debian's spdlog
+  # uses Debian's fmt, which only log.cpp (no LibTorch header) ever sees.
+  libspdlog-dev
   libyaml-cpp-dev
   # Unicode regexes of tokenizer pre-tokenizers (data/).
   libpcre2-dev

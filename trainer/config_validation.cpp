@@ -314,6 +314,8 @@ void validate_ppo_config(const Config& config) {
   c.read<int64_t>("trainer.test_freq");
   c.read<bool>("trainer.val_before_train");
   c.read<std::string>("trainer.default_local_dir");
+  c.at_least("trainer.log_max_bytes", 1);
+  c.at_least("trainer.log_backup_count", 0);
   c.one_of("trainer.device", {"cpu", "cuda"});
   if (c.one_of("trainer.resume_mode", {"auto", "disable", "resume_path"}).value_or("") ==
       "resume_path") {

@@ -121,6 +121,12 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
         "with reward_model.enable = true the baselines would not be the reward model's");
   fs::create_directories(s.out_dir);
   c.save(fs::path(s.out_dir) / "config.yaml");
+  // Every process's lines from here on (the workers' through the driver).
+  set_log_file((fs::path(s.out_dir) / "baton.log").string(),
+               c.get<int64_t>("trainer.log_max_bytes"),
+               static_cast<int>(c.get<int64_t>("trainer.log_backup_count")));
+  log(LogLevel::kInfo, "run " + s.project_name + "/" + s.experiment_name + ": log file " +
+                           log_file_path());
 
   st.tokenizer.emplace(data::Tokenizer::load(s.tokenizer_path));
   st.train_data = data::PromptDataset::load(s.train_files, *st.tokenizer, s.dataset);

@@ -17,11 +17,15 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string>
 
 #include "runtime/baton.h"
+#include "runtime/log.h"
 
 namespace baton {
 namespace {
@@ -354,6 +358,56 @@ TEST_F(WorkerGroupTest, WorkerOutputReachesTheDriverConsolePrefixedWithClassAndR
   dup2(saved_err, 2);
   EXPECT_TRUE(got_out) << seen_out;
   EXPECT_TRUE(got_err) << seen_err;
+}
+
+namespace fs = std::filesystem;
+
+// The run's log file (runtime/log.h, spdlog's rotating sink) gets the
+// driver's log lines and both workers' output lines, each with its prefix and
+// a timestamp; past max_bytes it rotates, keeping max_files old files.
+TEST_F(WorkerGroupTest, TheRunLogFileGetsEveryProcessesLinesAndRotates) {
+  const std::string dir = "/tmp/baton-log-test-" + std::to_string(::getpid());
+  const std::string path = dir + "/run/baton.log";
+  set_log_file(path, 4096, 2);
+  EXPECT_EQ(log_file_path(), path);
+  {
+    ResourcePool two = ResourcePool::cpu(2);
+    WorkerGroup g = WorkerGroup::spawn("TestWorker", two);
+    log(LogLevel::kWarn, "driver-marker-7");
+    g.call("print", {"worker-marker-7"}).get();
+    g.shutdown();  // the workers' pipes drain before it returns
+  }
+  auto read_all = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::string text = read_all(path);
+  for (const char* want : {"[baton] [warn] driver-marker-7", "[TestWorker:0] worker-marker-7",
+                           "[TestWorker:1] worker-marker-7", "[TestWorker:1] err:worker-marker-7"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << " not in:\n" << text;
+  // Timestamped: "2026-11-27 03:12:45.123 [baton] ...".
+  const size_t at = text.find("[baton] [warn] driver-marker-7");
+  ASSERT_NE(at, std::string::npos);
+  const size_t line_start = text.rfind('\n', at) == std::string::npos ? 0 : text.rfind('\n', at) + 1;
+  EXPECT_EQ(at - line_start, 24u) << text.substr(line_start, at - line_start);
+  EXPECT_EQ(text[line_start + 4], '-');
+
+  // Rotation: 4 KiB files, two old ones kept.
+  for (int i = 0; i < 200; ++i)
+    log_output_line("[Filler:0] line " + std::to_string(i) + " of filler text");
+  close_log_file();
+  EXPECT_EQ(log_file_path(), "");
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_TRUE(fs::exists(dir + "/run/baton.1.log"));
+  EXPECT_TRUE(fs::exists(dir + "/run/baton.2.log"));
+  EXPECT_FALSE(fs::exists(dir + "/run/baton.3.log"));
+  EXPECT_LE(fs::file_size(path), 4096u);
+  EXPECT_NE(read_all(path).find("line 199 of filler"), std::string::npos);
+  log(LogLevel::kWarn, "after-close");  // stderr only now
+  EXPECT_EQ(read_all(path).find("after-close"), std::string::npos);
+  for (const auto& e : fs::directory_iterator(dir + "/run")) fs::remove(e.path());
+  fs::remove(dir + "/run");
+  fs::remove(dir);
 }
 
 // Sets an environment variable of the driver for one test.

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -170,6 +171,13 @@ TEST_F(PpoTrainerTest, PpoWithACriticAndKlInTheRewardReportsCriticMetrics) {
     keys.push_back(k);
   std::erase(keys, "val-core/openai/gsm8k/reward/mean@1");
   expect_finite_metrics(r, keys);
+  // The run's log file has the driver's lines and both worker processes'
+  // (the colocated critic logs its fresh value head on each rank).
+  std::ifstream in(out / "baton.log");
+  const std::string log_text(std::istreambuf_iterator<char>(in), {});
+  for (const char* want : {"[baton] [info] run ", ":0] [baton] [info] value model",
+                           ":1] [baton] [info] value model"})
+    EXPECT_NE(log_text.find(want), std::string::npos) << want << " not in:\n" << log_text;
 }
 
 // bf16 parameters (fp32 masters and AdamW state in the optimizer) for the

@@ -53,6 +53,16 @@ ActorRolloutRefOptions actor_options(int64_t tp, int64_t pp, int64_t rollout_tp)
   return o;
 }
 
+// A critic on the fixture: mini-batches of 8 rows, `micro` per micro-batch.
+CriticOptions critic_options(int64_t micro) {
+  CriticOptions o;
+  o.model.path = kModel;
+  o.optim.lr = 5e-3;
+  o.update.mini_batch_size = 8;
+  o.update.micro_batch_size = micro;
+  return o;
+}
+
 WorkerGroup spawn(const std::string& cls, const std::string& json, int tp, int pp) {
   ResourcePool pool = ResourcePool::cpu(2);
   ParallelLayout layout;
@@ -285,11 +295,7 @@ TEST(ActorRolloutRefWorker, AnExportThatFailsOnOneRankFailsOnAllAndLeavesTheGrou
 }
 
 TEST(CriticWorker, ValuesComeFromAFreshHeadAndUpdatesFitTheReturns) {
-  CriticOptions o;
-  o.model.path = kModel;
-  o.optim.lr = 5e-3;
-  o.update.mini_batch_size = 8;
-  o.update.micro_batch_size = 4;
+  CriticOptions o = critic_options(4);
   o.update.epochs = 4;
   DataProto batch;
   {
@@ -461,12 +467,8 @@ TEST(ActorRolloutRefWorker, DynamicBatchSizeGivesThePaddedPathsLogProbsAndUpdate
   }
 
   // The critic: values and a value-loss update, padded against packed.
-  CriticOptions c;
-  c.model.path = kModel;
-  c.optim.lr = 5e-3;
+  CriticOptions c = critic_options(2);
   c.optim.grad_clip = 0;
-  c.update.mini_batch_size = 8;
-  c.update.micro_batch_size = 2;
   std::vector<at::Tensor> values, updated;
   for (int64_t budget : {0, 12}) {
     c.update.max_token_len = budget;
