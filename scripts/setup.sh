@@ -26,7 +26,6 @@ packages=(
   # Training curves (trainer/metrics.h: MetricsLogger::plot runs gnuplot).
   gnuplot-nox
   googletest libgtest-dev libgmock-dev
-  libbenchmark-dev
 )
 
 missing=()
