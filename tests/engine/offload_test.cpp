@@ -69,5 +69,23 @@ TEST(TensorOffload, AnUnwritableSpillDirectoryIsNamedAndNothingIsFreed) {
   EXPECT_TRUE(at::equal(t, copy));
 }
 
+// On a GPU the storages go to pinned host memory: the device's allocated
+// bytes drop by theirs while away and the views come back bit-identical.
+TEST(TensorOffload, GpuStoragesGoToPinnedHostMemoryAndBack_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: GPU storages offload to pinned host memory";
+  at::Tensor flat = at::randn({1 << 20}, at::TensorOptions().device(at::kCUDA));
+  at::Tensor view = flat.narrow(0, 1000, 5000);
+  const at::Tensor host_copy = flat.cpu();
+  TensorOffload away({view, flat});
+  EXPECT_EQ(away.bytes(), (1 << 20) * 4);
+  away.offload();
+  EXPECT_EQ(flat.storage().nbytes(), 0u);
+  EXPECT_EQ(away.resident_bytes(), 0);
+  away.reload();
+  EXPECT_TRUE(at::equal(flat.cpu(), host_copy));
+  EXPECT_TRUE(at::equal(view.cpu(), host_copy.narrow(0, 1000, 5000)));
+  EXPECT_TRUE(flat.is_cuda());
+}
+
 }  // namespace
 }  // namespace baton::engine

@@ -335,6 +335,26 @@ TEST(Transformer, PackedAttentionByBiasEqualsItSequenceBySequence) {
                                   .view({5, 5})));
 }
 
+// On a GPU a packed row attends in one call with a block-diagonal bias
+// (PackedAttention::kAuto): the same logits as the padded rows there.
+TEST(Transformer, PackedRowsOnTheGpuGiveThePaddedLogits_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  auto f = load_fixture("tiny-qwen2");
+  auto model = build(f);
+  model->to(at::Device(at::kCUDA));
+  const auto& ids = f.ref.at("input_ids");
+  const auto& pos = f.ref.at("position_ids");
+  const auto& mask = f.ref.at("attention_mask");
+  const Packed p = pack_rows(ids, pos, mask);
+  at::NoGradGuard no_grad;
+  const at::Tensor padded = model->forward(ids, pos, mask).cpu();
+  const at::Tensor packed = model->forward(p.ids, p.pos, at::ones_like(p.ids), p.lengths).cpu();
+  auto [a, b] = at_real_tokens(packed, padded, p);
+  const double m = std::max(1.0, b.abs().max().item<double>());
+  expect_close(a, b, Tolerance::fp32(test::logit_terms(f.config, ids.size(1)), m),
+               "packed logits on the GPU");
+}
+
 TEST(Transformer, PackedLengthsMustFillOneRow) {
   auto f = load_fixture("tiny-llama");
   auto model = build(f);
