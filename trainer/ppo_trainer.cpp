@@ -22,6 +22,7 @@
 #include "runtime/profiler.h"
 #include "runtime/resource_pool.h"
 #include "runtime/worker_group.h"
+#include "trainer/async_trainer.h"
 #include "trainer/config_validation.h"
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
@@ -155,6 +156,7 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   popts.processes_on_nodes = {static_cast<int>(s.world)};
   popts.use_gpu = s.use_gpu;
   popts.max_colocate_count = 2;
+  if (s.async.enable) popts.intra_op_threads = async_worker_threads(s);  // cores shared with the rollout's
   st.pool.emplace(popts);
   ParallelLayout layout;
   layout.tp = static_cast<int>(s.actor.model.tp);
@@ -214,10 +216,12 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
         s.rm_centralized ? 1.0 : static_cast<double>(s.world) / static_cast<double>(shards.size());
     st.rm_param_bytes_per_rank = total * replicas / static_cast<double>(s.world);
   }
+  if (s.async.enable) spawn_async_rollout(st);
   // Each worker process once: the groups that own processes.
   std::vector<WorkerGroup*> processes = {&*st.group};
   if (st.critic_group) processes.push_back(&*st.critic_group);
   if (st.rm_group) processes.push_back(&*st.rm_group);
+  if (st.rollout) processes.push_back(&*st.rollout);
   st.profiler = std::make_unique<StepProfiler>(read_profiler_settings(c), processes);
 }
 
@@ -292,6 +296,7 @@ std::map<std::string, double> PpoTrainer::validate() {
 }
 
 FitResult PpoTrainer::fit() {
+  if (s_->s.async.enable) return fit_async(*s_, [this] { return validate(); });
   State& st = *s_;
   Settings& s = st.s;
   FitResult result;

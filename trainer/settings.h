@@ -20,6 +20,7 @@
 
 #include "data/prompt_dataset.h"
 #include "trainer/config.h"
+#include "trainer/staleness_policy.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/kl.h"
 #include "workers/roles/role_options.h"
@@ -33,6 +34,17 @@ struct SamplingSettings {
   int64_t top_k = -1;
   double top_p = 1.0;
   int64_t n = 1;
+};
+
+// async_training.* (fully-async training, trainer/async_trainer.h).
+struct AsyncTrainingSettings {
+  bool enable = false;
+  int64_t rollout_world = 1;                // rollout_n_gpus_per_node: RolloutWorker processes
+  int64_t trigger_parameter_sync_step = 1;  // trainer steps between weight syncs
+  int64_t staleness_threshold = 1;          // steps a trained batch may lag its weights
+  StalenessPolicy policy = StalenessPolicy::kWait;  // staleness_policy: wait | drop
+  int64_t max_queue_size = 2;               // finished batches queued at most
+  std::optional<double> tis_cap;            // truncated IS cap; null: no correction
 };
 
 struct TrainerSettings {
@@ -85,6 +97,8 @@ struct TrainerSettings {
   bool rm_prefetch = false;
   algos::AdvantageOptions adv;
   algos::KLControlOptions kl_ctrl;
+
+  AsyncTrainingSettings async;
 
   // For set_total_steps: prompts per optimizer step, and the warm-up ratios
   // used when optim.lr_warmup_steps is negative.

@@ -37,6 +37,8 @@ struct PpoTrainer::State {
   std::optional<ResourcePool> rm_pool;      // a centralized reward model's processes
   std::optional<WorkerGroup> rm_group;      // a reward model with a layout of its own
   std::optional<WorkerGroup> rm;            // the reward model's role (colocated)
+  std::optional<ResourcePool> rollout_pool;  // async_training: the RolloutWorker group's
+  std::optional<WorkerGroup> rollout;        // processes (async_trainer.h)
   double rm_param_bytes_per_rank = 0;       // its parameter bytes per training device
 
   WorkerGroup& reward_model() { return rm ? *rm : *rm_group; }

@@ -17,6 +17,8 @@
 #include "workers/algos/kl.h"
 #include "workers/algos/policy_loss.h"
 #include "workers/roles/role_update.h"
+#include "workers/roles/rollout_batch.h"
+#include "workers/roles/rollout_worker.h"
 
 namespace baton::workers {
 namespace {
@@ -27,15 +29,6 @@ double meta_float(const DataProto& d, const char* key, double fallback) {
   const Value* v = d.meta_value(key);
   return v == nullptr || v->is_none() ? fallback : v->as_float();
 }
-int64_t meta_int(const DataProto& d, const char* key, int64_t fallback) {
-  const Value* v = d.meta_value(key);
-  return v == nullptr || v->is_none() ? fallback : v->as_int();
-}
-bool meta_bool(const DataProto& d, const char* key, bool fallback) {
-  const Value* v = d.meta_value(key);
-  return v == nullptr || v->is_none() ? fallback : v->as_bool();
-}
-
 }  // namespace
 
 ActorRolloutRefWorker::ActorRolloutRefWorker(const List& init_args) {
@@ -85,39 +78,8 @@ void ActorRolloutRefWorker::init_model() {
 
 DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
   actor();
-  prompts.require_tensors({"input_ids", "attention_mask"}, "generate_sequences");
-  const at::Tensor ids = prompts.tensor("input_ids").to(at::kLong);
-  const at::Tensor mask = prompts.tensor("attention_mask").to(at::kLong);
-  const int64_t n_prompts = ids.size(0), P = ids.size(1);
-
-  engine::SamplingParams sp;
-  sp.n = meta_int(prompts, "n", 1);
-  const bool do_sample = meta_bool(prompts, "do_sample", true);
-  sp.temperature = do_sample ? meta_float(prompts, "temperature", 1.0) : 0.0;
-  const int64_t top_k = meta_int(prompts, "top_k", -1);
-  sp.top_k = top_k < 0 ? 0 : top_k;
-  sp.top_p = meta_float(prompts, "top_p", 1.0);
-  const int64_t R = meta_int(prompts, "response_length", options_.rollout.response_length);
-  sp.max_new_tokens = R;
-  const int64_t pad = meta_int(prompts, "pad_token_id", 0);
-  if (const Value* stop = prompts.meta_value("stop_token_ids");
-      stop != nullptr && !stop->is_none()) {
-    for (const Value& s : stop->as_list()) sp.stop_token_ids.push_back(s.as_int());
-  }
-  std::vector<uint64_t> seeds;
-  if (sp.temperature > 0 && !prompts.has_tensor("request_seed")) {
-    throw Error(
-        "generate_sequences: a sampled batch (do_sample, temperature > 0) needs a "
-        "'request_seed' tensor, one int64 per prompt: without it every replica would "
-        "draw from the same streams and a run could not repeat");
-  }
-  if (prompts.has_tensor("request_seed")) {
-    at::Tensor s = prompts.tensor("request_seed").to(at::kLong).contiguous();
-    for (int64_t i = 0; i < n_prompts; ++i)
-      seeds.push_back(static_cast<uint64_t>(s[i].item<int64_t>()));
-  }
-
-  auto rows = unpadded_prompts(ids, mask, "generate_sequences");
+  const RolloutRequest req =
+      rollout_request(prompts, options_.rollout.response_length, "generate_sequences");
   OffloadPhase phase(*actor_, /*training=*/false);
   // The optimizer state leaves a GPU during the rollout anyway (unless the
   // role's own optimizer offload already moved it).
@@ -126,7 +88,7 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
   hybrid_->enter_rollout();
   std::vector<engine::GeneratedSequence> seqs;
   try {
-    seqs = hybrid_->generate(rows, sp, seeds);
+    seqs = hybrid_->generate(req.prompts, req.params, req.seeds);
   } catch (...) {
     hybrid_->exit_rollout();
     if (move_optimizer) actor_->optimizer().reload();
@@ -134,40 +96,7 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
   }
   hybrid_->exit_rollout();
   if (move_optimizer) actor_->optimizer().reload();
-
-  // Fixed widths (P from the input, R from the config), so that replicas'
-  // results concatenate.
-  const int64_t N = static_cast<int64_t>(seqs.size());
-  at::Tensor out_prompts = at::empty({N, P}, at::kLong);
-  at::Tensor prompt_mask = at::empty({N, P}, at::kLong);
-  at::Tensor responses = at::full({N, R}, pad, at::kLong);
-  at::Tensor response_mask = at::zeros({N, R}, at::kLong);
-  at::Tensor rollout_lp = at::zeros({N, R}, at::kFloat);
-  auto rp = responses.accessor<int64_t, 2>();
-  auto rm = response_mask.accessor<int64_t, 2>();
-  auto rl = rollout_lp.accessor<float, 2>();
-  for (int64_t i = 0; i < N; ++i) {
-    const auto& s = seqs[static_cast<size_t>(i)];
-    out_prompts[i].copy_(ids[s.request]);
-    prompt_mask[i].copy_(mask[s.request]);
-    const int64_t len = std::min<int64_t>(R, static_cast<int64_t>(s.response.size()));
-    for (int64_t t = 0; t < len; ++t) {
-      rp[i][t] = s.response[static_cast<size_t>(t)];
-      rm[i][t] = 1;
-      if (static_cast<size_t>(t) < s.log_probs.size())
-        rl[i][t] = s.log_probs[static_cast<size_t>(t)];
-    }
-  }
-  at::Tensor attention = at::cat({prompt_mask, response_mask}, 1);
-  DataProto out;
-  out.set_tensor("prompts", out_prompts);
-  out.set_tensor("responses", responses);
-  out.set_tensor("input_ids", at::cat({out_prompts, responses}, 1));
-  out.set_tensor("attention_mask", attention);
-  out.set_tensor("position_ids", (attention.cumsum(1) - 1).clamp_min(0));
-  out.set_tensor("response_mask", response_mask);
-  out.set_tensor("rollout_log_probs", rollout_lp);
-  return out;
+  return rollout_result(req, seqs);
 }
 
 DataProto ActorRolloutRefWorker::compute_log_prob(const DataProto& batch) {
@@ -225,6 +154,10 @@ MetricLists ActorRolloutRefWorker::update_actor_resident(const DataProto& batch)
                                    "responses", "response_mask",  "advantages"};
   if (!on_policy) keys.push_back("old_log_probs");
   if (po.use_kl_loss) keys.push_back("ref_log_prob");
+  // Importance weights of off-policy samples (the driver's truncated IS of
+  // an asynchronous rollout): the per-token loss is multiplied by them.
+  const bool weighted = batch.has_tensor("rollout_is_weights");
+  if (weighted) keys.push_back("rollout_is_weights");
   batch.require_tensors(keys, "update_actor");
   const double temperature = meta_float(batch, "temperature", 1.0);
 
@@ -234,6 +167,7 @@ MetricLists ActorRolloutRefWorker::update_actor_resident(const DataProto& batch)
   std::vector<std::string> mb_extra = {"response_mask", "advantages"};
   if (!on_policy) mb_extra.push_back("old_log_probs");
   if (po.use_kl_loss) mb_extra.push_back("ref_log_prob");
+  if (weighted) mb_extra.push_back("rollout_is_weights");
 
   std::vector<DataProto> minis = local_mini_batches(batch.select(keys), options_.update,
                                                     ps.config().dp, updates_, "update_actor");
@@ -276,8 +210,10 @@ MetricLists ActorRolloutRefWorker::update_actor_resident(const DataProto& batch)
           const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat);
           const at::Tensor old = on_policy ? s.log_probs.detach() : mb.extra.at("old_log_probs");
           const at::Tensor adv = mb.extra.at("advantages");
+          std::optional<at::Tensor> is_weights;
+          if (weighted) is_weights = mb.extra.at("rollout_is_weights").to(at::kFloat);
           algos::PolicyLossResult pl =
-              algos::policy_loss(po.loss_mode, old, s.log_probs, adv, mask, plo);
+              algos::policy_loss(po.loss_mode, old, s.log_probs, adv, mask, plo, is_weights);
           at::Tensor loss = pl.loss;
           sums[0] += pl.loss.item<double>();
           if (mask.sum().item<double>() > 0) {
@@ -341,6 +277,22 @@ std::string ActorRolloutRefWorker::load_checkpoint(const std::string& dir, int64
       .dump();
 }
 
+void ActorRolloutRefWorker::init_weight_sync(const std::string& endpoint, const std::string& name,
+                                             int64_t rollout_world) {
+  RoleModel& a = actor();
+  const int64_t size = engine::sync_group_size(a.state().config(), rollout_world);
+  c10::intrusive_ptr<c10d::ProcessGroup> sync;
+  if (const int64_t r = engine::trainer_sync_rank(a.state()); r >= 0)
+    sync = connect_weight_sync_group(endpoint, name, r, size);
+  sender_ = std::make_unique<engine::WeightSender>(a.model_ptr(), sync);
+}
+
+double ActorRolloutRefWorker::send_weights(int64_t version) {
+  if (!sender_) throw Error("send_weights: init_weight_sync was not called");
+  OffloadPhase phase(actor(), /*training=*/false);
+  return sender_->send(version).seconds;
+}
+
 void ActorRolloutRefWorker::export_hf(const std::string& dir) {
   OffloadPhase phase(actor(), /*training=*/false);
   export_hf_model(actor(), dir);
@@ -360,6 +312,8 @@ void ActorRolloutRefWorker::register_methods(MethodTable<ActorRolloutRefWorker>&
   t.def("save_checkpoint", &ActorRolloutRefWorker::save_checkpoint);
   t.def("load_checkpoint", &ActorRolloutRefWorker::load_checkpoint);
   t.def("export_hf", &ActorRolloutRefWorker::export_hf);
+  t.def("init_weight_sync", &ActorRolloutRefWorker::init_weight_sync);
+  t.def("send_weights", &ActorRolloutRefWorker::send_weights);
 }
 
 BATON_WORKER(ActorRolloutRefWorker);

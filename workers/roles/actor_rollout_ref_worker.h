@@ -12,10 +12,15 @@
 //                                prompts and the replica's tp-rank-0 result is collected
 //   compute_log_prob(batch)      MEGATRON_COMPUTE_PROTO  → old_log_probs (and entropys)
 //   compute_ref_log_prob(batch)  MEGATRON_COMPUTE_PROTO  → ref_log_prob
-//   update_actor(batch)          MEGATRON_COMPUTE_PROTO  → meta "metrics" (lists)
+//   update_actor(batch)          MEGATRON_COMPUTE_PROTO  → meta "metrics" (lists); an
+//                                optional `rollout_is_weights` [N, R] multiplies the
+//                                per-token policy loss (importance weights of stale samples)
 //   save_checkpoint(dir, step, extra_json)   ONE_TO_ALL (collective)
 //   load_checkpoint(dir, step) → extra_json  ONE_TO_ALL
 //   export_hf(dir)               ONE_TO_ALL: rank 0 writes an HF model directory
+//   init_weight_sync(endpoint, name, rollout_world)  ONE_TO_ALL, collective with a
+//                                RolloutWorker group's init_weight_sync(endpoint, name)
+//   send_weights(version) → seconds  ONE_TO_ALL, collective with its receive_weights()
 //
 // generate_sequences takes `input_ids` and `attention_mask` [N, P] (prompts
 // left-padded) and `request_seed` [N] int64; meta `n`, `temperature`,
@@ -35,6 +40,7 @@
 
 #include "dispatch/data_proto.h"
 #include "engine/hybrid_engine.h"
+#include "engine/weight_sync.h"
 #include "runtime/method_table.h"
 #include "runtime/value.h"
 #include "runtime/worker.h"
@@ -56,6 +62,11 @@ class ActorRolloutRefWorker : public Worker {
   void save_checkpoint(const std::string& dir, int64_t step, const std::string& extra_json);
   std::string load_checkpoint(const std::string& dir, int64_t step);
   void export_hf(const std::string& dir);
+  // Weight sync to a separate rollout group (rollout_worker.h): the sender
+  // side, the first data-parallel replica's ranks in the sync group.
+  void init_weight_sync(const std::string& endpoint, const std::string& name,
+                        int64_t rollout_world);
+  double send_weights(int64_t version);
 
   static void register_methods(MethodTable<ActorRolloutRefWorker>& t);
 
@@ -68,6 +79,7 @@ class ActorRolloutRefWorker : public Worker {
   std::unique_ptr<RoleModel> actor_;
   std::unique_ptr<RoleModel> ref_;
   std::unique_ptr<engine::HybridEngine> hybrid_;
+  std::unique_ptr<engine::WeightSender> sender_;  // init_weight_sync
   int64_t updates_ = 0;  // update_actor calls so far (shuffle seeds without a step)
 };
 

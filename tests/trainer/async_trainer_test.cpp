@@ -1,0 +1,225 @@
+// The fully-async trainer end to end (trainer/async_trainer.h), and its
+// RolloutWorker's weight sync: one actor and one RolloutWorker process on the toy task's data and
+// its untrained tiny model, the rollouter generating while the actor trains, weights synced through
+// WeightSender/WeightReceiver.
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine/hf_model.h"
+#include "runtime/resource_pool.h"
+#include "runtime/worker_group.h"
+#include "tests/engine/temp_dir.h"
+#include "trainer/config.h"
+#include "trainer/ppo_trainer.h"
+#include "workers/rewards/reward_registry.h"
+#include "workers/roles/actor_rollout_ref_worker.h"
+#include "workers/roles/rollout_worker.h"
+
+namespace baton::trainer {
+namespace {
+
+// The untrained toy model never answers right, so the GSM8K reward would be 0
+// everywhere and GRPO's advantages with it: this one (digits in the response,
+// a tenth each) differs between samples, so every update has a gradient.
+BATON_REWARD_FUNCTION("test_async_digits", [](const rewards::RewardInput& in) {
+  double digits = 0;
+  for (char ch : in.response) digits += (ch >= '0' && ch <= '9') ? 0.1 : 0.0;
+  return digits;
+});
+
+namespace fs = std::filesystem;
+using engine::testing::TempDir;
+
+class AsyncTrainerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    toy_ = new TempDir();
+    const std::string cmd = std::string("'") + TOY_TASK_EXE + "' --out '" + toy_->path().string() +
+                            "' --val-size 16 >/dev/null 2>&1";
+    const int raw = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << cmd;
+  }
+  static void TearDownTestSuite() {
+    delete toy_;
+    toy_ = nullptr;
+  }
+
+  // configs/grpo_toy_async.yaml on the toy data, small and short.
+  static Config config(const fs::path& out) {
+    Config c = Config::load(fs::path(BATON_CONFIGS_DIR) / "grpo_toy_async.yaml");
+    const std::string toy = toy_->path().string();
+    c.apply_overrides({
+        "data.train_files=[" + toy + "/data/train.jsonl]",
+        "data.val_files=[" + toy + "/data/val.jsonl]",
+        "actor_rollout_ref.model.path=" + toy + "/model",
+        "trainer.default_local_dir=" + out.string(),
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.n=2",
+        "trainer.total_training_steps=5",
+        "trainer.test_freq=5",
+        "trainer.val_before_train=false",
+        "trainer.logger=[file]",
+        "custom_reward_function.name=test_async_digits",
+        // A larger rate than the toy config's, so that each update moves the
+        // rollout's next batches measurably off the actor's weights.
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+    });
+    return c;
+  }
+
+  static std::vector<nlohmann::json> steps_of(const fs::path& out) {
+    std::vector<nlohmann::json> steps;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("async/param_version")) steps.push_back(j);
+    }
+    return steps;
+  }
+
+  static TempDir* toy_;
+};
+TempDir* AsyncTrainerTest::toy_ = nullptr;
+
+double metric(const nlohmann::json& j, const std::string& key) {
+  EXPECT_TRUE(j.contains(key)) << "missing metric " << key << " in " << j.dump();
+  return j.contains(key) ? j.at(key).get<double>() : NAN;
+}
+
+TEST_F(AsyncTrainerTest, WaitPolicyTrainsWithinTheStalenessThresholdAndVersionsIncrease) {
+  TempDir out;
+  Config c = config(out.path());
+  c.apply_overrides(
+      {"async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=2"});
+  PpoTrainer trainer(c);
+  const FitResult r = trainer.fit();
+  EXPECT_EQ(r.steps, 5);
+  for (const auto& [k, v] : r.last_metrics) EXPECT_TRUE(std::isfinite(v)) << k << " = " << v;
+  for (const char* key : {"actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+                          "async/staleness_mean", "async/staleness_max", "async/queue_depth",
+                          "async/rollouter_idle_s", "async/trainer_idle_s", "async/sync_s",
+                          "async/tis_weight_mean", "async/tis_clip_frac", "async/dropped_batches",
+                          "timing_s/gen", "timing_s/update_actor", "perf/throughput"}) {
+    EXPECT_EQ(r.last_metrics.count(key), 1u) << "missing metric " << key;
+  }
+  EXPECT_GT(r.last_metrics.at("actor/grad_norm"), 0);
+  EXPECT_LE(r.last_metrics.at("async/staleness_max"), 2);
+  EXPECT_EQ(r.last_metrics.at("async/dropped_batches"), 0);
+  EXPECT_FALSE(r.last_validation.empty());
+  // Truncated IS: the weights are capped at tis_cap (2) and positive.
+  EXPECT_GT(r.last_metrics.at("async/tis_weight_mean"), 0);
+  EXPECT_LE(r.last_metrics.at("async/tis_weight_mean"), 2.0);
+
+  const std::vector<nlohmann::json> steps = steps_of(out.path());
+  ASSERT_EQ(steps.size(), 5u);
+  double previous = -1;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    const double version = metric(steps[i], "async/param_version");
+    const double staleness = metric(steps[i], "async/staleness");
+    // Versions never go back; the batch of step t was made with weights of
+    // version t - 1 - staleness, at most threshold (2) behind.
+    EXPECT_GE(version, previous);
+    previous = version;
+    EXPECT_EQ(version, static_cast<double>(i) - staleness);
+    EXPECT_GE(staleness, 0);
+    EXPECT_LE(staleness, 2);
+  }
+  // The weights were synced (every 2 steps): later batches carry newer versions.
+  EXPECT_GE(metric(steps.back(), "async/param_version"), 2);
+  EXPECT_GT(metric(steps[1], "async/sync_s"), 0);
+  EXPECT_NO_THROW(engine::load_hf_model(r.hf_dir));
+}
+
+TEST_F(AsyncTrainerTest, DropPolicyTrainsEveryStepWithoutStaleBatches) {
+  TempDir out;
+  Config c = config(out.path());
+  c.apply_overrides({"async_training.staleness_policy=drop", "async_training.staleness_threshold=0",
+                     "async_training.max_queue_size=1", "trainer.total_training_steps=3",
+                     "trainer.test_freq=-1", "async_training.tis_cap=null"});
+  PpoTrainer trainer(c);
+  const FitResult r = trainer.fit();
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_EQ(r.last_metrics.at("async/staleness_max"), 0);
+  EXPECT_EQ(r.last_metrics.count("async/tis_weight_mean"), 0u);
+  for (const auto& [k, v] : r.last_metrics) EXPECT_TRUE(std::isfinite(v)) << k << " = " << v;
+}
+
+// The RolloutWorker's generation after a weight sync is the actor's own
+// (colocated HybridEngine, same weights, same seeds), and before it the old
+// weights'; every result carries the version it was made with.
+TEST_F(AsyncTrainerTest, ARolloutWorkerGeneratesWithTheActorsWeightsOnceSynced) {
+  workers::ActorRolloutRefOptions o;
+  o.model.path = (toy_->path() / "model").string();
+  o.rollout.response_length = 6;
+  o.optim.lr = 5e-2;
+  o.update.mini_batch_size = 4;
+  o.update.micro_batch_size = 4;
+  ResourcePool actor_pool = ResourcePool::cpu(1), rollout_pool = ResourcePool::cpu(1);
+  WorkerGroup actor =
+      WorkerGroup::spawn(workers::actor_rollout_ref_worker_class(), actor_pool, {o.to_json()});
+  WorkerGroup rollout =
+      WorkerGroup::spawn(workers::rollout_worker_class(), rollout_pool, {o.to_json(), int64_t{1}});
+  actor.call("init_model", {}).get();
+  rollout.call("init_model", {}).get();
+  const Value endpoints = rollout.call("weight_sync_endpoint", {}).get();
+  const std::string endpoint = endpoints.as_list().at(0).as_string();
+  Future<Value> sender = actor.call("init_weight_sync", {endpoint, std::string("t"), int64_t{1}});
+  rollout.call("init_weight_sync", {endpoint, std::string("t")}).get();
+  sender.get();
+
+  // Two prompts of the toy vocabulary (one token per character), 2 samples each.
+  at::Tensor ids = at::tensor({5, 6, 7, 8, 9, 10, 11, 12}, at::kLong).view({2, 4});
+  DataProto prompts;
+  prompts.set_tensor("input_ids", ids);
+  prompts.set_tensor("attention_mask", at::ones_like(ids));
+  prompts.set_tensor("request_seed", at::tensor({3, 4}, at::kLong));
+  prompts.set_meta("n", Value(int64_t{2}));
+  prompts.set_meta("temperature", Value(1.0));
+  auto generate = [&](WorkerGroup& g) {
+    return g.call("generate_sequences", {prompts}).get().as<DataProto>();
+  };
+  const DataProto before = generate(rollout);
+  EXPECT_EQ(before.meta_value("param_version")->as_int(), 0);
+  EXPECT_TRUE(at::equal(before.tensor("responses"), generate(actor).tensor("responses")));
+
+  // One update moves the actor off the weights the rollout holds.
+  DataProto batch = generate(actor);
+  batch.set_meta("temperature", Value(1.0));
+  batch.set_tensor(
+      "old_log_probs",
+      actor.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs"));
+  batch.set_tensor("advantages",
+                   at::tensor({1.0f, -1.0f, -1.0f, 1.0f}).view({4, 1}).expand({4, 6}).contiguous());
+  actor.call("update_actor", {batch}).get();
+  const DataProto trained = generate(actor);
+  const DataProto stale = generate(rollout);
+  EXPECT_TRUE(at::equal(stale.tensor("rollout_log_probs"), before.tensor("rollout_log_probs")));
+  EXPECT_FALSE(
+      at::allclose(trained.tensor("rollout_log_probs"), before.tensor("rollout_log_probs")));
+
+  Future<Value> sent = actor.call("send_weights", {int64_t{1}});
+  const Value versions = rollout.call("receive_weights", {}).get();
+  sent.get();
+  EXPECT_EQ(versions.as_list().at(0).as_int(), 1);
+  const DataProto synced = generate(rollout);
+  EXPECT_EQ(synced.meta_value("param_version")->as_int(), 1);
+  EXPECT_TRUE(at::equal(synced.tensor("responses"), trained.tensor("responses")));
+  EXPECT_TRUE(at::allclose(synced.tensor("rollout_log_probs"), trained.tensor("rollout_log_probs"),
+                           1e-5, 1e-6));
+}
+
+}  // namespace
+}  // namespace baton::trainer

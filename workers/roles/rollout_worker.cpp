@@ -1,0 +1,117 @@
+#include "workers/roles/rollout_worker.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "dispatch/dispatch_modes.h"
+#include "runtime/errors.h"
+#include "workers/roles/rollout_batch.h"
+
+namespace baton::workers {
+
+RolloutWorker::RolloutWorker(const List& init_args) {
+  if (init_args.size() != 2 || init_args[0].kind() != ValueKind::kString ||
+      init_args[1].kind() != ValueKind::kInt) {
+    throw Error(
+        "RolloutWorker: expected two init arguments, the actor's "
+        "ActorRolloutRefOptions::to_json() and the actor group's world size");
+  }
+  options_ = ActorRolloutRefOptions::from_json(init_args[0].as_string());
+  const int64_t trainer_world = init_args[1].as_int();
+  const ModelOptions& m = options_.model;
+  if (m.tp < 1 || m.pp < 1 || trainer_world % (m.tp * m.pp) != 0) {
+    throw Error("RolloutWorker: the actor's tp " + std::to_string(m.tp) + " × pp " +
+                std::to_string(m.pp) + " does not divide its " + std::to_string(trainer_world) +
+                " workers");
+  }
+  training_.tp = m.tp;
+  training_.pp = m.pp;
+  training_.dp = trainer_world / (m.tp * m.pp);
+  training_.make_vocab_size_divisible_by = m.vocab_divisible_by;
+  const int64_t tp = options_.rollout.tp;
+  if (tp < 1 || world_size() % tp != 0) {
+    throw Error("RolloutWorker: rollout tensor_model_parallel_size " + std::to_string(tp) +
+                " does not divide the " + std::to_string(world_size()) + " rollout workers");
+  }
+  register_mesh("rollout", static_cast<int>(rank() / tp), rank() % tp == 0);
+}
+
+void RolloutWorker::init_model() {
+  ModelOptions m = options_.model;
+  m.tp = options_.rollout.tp;
+  m.pp = 1;
+  m.offload = {};
+  model_ = std::make_unique<RoleModel>(info(), m, "rollout", nullptr);
+  engine::GenerationOptions g;
+  g.max_batch = options_.rollout.max_batch;
+  g.cache.budget_bytes = options_.rollout.cache_bytes;
+  g.packed_cpu_steps = options_.rollout.packed_cpu_steps;
+  engine_ = std::make_unique<engine::GenerationEngine>(model_->model_ptr(), g);
+}
+
+std::string RolloutWorker::weight_sync_endpoint() {
+  return info().master_addr + ":" + std::to_string(info().master_port);
+}
+
+void RolloutWorker::init_weight_sync(const std::string& endpoint, const std::string& name) {
+  if (!model_) throw Error("RolloutWorker.init_weight_sync: init_model was not called");
+  const int64_t size = engine::sync_group_size(training_, world_size());
+  receiver_ = std::make_unique<engine::WeightReceiver>(
+      model_->model_ptr(), training_,
+      connect_weight_sync_group(endpoint, name, engine::receiver_sync_rank(training_, rank()),
+                                size));
+}
+
+int64_t RolloutWorker::receive_weights() {
+  if (!receiver_) throw Error("RolloutWorker.receive_weights: init_weight_sync was not called");
+  version_ = receiver_->receive().version;
+  return version_;
+}
+
+DataProto RolloutWorker::generate_sequences(const DataProto& prompts) {
+  if (!engine_) throw Error("RolloutWorker.generate_sequences: init_model was not called");
+  const RolloutRequest req =
+      rollout_request(prompts, options_.rollout.response_length, "generate_sequences");
+  DataProto out = rollout_result(req, engine_->generate(req.prompts, req.params, req.seeds));
+  out.set_meta("param_version", Value(version_));
+  return out;
+}
+
+void RolloutWorker::register_methods(MethodTable<RolloutWorker>& t) {
+  namespace mode = dispatch_mode;
+  t.def("init_model", &RolloutWorker::init_model);
+  t.def("weight_sync_endpoint", &RolloutWorker::weight_sync_endpoint);
+  t.def("init_weight_sync", &RolloutWorker::init_weight_sync);
+  t.def("receive_weights", &RolloutWorker::receive_weights);
+  t.def("param_version", &RolloutWorker::param_version);
+  t.def("generate_sequences", &RolloutWorker::generate_sequences,
+        MethodOptions().set_dispatch_mode(mode::mesh_proto("rollout")));
+}
+
+BATON_WORKER(RolloutWorker);
+
+const char* rollout_worker_class() { return "RolloutWorker"; }
+
+c10::intrusive_ptr<c10d::ProcessGroup> connect_weight_sync_group(const std::string& endpoint,
+                                                                 const std::string& name,
+                                                                 int64_t rank, int64_t size) {
+  const size_t colon = endpoint.rfind(':');
+  int port = 0;
+  try {
+    if (colon != std::string::npos) port = std::stoi(endpoint.substr(colon + 1));
+  } catch (const std::exception&) {
+    port = 0;
+  }
+  if (colon == std::string::npos || colon == 0 || port <= 0 || port > 65535) {
+    throw Error("weight sync: endpoint '" + endpoint + "' is not host:port");
+  }
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = false;
+  options.waitWorkers = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>(endpoint.substr(0, colon), options);
+  return engine::make_sync_group(c10::make_intrusive<c10d::PrefixStore>("weight_sync", store), name,
+                                 rank, size);
+}
+
+}  // namespace baton::workers
