@@ -18,6 +18,7 @@
 #include "trainer/metric_utils.h"
 #include "trainer/progress_line.h"
 #include "trainer/prompt_batch.h"
+#include "trainer/step_phases.h"
 #include "trainer/trainer_state.h"
 #include "trainer/trajectory_queue.h"
 #include "workers/algos/algo_registry.h"
@@ -28,30 +29,9 @@ namespace baton::trainer {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-using Metrics = std::map<std::string, double>;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // The name of the actor → rollout sync group on the rollout group's store.
 const char* kSyncGroup = "actor_to_rollout";
-
-void merge_metrics(Metrics& into, const DataProto& result) {
-  const Value* m = result.meta_value("metrics");
-  if (m == nullptr) return;
-  std::map<std::string, std::vector<double>> lists;
-  for (const auto& [k, v] : m->as_dict()) {
-    std::vector<double>& xs = lists[k];
-    if (v.kind() == ValueKind::kList) {
-      for (const Value& x : v.as_list()) xs.push_back(x.as_float());
-    } else {
-      xs.push_back(v.as_float());
-    }
-  }
-  for (const auto& [k, v] : reduce_metrics(lists)) into[k] = v;
-}
 
 // Weight sync to `version`: the actor sends, the rollout receives (after its
 // generate in flight); the queue learns the version once the receive is
@@ -173,20 +153,8 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
   WorkerGroup& actor = *st.actor;
   WorkerGroup& rollout = *st.rollout;
 
-  const bool resumed = resume_trainer_checkpoint(st);
-  MetricsLoggerOptions lopts;
-  lopts.dir = s.out_dir;
-  lopts.loggers = s.loggers;
-  lopts.set_names(s.project_name, s.experiment_name);
-  if (resumed) lopts.set_resume_step(st.global_step);
-  st.logger = std::make_unique<MetricsLogger>(lopts);
+  begin_run(st, result, validate);
   ProgressLine progress("training (async)", s.total_steps);
-  if (s.val_before_train && st.val_data) {
-    Metrics v = validate();
-    result.first_validation = v;
-    result.last_validation = v;
-    st.logger->log(st.global_step, v);
-  }
 
   // The rollout must answer before the first sync (which would otherwise
   // hang the actor in its collective): a short call with a deadline.
@@ -219,19 +187,13 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
   } joiner{queue, rollouter};
 
   StalenessHistogram staleness;
-  const algos::LossAggMode agg = algos::parse_loss_agg_mode(s.loss_agg_mode);
   while (st.global_step < s.total_steps) {
     ++st.global_step;
     st.profiler->begin_step(st.global_step);
     const auto step_start = Clock::now();
-    Metrics m, timing;
-    auto timed = [&](const char* name, auto&& fn) {
-      progress.update(st.global_step - 1, "step " + std::to_string(st.global_step) + ": " + name);
-      profiler::Span span(name, "trainer");
-      const auto t0 = Clock::now();
-      fn();
-      timing[name] = seconds_since(t0);
-    };
+    Metrics m;
+    StepTimer timed{progress, st.global_step, {}};
+    Metrics& timing = timed.timing;
 
     std::optional<TrajectoryBatch> item;
     timed("wait_batch", [&] { item = queue.pop(st.global_step); });
@@ -258,12 +220,7 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
     });
     // Always computed: the proximal policy of the update (decoupled PPO) and
     // the numerator of the IS weights.
-    timed("old_log_prob", [&] {
-      DataProto lp = actor.call("compute_log_prob", {batch}).get().as<DataProto>();
-      const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
-      m["actor/entropy"] = algos::agg_loss(lp.tensor("entropys"), mask, agg).item<double>();
-      batch.set_tensor("old_log_probs", lp.tensor("old_log_probs"));
-    });
+    timed("old_log_prob", [&] { old_log_prob_pass(actor, batch, s.loss_agg_mode, m); });
     if (as.tis_cap) {
       // Truncated IS (verl's rollout_is with a token-level cap, slime's TIS):
       // w = min(exp(old − rollout), cap), data, not differentiated; zero on
@@ -286,30 +243,7 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
         batch.set_tensor("ref_log_prob", lp.tensor("ref_log_prob"));
       });
     }
-    timed("adv", [&] {
-      const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
-      const at::Tensor scores = batch.tensor("token_level_scores");
-      if (s.use_kl_in_reward) {
-        const at::Tensor kld = algos::kl_penalty(batch.tensor("old_log_probs"),
-                                                 batch.tensor("ref_log_prob"), s.kl_penalty) *
-                               mask;
-        const double beta = st.kl_ctrl->value;
-        batch.set_tensor("token_level_rewards", scores - beta * kld);
-        const double current_kl = (kld.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
-        st.kl_ctrl->update(current_kl, batch.size());
-        m["critic/kl"] = current_kl;
-        m["critic/kl_coef"] = beta;
-      } else {
-        batch.set_tensor("token_level_rewards", scores);
-      }
-      algos::AdvantageInputs in;
-      in.token_level_rewards = batch.tensor("token_level_rewards");
-      in.response_mask = mask;
-      for (const Value& v : batch.column("uid")) in.uids.push_back(v.as_string());
-      algos::AdvantageResult adv = algos::compute_advantage(s.adv_estimator, in, s.adv);
-      batch.set_tensor("advantages", adv.advantages);
-      batch.set_tensor("returns", adv.returns);
-    });
+    timed("adv", [&] { rewards_and_advantages(batch, s, *st.kl_ctrl, m); });
     timed("update_actor",
           [&] { merge_metrics(m, actor.call("update_actor", {batch}).get().as<DataProto>()); });
     double sync_s = pending_sync_s;
@@ -321,16 +255,7 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
     m["async/sync_s"] = sync_s;
     timing["step"] = seconds_since(step_start);
 
-    if (s.test_freq > 0 && st.val_data &&
-        (st.global_step % s.test_freq == 0 || st.global_step == s.total_steps)) {
-      profiler::Span span("testing", "trainer");
-      const auto t0 = Clock::now();
-      Metrics v = validate();
-      timing["testing"] = seconds_since(t0);
-      result.last_validation = v;
-      if (result.first_validation.empty()) result.first_validation = v;
-      m.insert(v.begin(), v.end());
-    }
+    validate_if_due(st, result, m, timing, validate);
     {
       std::lock_guard lock(r.mu);
       m["async/rollouter_idle_s"] = r.idle_seconds;
@@ -338,17 +263,8 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
     }
     m["async/dropped_batches"] = static_cast<double>(queue.dropped());
     for (const auto& [k, v] : staleness.metrics()) m[k] = v;
-    for (const auto& [k, v] : compute_data_metrics(batch, false, s.response_length)) m[k] = v;
-    for (const auto& [k, v] : compute_timing_metrics(batch, timing)) m[k] = v;
-    for (const auto& [k, v] : compute_throughput_metrics(batch, timing, static_cast<int>(s.world)))
-      m[k] = v;
-    m["training/global_step"] = static_cast<double>(st.global_step);
-    progress.clear();
-    st.logger->log(st.global_step, m);
-    result.last_metrics = m;
-    const std::string trace = st.profiler->end_step(st.global_step);
-    if (!trace.empty())
-      log(LogLevel::kInfo, "profile of step " + std::to_string(st.global_step) + ": " + trace);
+    log_step(st, result, batch, m, timing, progress);
+    end_profiled_step(st);
   }
   queue.close();
   rollouter.join();
@@ -356,17 +272,7 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
   progress.update(st.global_step);
   progress.finish();
 
-  result.hf_dir = (fs::path(s.out_dir) / "actor_hf").string();
-  actor.call("export_hf", {result.hf_dir}).get();
-  if (std::find(s.loggers.begin(), s.loggers.end(), "file") != s.loggers.end()) {
-    try {
-      result.plot = (fs::path(s.out_dir) / "curves.png").string();
-      st.logger->plot(result.plot);
-    } catch (const std::exception& e) {
-      log(LogLevel::kWarn, std::string("no plot: ") + e.what());
-      result.plot.clear();
-    }
-  }
+  export_and_plot(st, actor, result);
   return result;
 }
 

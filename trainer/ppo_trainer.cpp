@@ -30,6 +30,7 @@
 #include "trainer/prompt_batch.h"
 #include "trainer/seqlen_balancing.h"
 #include "trainer/settings.h"
+#include "trainer/step_phases.h"
 #include "trainer/trainer_state.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/kl.h"
@@ -45,12 +46,6 @@ namespace baton::trainer {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-using Metrics = std::map<std::string, double>;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 using Settings = TrainerSettings;
 
@@ -81,27 +76,6 @@ DataProto generate(WorkerGroup& actor, const DataProto& prompts, const SamplingS
   return actor.call("generate_sequences", {gen}).get().as<DataProto>().unpad(pad * sp.n);
 }
 
-algos::Uids uids_of(const DataProto& d) {
-  algos::Uids out;
-  for (const Value& v : d.column("uid")) out.push_back(v.as_string());
-  return out;
-}
-
-void merge_metrics(Metrics& into, const DataProto& result) {
-  const Value* m = result.meta_value("metrics");
-  if (m == nullptr) return;
-  std::map<std::string, std::vector<double>> lists;
-  for (const auto& [k, v] : m->as_dict()) {
-    std::vector<double>& xs = lists[k];
-    if (v.kind() == ValueKind::kList) {
-      for (const Value& x : v.as_list()) xs.push_back(x.as_float());
-    } else {
-      xs.push_back(v.as_float());
-    }
-  }
-  for (const auto& [k, v] : reduce_metrics(lists)) into[k] = v;
-}
-
 }  // namespace
 
 PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
@@ -126,8 +100,8 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   set_log_file((fs::path(s.out_dir) / "baton.log").string(),
                c.get<int64_t>("trainer.log_max_bytes"),
                static_cast<int>(c.get<int64_t>("trainer.log_backup_count")));
-  log(LogLevel::kInfo, "run " + s.project_name + "/" + s.experiment_name + ": log file " +
-                           log_file_path());
+  log(LogLevel::kInfo,
+      "run " + s.project_name + "/" + s.experiment_name + ": log file " + log_file_path());
 
   st.tokenizer.emplace(data::Tokenizer::load(s.tokenizer_path));
   st.train_data = data::PromptDataset::load(s.train_files, *st.tokenizer, s.dataset);
@@ -156,7 +130,8 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   popts.processes_on_nodes = {static_cast<int>(s.world)};
   popts.use_gpu = s.use_gpu;
   popts.max_colocate_count = 2;
-  if (s.async.enable) popts.intra_op_threads = async_worker_threads(s);  // cores shared with the rollout's
+  if (s.async.enable)
+    popts.intra_op_threads = async_worker_threads(s);  // cores shared with the rollout's
   st.pool.emplace(popts);
   ParallelLayout layout;
   layout.tp = static_cast<int>(s.actor.model.tp);
@@ -303,36 +278,17 @@ FitResult PpoTrainer::fit() {
   WorkerGroup& actor = *st.actor;
   WorkerGroup* critic = s.use_critic ? &st.critic_role() : nullptr;
 
-  const bool resumed = resume_trainer_checkpoint(st);
-  MetricsLoggerOptions lopts;
-  lopts.dir = s.out_dir;
-  lopts.loggers = s.loggers;
-  lopts.set_names(s.project_name, s.experiment_name);
-  // A resumed run keeps the metrics of the steps it resumed from.
-  if (resumed) lopts.set_resume_step(st.global_step);
-  st.logger = std::make_unique<MetricsLogger>(lopts);
+  begin_run(st, result, [this] { return validate(); });
   ProgressLine progress("training", s.total_steps);
-  if (s.val_before_train && st.val_data) {
-    Metrics v = validate();
-    result.first_validation = v;
-    result.last_validation = v;
-    st.logger->log(st.global_step, v);
-  }
   const int64_t replicas = s.world / s.actor.rollout.tp;
   const double temperature = s.sampling.temperature;
   while (st.global_step < s.total_steps) {
     ++st.global_step;
     st.profiler->begin_step(st.global_step);
     const auto step_start = Clock::now();
-    Metrics m, timing;
-    // A phase: timing_s/<name>, and its span when the step is profiled.
-    auto timed = [&](const char* name, auto&& fn) {
-      progress.update(st.global_step - 1, "step " + std::to_string(st.global_step) + ": " + name);
-      profiler::Span span(name, "trainer");
-      const auto t0 = Clock::now();
-      fn();
-      timing[name] = seconds_since(t0);
-    };
+    Metrics m;
+    StepTimer timed{progress, st.global_step, {}};
+    Metrics& timing = timed.timing;
 
     DataProto batch = prompt_batch_proto(st.loader->next(), std::to_string(st.global_step) + "-");
     DataProto out;
@@ -408,14 +364,7 @@ FitResult PpoTrainer::fit() {
       }
     });
     if (!s.old_log_prob_from_update)
-      timed("old_log_prob", [&] {
-        DataProto lp = actor.call("compute_log_prob", {batch}).get().as<DataProto>();
-        const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
-        m["actor/entropy"] = algos::agg_loss(lp.tensor("entropys"), mask,
-                                             algos::parse_loss_agg_mode(s.loss_agg_mode))
-                                 .item<double>();
-        batch.set_tensor("old_log_probs", lp.tensor("old_log_probs"));
-      });
+      timed("old_log_prob", [&] { old_log_prob_pass(actor, batch, s.loss_agg_mode, m); });
     if (s.use_ref) {
       timed("ref", [&] {
         DataProto lp = actor.call("compute_ref_log_prob", {batch}).get().as<DataProto>();
@@ -429,33 +378,7 @@ FitResult PpoTrainer::fit() {
       });
     }
     if (rm_scores) timed("reward_wait", collect_rm_scores);
-    timed("adv", [&] {
-      const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
-      const at::Tensor scores = batch.tensor("token_level_scores");
-      if (s.use_kl_in_reward) {
-        // verl's apply_kl_penalty: rewards = scores − β·KL per token.
-        const at::Tensor kld = algos::kl_penalty(batch.tensor("old_log_probs"),
-                                                 batch.tensor("ref_log_prob"), s.kl_penalty) *
-                               mask;
-        const double beta = st.kl_ctrl->value;
-        batch.set_tensor("token_level_rewards", scores - beta * kld);
-        const double current_kl = (kld.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
-        st.kl_ctrl->update(current_kl, batch.size());
-        m["critic/kl"] = current_kl;
-        m["critic/kl_coef"] = beta;
-      } else {
-        batch.set_tensor("token_level_rewards", scores);
-      }
-      algos::AdvantageInputs in;
-      in.token_level_rewards = batch.tensor("token_level_rewards");
-      in.response_mask = mask;
-      in.uids = uids_of(batch);
-      if (s.use_critic) in.values = batch.tensor("values");
-      if (reward_baselines.defined()) in.reward_baselines = reward_baselines;
-      algos::AdvantageResult adv = algos::compute_advantage(s.adv_estimator, in, s.adv);
-      batch.set_tensor("advantages", adv.advantages);
-      batch.set_tensor("returns", adv.returns);
-    });
+    timed("adv", [&] { rewards_and_advantages(batch, s, *st.kl_ctrl, m, reward_baselines); });
     if (s.use_critic) {
       timed("update_critic", [&] {
         merge_metrics(m, critic->call("update_critic", {batch}).get().as<DataProto>());
@@ -473,48 +396,19 @@ FitResult PpoTrainer::fit() {
     }
     timing["step"] = seconds_since(step_start);
 
-    if (s.test_freq > 0 && st.val_data &&
-        (st.global_step % s.test_freq == 0 || st.global_step == s.total_steps)) {
-      profiler::Span span("testing", "trainer");
-      const auto t0 = Clock::now();
-      Metrics v = validate();
-      timing["testing"] = seconds_since(t0);
-      result.last_validation = v;
-      if (result.first_validation.empty()) result.first_validation = v;
-      m.insert(v.begin(), v.end());
-    }
-    for (const auto& [k, v] : compute_data_metrics(batch, s.use_critic, s.response_length))
-      m[k] = v;
-    for (const auto& [k, v] : compute_timing_metrics(batch, timing)) m[k] = v;
-    for (const auto& [k, v] : compute_throughput_metrics(batch, timing, static_cast<int>(s.world)))
-      m[k] = v;
-    m["training/global_step"] = static_cast<double>(st.global_step);
-    progress.clear();
-    st.logger->log(st.global_step, m);
-    result.last_metrics = m;
+    validate_if_due(st, result, m, timing, [this] { return validate(); });
+    log_step(st, result, batch, m, timing, progress);
     if (s.save_freq > 0 && (st.global_step % s.save_freq == 0 || st.global_step == s.total_steps)) {
       profiler::Span span("save_checkpoint", "trainer");
       save_trainer_checkpoint(st);
     }
-    const std::string trace = st.profiler->end_step(st.global_step);
-    if (!trace.empty())
-      log(LogLevel::kInfo, "profile of step " + std::to_string(st.global_step) + ": " + trace);
+    end_profiled_step(st);
   }
   result.steps = st.global_step;
   progress.update(st.global_step);
   progress.finish();
 
-  result.hf_dir = (fs::path(s.out_dir) / "actor_hf").string();
-  actor.call("export_hf", {result.hf_dir}).get();
-  if (std::find(s.loggers.begin(), s.loggers.end(), "file") != s.loggers.end()) {
-    try {
-      result.plot = (fs::path(s.out_dir) / "curves.png").string();
-      st.logger->plot(result.plot);
-    } catch (const std::exception& e) {
-      log(LogLevel::kWarn, std::string("no plot: ") + e.what());
-      result.plot.clear();
-    }
-  }
+  export_and_plot(st, actor, result);
   return result;
 }
 

@@ -18,6 +18,7 @@
 #include "runtime/resource_pool.h"
 #include "runtime/worker_group.h"
 #include "tests/engine/temp_dir.h"
+#include "tests/trainer/toy_task_fixture.h"
 #include "trainer/config.h"
 #include "trainer/ppo_trainer.h"
 #include "workers/rewards/reward_registry.h"
@@ -39,43 +40,24 @@ BATON_REWARD_FUNCTION("test_async_digits", [](const rewards::RewardInput& in) {
 namespace fs = std::filesystem;
 using engine::testing::TempDir;
 
-class AsyncTrainerTest : public ::testing::Test {
+class AsyncTrainerTest : public ToyTaskTest {
  protected:
-  static void SetUpTestSuite() {
-    toy_ = new TempDir();
-    const std::string cmd = std::string("'") + TOY_TASK_EXE + "' --out '" + toy_->path().string() +
-                            "' --val-size 16 >/dev/null 2>&1";
-    const int raw = std::system(cmd.c_str());
-    ASSERT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << cmd;
-  }
-  static void TearDownTestSuite() {
-    delete toy_;
-    toy_ = nullptr;
-  }
-
   // configs/grpo_toy_async.yaml on the toy data, small and short.
   static Config config(const fs::path& out) {
-    Config c = Config::load(fs::path(BATON_CONFIGS_DIR) / "grpo_toy_async.yaml");
-    const std::string toy = toy_->path().string();
-    c.apply_overrides({
-        "data.train_files=[" + toy + "/data/train.jsonl]",
-        "data.val_files=[" + toy + "/data/val.jsonl]",
-        "actor_rollout_ref.model.path=" + toy + "/model",
-        "trainer.default_local_dir=" + out.string(),
-        "data.train_batch_size=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.rollout.n=2",
-        "trainer.total_training_steps=5",
-        "trainer.test_freq=5",
-        "trainer.val_before_train=false",
-        "trainer.logger=[file]",
-        "custom_reward_function.name=test_async_digits",
-        // A larger rate than the toy config's, so that each update moves the
-        // rollout's next batches measurably off the actor's weights.
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-    });
-    return c;
+    return toy_config("grpo_toy_async", out,
+                      {
+                          "data.train_batch_size=4",
+                          "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                          "actor_rollout_ref.rollout.n=2",
+                          "trainer.total_training_steps=5",
+                          "trainer.test_freq=5",
+                          "trainer.val_before_train=false",
+                          "custom_reward_function.name=test_async_digits",
+                          // A larger rate than the toy config's, so that each update moves the
+                          // rollout's next batches measurably off the actor's weights.
+                          "actor_rollout_ref.actor.optim.lr=1e-3",
+                      });
   }
 
   static std::vector<nlohmann::json> steps_of(const fs::path& out) {
@@ -88,10 +70,7 @@ class AsyncTrainerTest : public ::testing::Test {
     }
     return steps;
   }
-
-  static TempDir* toy_;
 };
-TempDir* AsyncTrainerTest::toy_ = nullptr;
 
 double metric(const nlohmann::json& j, const std::string& key) {
   EXPECT_TRUE(j.contains(key)) << "missing metric " << key << " in " << j.dump();

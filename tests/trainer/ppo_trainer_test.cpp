@@ -19,6 +19,7 @@
 #include "engine/hf_model.h"
 #include "tests/engine/temp_dir.h"
 #include "tests/tolerance.h"
+#include "tests/trainer/toy_task_fixture.h"
 #include "trainer/config.h"
 #include "trainer/ppo_trainer.h"
 #include "workers/algos/algo_registry.h"
@@ -34,14 +35,14 @@ namespace {
 // there at the first update); it marks its metrics so that the test sees it ran.
 std::atomic<int> g_estimator_calls{0}, g_reward_calls{0};
 
-BATON_POLICY_LOSS("test_marked_vanilla",
-                  [](const at::Tensor& old_lp, const at::Tensor& lp, const at::Tensor& adv,
-                     const at::Tensor& mask, const algos::PolicyLossOptions& o,
-                     const std::optional<at::Tensor>& w) {
-                    algos::PolicyLossResult r = algos::vanilla_policy_loss(old_lp, lp, adv, mask, o, w);
-                    r.metrics["actor/test_marked_loss"] = 1.0;
-                    return r;
-                  });
+BATON_POLICY_LOSS("test_marked_vanilla", [](const at::Tensor& old_lp, const at::Tensor& lp,
+                                            const at::Tensor& adv, const at::Tensor& mask,
+                                            const algos::PolicyLossOptions& o,
+                                            const std::optional<at::Tensor>& w) {
+  algos::PolicyLossResult r = algos::vanilla_policy_loss(old_lp, lp, adv, mask, o, w);
+  r.metrics["actor/test_marked_loss"] = 1.0;
+  return r;
+});
 BATON_ADVANTAGE_ESTIMATOR("test_counted_grpo",
                           [](const algos::AdvantageInputs& in, const algos::AdvantageOptions& o) {
                             ++g_estimator_calls;
@@ -55,44 +56,22 @@ BATON_REWARD_FUNCTION("test_counted_gsm8k", [](const rewards::RewardInput& in) {
 namespace fs = std::filesystem;
 using engine::testing::TempDir;
 
-class PpoTrainerTest : public ::testing::Test {
+class PpoTrainerTest : public ToyTaskTest {
  protected:
-  static void SetUpTestSuite() {
-    toy_ = new TempDir();
-    const std::string cmd = std::string("'") + TOY_TASK_EXE + "' --out '" + toy_->path().string() +
-                            "' --val-size 16 >/dev/null 2>&1";
-    const int raw = std::system(cmd.c_str());
-    ASSERT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << cmd;
-  }
-  static void TearDownTestSuite() {
-    delete toy_;
-    toy_ = nullptr;
-  }
-
   // configs/<name>.yaml on the toy data, small and short, writing under `out`.
   static Config config(const std::string& name, const fs::path& out) {
-    Config c = Config::load(fs::path(BATON_CONFIGS_DIR) / (name + ".yaml"));
-    const std::string toy = toy_->path().string();
-    c.apply_overrides({
-        "data.train_files=[" + toy + "/data/train.jsonl]",
-        "data.val_files=[" + toy + "/data/val.jsonl]",
-        "actor_rollout_ref.model.path=" + toy + "/model",
-        "trainer.default_local_dir=" + out.string(),
-        "data.train_batch_size=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "critic.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.n=2",
-        "trainer.total_training_steps=2",
-        "trainer.test_freq=2",
-        "trainer.logger=[file]",
-    });
-    return c;
+    return toy_config(name, out,
+                      {
+                          "data.train_batch_size=4",
+                          "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                          "critic.ppo_micro_batch_size_per_gpu=2",
+                          "actor_rollout_ref.rollout.n=2",
+                          "trainer.total_training_steps=2",
+                          "trainer.test_freq=2",
+                      });
   }
-
-  static TempDir* toy_;
 };
-TempDir* PpoTrainerTest::toy_ = nullptr;
 
 void expect_finite_metrics(const FitResult& r, const std::vector<std::string>& required) {
   for (const auto& key : required) {
@@ -103,18 +82,22 @@ void expect_finite_metrics(const FitResult& r, const std::vector<std::string>& r
 }
 
 const std::vector<std::string> kActorMetrics = {
-    "critic/score/mean",   "critic/rewards/mean",      "critic/advantages/mean",
-    "critic/returns/mean", "actor/pg_loss",            "actor/entropy",
-    "actor/pg_clipfrac",   "actor/ppo_kl",             "actor/grad_norm",
-    "actor/lr",            "response_length/mean",     "response_length/clip_ratio",
-    "prompt_length/mean",  "timing_s/gen",             "timing_s/old_log_prob",
-    "timing_s/adv",        "timing_s/update_actor",    "timing_s/step",
-    "perf/throughput",     "val-core/openai/gsm8k/reward/mean@1"};
+    "critic/score/mean",      "critic/rewards/mean",
+    "critic/advantages/mean", "critic/returns/mean",
+    "actor/pg_loss",          "actor/entropy",
+    "actor/pg_clipfrac",      "actor/ppo_kl",
+    "actor/grad_norm",        "actor/lr",
+    "response_length/mean",   "response_length/clip_ratio",
+    "prompt_length/mean",     "timing_s/gen",
+    "timing_s/old_log_prob",  "timing_s/adv",
+    "timing_s/update_actor",  "timing_s/step",
+    "perf/throughput",        "val-core/openai/gsm8k/reward/mean@1"};
 
 TEST_F(PpoTrainerTest, GrpoStepsInEveryLayoutReportFiniteMetricsAndExportTheActor) {
   // DP2, TP2, PP2 on 2 workers; TP2 x PP2 on 4 (more processes than cores,
   // which only slows it down).
-  for (const auto& [tp, pp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+  for (const auto& [tp, pp] :
+       {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
     SCOPED_TRACE("tp" + std::to_string(tp) + " pp" + std::to_string(pp));
     TempDir out;
     Config c = config("grpo_toy", out.path());
@@ -165,9 +148,9 @@ TEST_F(PpoTrainerTest, PpoWithACriticAndKlInTheRewardReportsCriticMetrics) {
   EXPECT_LE(r.last_validation.at("val-aux/openai/gsm8k/reward/worst@3"), mean);
   EXPECT_GE(r.last_validation.at("val-core/openai/gsm8k/reward/best@3"), mean);
   std::vector<std::string> keys = kActorMetrics;
-  for (const char* k : {"critic/values/mean", "critic/vf_loss", "critic/vf_clipfrac",
-                        "critic/grad_norm", "critic/kl", "critic/kl_coef", "timing_s/ref",
-                        "timing_s/values", "timing_s/update_critic"})
+  for (const char* k :
+       {"critic/values/mean", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm",
+        "critic/kl", "critic/kl_coef", "timing_s/ref", "timing_s/values", "timing_s/update_critic"})
     keys.push_back(k);
   std::erase(keys, "val-core/openai/gsm8k/reward/mean@1");
   expect_finite_metrics(r, keys);
@@ -175,8 +158,8 @@ TEST_F(PpoTrainerTest, PpoWithACriticAndKlInTheRewardReportsCriticMetrics) {
   // (the colocated critic logs its fresh value head on each rank).
   std::ifstream in(out / "baton.log");
   const std::string log_text(std::istreambuf_iterator<char>(in), {});
-  for (const char* want : {"[baton] [info] run ", ":0] [baton] [info] value model",
-                           ":1] [baton] [info] value model"})
+  for (const char* want :
+       {"[baton] [info] run ", ":0] [baton] [info] value model", ":1] [baton] [info] value model"})
     EXPECT_NE(log_text.find(want), std::string::npos) << want << " not in:\n" << log_text;
 }
 
@@ -210,8 +193,8 @@ TEST_F(PpoTrainerTest, AValueModelRewardReplacesTheRuleRewardInTrainingAndValida
   // The toy LM as the reward model: its value head is fresh (seeded), so the
   // scores are arbitrary but finite and nonzero, unlike the rule reward's
   // 0/1 on an untrained model.
-  c.apply_overrides({"reward_model.enable=true",
-                     "reward_model.model.path=" + toy_->path().string() + "/model"});
+  c.apply_overrides(
+      {"reward_model.enable=true", "reward_model.model.path=" + toy_->path().string() + "/model"});
   const FitResult r = PpoTrainer(c).fit();
   expect_finite_metrics(r, kActorMetrics);
   const double score = r.last_metrics.at("critic/score/mean");
@@ -264,8 +247,8 @@ TEST_F(PpoTrainerTest, AResumedRunTakesTheSameNextStepAsAnUninterruptedOne) {
   }
   {
     Config c = config("grpo_toy", split.path());
-    c.apply_overrides({"trainer.total_training_steps=2", "trainer.test_freq=-1",
-                       "trainer.save_freq=2"});
+    c.apply_overrides(
+        {"trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=2"});
     PpoTrainer(c).fit();
   }
   ASSERT_TRUE(fs::exists(split / "global_step_2" / "trainer_state.json"));
@@ -366,7 +349,8 @@ TEST_F(PpoTrainerTest, ExtensionsRegisteredByMacroTrainOverTwoWorkerProcesses) {
   const FitResult r = trainer.fit();
   EXPECT_EQ(r.steps, 2);
   expect_finite_metrics(r, kActorMetrics);
-  ASSERT_EQ(r.last_metrics.count("actor/test_marked_loss"), 1u) << "the workers did not run the loss";
+  ASSERT_EQ(r.last_metrics.count("actor/test_marked_loss"), 1u)
+      << "the workers did not run the loss";
   EXPECT_EQ(r.last_metrics.at("actor/test_marked_loss"), 1.0);
   EXPECT_EQ(g_estimator_calls.load(), 2);  // once per step
   // 4 prompts x 2 samples per step, and every validation prompt before and after.

@@ -1,0 +1,140 @@
+#include "trainer/step_phases.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <vector>
+
+#include "runtime/log.h"
+#include "trainer/metric_utils.h"
+#include "trainer/metrics.h"
+#include "trainer/step_profiler.h"
+#include "trainer/trainer_state.h"
+#include "workers/algos/algo_registry.h"
+#include "workers/algos/masked_reductions.h"
+
+namespace baton::trainer {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void merge_metrics(Metrics& into, const DataProto& result) {
+  const Value* m = result.meta_value("metrics");
+  if (m == nullptr) return;
+  std::map<std::string, std::vector<double>> lists;
+  for (const auto& [k, v] : m->as_dict()) {
+    std::vector<double>& xs = lists[k];
+    if (v.kind() == ValueKind::kList) {
+      for (const Value& x : v.as_list()) xs.push_back(x.as_float());
+    } else {
+      xs.push_back(v.as_float());
+    }
+  }
+  for (const auto& [k, v] : reduce_metrics(lists)) into[k] = v;
+}
+
+void old_log_prob_pass(WorkerGroup& actor, DataProto& batch, const std::string& loss_agg_mode,
+                       Metrics& m) {
+  DataProto lp = actor.call("compute_log_prob", {batch}).get().as<DataProto>();
+  const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+  m["actor/entropy"] =
+      algos::agg_loss(lp.tensor("entropys"), mask, algos::parse_loss_agg_mode(loss_agg_mode))
+          .item<double>();
+  batch.set_tensor("old_log_probs", lp.tensor("old_log_probs"));
+}
+
+void rewards_and_advantages(DataProto& batch, const TrainerSettings& s, algos::KLController& kl,
+                            Metrics& m, const at::Tensor& reward_baselines) {
+  const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+  const at::Tensor scores = batch.tensor("token_level_scores");
+  if (s.use_kl_in_reward) {
+    // verl's apply_kl_penalty: rewards = scores − β·KL per token.
+    const at::Tensor kld = algos::kl_penalty(batch.tensor("old_log_probs"),
+                                             batch.tensor("ref_log_prob"), s.kl_penalty) *
+                           mask;
+    const double beta = kl.value;
+    batch.set_tensor("token_level_rewards", scores - beta * kld);
+    const double current_kl = (kld.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
+    kl.update(current_kl, batch.size());
+    m["critic/kl"] = current_kl;
+    m["critic/kl_coef"] = beta;
+  } else {
+    batch.set_tensor("token_level_rewards", scores);
+  }
+  algos::AdvantageInputs in;
+  in.token_level_rewards = batch.tensor("token_level_rewards");
+  in.response_mask = mask;
+  for (const Value& v : batch.column("uid")) in.uids.push_back(v.as_string());
+  if (batch.has_tensor("values")) in.values = batch.tensor("values");
+  if (reward_baselines.defined()) in.reward_baselines = reward_baselines;
+  algos::AdvantageResult adv = algos::compute_advantage(s.adv_estimator, in, s.adv);
+  batch.set_tensor("advantages", adv.advantages);
+  batch.set_tensor("returns", adv.returns);
+}
+
+void begin_run(PpoTrainer::State& st, FitResult& result, const std::function<Metrics()>& validate) {
+  const TrainerSettings& s = st.s;
+  const bool resumed = resume_trainer_checkpoint(st);
+  MetricsLoggerOptions lopts;
+  lopts.dir = s.out_dir;
+  lopts.loggers = s.loggers;
+  lopts.set_names(s.project_name, s.experiment_name);
+  if (resumed) lopts.set_resume_step(st.global_step);
+  st.logger = std::make_unique<MetricsLogger>(lopts);
+  if (s.val_before_train && st.val_data) {
+    Metrics v = validate();
+    result.first_validation = v;
+    result.last_validation = v;
+    st.logger->log(st.global_step, v);
+  }
+}
+
+void validate_if_due(PpoTrainer::State& st, FitResult& result, Metrics& m, Metrics& timing,
+                     const std::function<Metrics()>& validate) {
+  const TrainerSettings& s = st.s;
+  if (s.test_freq <= 0 || !st.val_data ||
+      (st.global_step % s.test_freq != 0 && st.global_step != s.total_steps))
+    return;
+  profiler::Span span("testing", "trainer");
+  const auto t0 = Clock::now();
+  Metrics v = validate();
+  timing["testing"] = seconds_since(t0);
+  result.last_validation = v;
+  if (result.first_validation.empty()) result.first_validation = v;
+  m.insert(v.begin(), v.end());
+}
+
+void log_step(PpoTrainer::State& st, FitResult& result, const DataProto& batch, Metrics& m,
+              const Metrics& timing, ProgressLine& progress) {
+  const TrainerSettings& s = st.s;
+  for (const auto& [k, v] : compute_data_metrics(batch, s.use_critic, s.response_length)) m[k] = v;
+  for (const auto& [k, v] : compute_timing_metrics(batch, timing)) m[k] = v;
+  for (const auto& [k, v] : compute_throughput_metrics(batch, timing, static_cast<int>(s.world)))
+    m[k] = v;
+  m["training/global_step"] = static_cast<double>(st.global_step);
+  progress.clear();
+  st.logger->log(st.global_step, m);
+  result.last_metrics = m;
+}
+
+void end_profiled_step(PpoTrainer::State& st) {
+  const std::string trace = st.profiler->end_step(st.global_step);
+  if (!trace.empty())
+    log(LogLevel::kInfo, "profile of step " + std::to_string(st.global_step) + ": " + trace);
+}
+
+void export_and_plot(PpoTrainer::State& st, WorkerGroup& actor, FitResult& result) {
+  const TrainerSettings& s = st.s;
+  result.hf_dir = (std::filesystem::path(s.out_dir) / "actor_hf").string();
+  actor.call("export_hf", {result.hf_dir}).get();
+  if (std::find(s.loggers.begin(), s.loggers.end(), "file") == s.loggers.end()) return;
+  try {
+    result.plot = (std::filesystem::path(s.out_dir) / "curves.png").string();
+    st.logger->plot(result.plot);
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarn, std::string("no plot: ") + e.what());
+    result.plot.clear();
+  }
+}
+
+}  // namespace baton::trainer

@@ -1,0 +1,93 @@
+// The phases of a training step that the synchronous trainer
+// (trainer/ppo_trainer.cpp) and the fully-async one (trainer/async_trainer.cpp)
+// run alike on a generated batch: the old-log-prob pass, the KL penalty in
+// the reward and the advantages, and folding a worker's metric lists into the
+// step's metrics.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "dispatch/data_proto.h"
+#include "runtime/profiler.h"
+#include "runtime/worker_group.h"
+#include "trainer/ppo_trainer.h"
+#include "trainer/progress_line.h"
+#include "trainer/settings.h"
+#include "workers/algos/kl.h"
+
+namespace baton::trainer {
+
+using Metrics = std::map<std::string, double>;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0);
+
+// A step's phases: timed(name, fn) runs fn, records its seconds as
+// timing[name] (timing_s/<name>), records the phase's span when the step is
+// profiled (runtime/profiler.h), and shows it on the progress line.
+struct StepTimer {
+  ProgressLine& progress;
+  int64_t step;
+  Metrics timing;
+
+  template <typename Fn>
+  void operator()(const char* name, Fn&& fn) {
+    progress.update(step - 1, "step " + std::to_string(step) + ": " + name);
+    profiler::Span span(name, "trainer");
+    const auto t0 = Clock::now();
+    fn();
+    timing[name] = seconds_since(t0);
+  }
+};
+
+// A worker result's meta "metrics" (lists per rank and micro-batch) reduced
+// into `into` (trainer/metric_utils.h: reduce_metrics).
+void merge_metrics(Metrics& into, const DataProto& result);
+
+// The actor's log-probs of the batch's responses under the current weights:
+// sets "old_log_probs" and the metric actor/entropy (verl's, aggregated with
+// `loss_agg_mode`).
+void old_log_prob_pass(WorkerGroup& actor, DataProto& batch, const std::string& loss_agg_mode,
+                       Metrics& m);
+
+// verl's apply_kl_penalty (with use_kl_in_reward: token_level_rewards =
+// token_level_scores − β·KL(old ‖ ref), β from `kl` which then adapts;
+// metrics critic/kl, critic/kl_coef) and compute_advantage (s.adv_estimator
+// over token_level_rewards, the batch's uids, its values with a critic and
+// `reward_baselines` for remax): sets token_level_rewards, advantages and
+// returns.
+void rewards_and_advantages(DataProto& batch, const TrainerSettings& s, algos::KLController& kl,
+                            Metrics& m, const at::Tensor& reward_baselines = {});
+
+// The start of a run: a checkpoint resumed as trainer.resume_mode says, the
+// metrics logger opened (a resumed run keeps the metrics of the steps it
+// resumed from) and, with trainer.val_before_train, a first validation
+// (result.first_validation and last_validation).
+void begin_run(PpoTrainer::State& st, FitResult& result, const std::function<Metrics()>& validate);
+
+// trainer.test_freq's validation, when step st.global_step is due one (and
+// after the last step): its metrics into `m`, timing["testing"], and
+// result.last_validation (and first_validation, if none yet).
+void validate_if_due(PpoTrainer::State& st, FitResult& result, Metrics& m, Metrics& timing,
+                     const std::function<Metrics()>& validate);
+
+// The step's data, timing and throughput metrics (verl's, over `batch`) into
+// `m`, then the step logged (console, metrics.jsonl) and kept as
+// result.last_metrics.
+void log_step(PpoTrainer::State& st, FitResult& result, const DataProto& batch, Metrics& m,
+              const Metrics& timing, ProgressLine& progress);
+
+// A profiled step's end: its trace written (global_profiler), the path logged.
+void end_profiled_step(PpoTrainer::State& st);
+
+// The end of a run: the actor exported as an HF directory (result.hf_dir =
+// <out_dir>/actor_hf) and, with the file logger, the curves plotted
+// (result.plot; left empty, with a warning, when gnuplot fails).
+void export_and_plot(PpoTrainer::State& st, WorkerGroup& actor, FitResult& result);
+
+}  // namespace baton::trainer
