@@ -185,6 +185,11 @@ if [[ -x "$B/examples/grpo" ]]; then
     actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.grad_offload=true \
     actor_rollout_ref.actor.megatron.optimizer_offload=true
   run packing_bench 120 "$B/bench/packing_bench" --device cuda --iters 3
+  # Fully-async: an actor and a RolloutWorker process (both on GPU 0 here),
+  # weights synced every step.
+  run grpo_async 300 "$B/examples/grpo" --config configs/grpo_toy_async.yaml "${data[@]}" "${gpu[@]}" \
+    "actor_rollout_ref.model.path=$toy/sft/model" "trainer.default_local_dir=$toy/grpo_async" \
+    trainer.n_gpus_per_node=1 trainer.total_training_steps=10
   if ((n_gpus >= 2)); then
     run grpo_tp2 300 "$B/examples/grpo" --config configs/grpo_toy.yaml "${data[@]}" "${gpu[@]}" \
       "actor_rollout_ref.model.path=$toy/sft/model" "trainer.default_local_dir=$toy/grpo_tp2" \
@@ -215,6 +220,9 @@ cat > "$OUT/summary.json" <<EOF
  "grpo_packed_offload": {"accuracy_before_pct": $(accuracy "$toy/grpo_packed" first),
           "accuracy_after_pct": $(accuracy "$toy/grpo_packed" last),
           "seconds_per_step_median": $(step_seconds "$toy/grpo_packed")},
+ "grpo_async": {"accuracy_before_pct": $(accuracy "$toy/grpo_async" first),
+          "accuracy_after_pct": $(accuracy "$toy/grpo_async" last),
+          "seconds_per_step_median": $(step_seconds "$toy/grpo_async")},
  "peak_gpu_memory_mib": ${peak:-{\}},
  "seconds": $(($(date +%s) - T0))}
 EOF
