@@ -5,9 +5,18 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <thread>
 
+#include "engine/atomic_file.h"
 #include "engine/errors.h"
 #include "engine/pipeline_schedule.h"
 #include "engine/safetensors.h"
@@ -100,6 +109,95 @@ TEST(Checkpoint, ACrashAtAnyPhaseLeavesThePreviousCheckpoint) {
     EXPECT_EQ(latest_checkpoint(dir.path()), 2);
     EXPECT_FALSE(fs::exists(dir / "step_00000002.partial"));
   }
+}
+
+// A checksum of everything a checkpoint restores that the next step reads:
+// the parameters' bytes (FNV-1a, in name order) and the optimizer's step.
+std::string state_checksum(const Trainer& t) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* data, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  for (const auto& [name, w] : t.model->state_dict()) {
+    const at::Tensor c = w.contiguous();
+    mix(name.data(), name.size());
+    mix(c.data_ptr(), c.nbytes());
+  }
+  const int64_t steps = t.opt->steps_done();
+  mix(&steps, sizeof steps);
+  return std::to_string(h);
+}
+
+// The child of the kill test (run by it, skipped otherwise): resumes from the
+// latest checkpoint under $BATON_KILL_DIR, then trains and saves every step
+// until it is killed, writing each step's checksum before its save.
+TEST(CheckpointKillChild, TrainsAndSavesUntilKilled) {
+  const char* root = std::getenv("BATON_KILL_DIR");
+  if (root == nullptr) GTEST_SKIP() << "run by Checkpoint.KilledDuringSaves...";
+  Trainer t;
+  int64_t step = latest_checkpoint(root).value_or(0);
+  if (step > 0) load_checkpoint(root, *t.model, *t.opt);
+  for (;;) {
+    t.step();
+    ++step;
+    write_file_atomically(fs::path(root) / ("expected_" + std::to_string(step)), state_checksum(t));
+    save_checkpoint(root, step, *t.model, *t.opt);
+  }
+}
+
+// kill -9 at random moments of a training process that saves every step, 50
+// times over the same checkpoint directory: after every kill the latest
+// checkpoint loads, holds exactly the state saved at its step, and the next
+// process resumes from it (so the chain of resumes never breaks); leftovers
+// of interrupted saves are at most one `.partial` directory.
+TEST(Checkpoint, KilledDuringSavesEveryResumeFindsTheLatestCompleteCheckpoint) {
+  testing::TempDir dir;
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const std::string env = "BATON_KILL_DIR=" + dir.path().string();
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  envp.push_back(const_cast<char*>(env.c_str()));
+  envp.push_back(nullptr);
+  std::string filter = "--gtest_filter=CheckpointKillChild.TrainsAndSavesUntilKilled";
+  char* argv[] = {const_cast<char*>(self.c_str()), filter.data(), nullptr};
+  std::mt19937 rng(20261127);
+  int64_t latest = 0;
+  for (int round = 0; round < 50; ++round) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::execve(self.c_str(), argv, envp.data());
+      ::_exit(127);
+    }
+    // Kill only once this process has saved a new checkpoint, at a random
+    // moment of its following saves.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (latest_checkpoint(dir.path()).value_or(0) <= latest &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(std::uniform_int_distribution<int>(0, 40000)(rng)));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "round " << round << ": the child ended by itself";
+
+    const std::optional<int64_t> found = latest_checkpoint(dir.path());
+    ASSERT_TRUE(found.has_value()) << "round " << round;
+    ASSERT_GT(*found, latest) << "round " << round << ": no progress";
+    latest = *found;
+    Trainer resumed;
+    load_checkpoint(dir.path(), *resumed.model, *resumed.opt);
+    std::ifstream want(dir / ("expected_" + std::to_string(latest)));
+    std::string expected;
+    want >> expected;
+    ASSERT_EQ(state_checksum(resumed), expected) << "round " << round << ", step " << latest;
+  }
+  int partial = 0;
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    partial += e.path().extension() == ".partial";
+  EXPECT_LE(partial, 1);
 }
 
 TEST(Checkpoint, CorruptFilesAndMismatchedLayoutsAreErrorsNamingTheFile) {
