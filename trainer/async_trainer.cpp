@@ -210,6 +210,7 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
     m["async/trainer_idle_s"] = timing.at("wait_batch");
     timing["gen"] = item->generate_seconds;
     DataProto batch = std::move(item->batch);
+    if (s.balance_batch) balance_batch(batch, actor_dp(s), m);
     batch.set_meta("temperature", Value(s.sampling.temperature));
     batch.set_meta("global_steps", Value(st.global_step));
 

@@ -320,19 +320,10 @@ FitResult PpoTrainer::fit() {
     batch = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
                 .repeat(s.n, true)
                 .union_with(out);
-    const int64_t actor_dp = s.world / (s.actor.model.tp * s.actor.model.pp);
-    if (s.balance_batch && batch.size() % actor_dp == 0) {
-      // verl's _balance_batch: the update and log-prob calls give DP rank r
-      // the r-th equal slice, so rows are reordered for equal tokens per rank.
-      const at::Tensor lens = batch.tensor("attention_mask").to(at::kLong).sum(1).contiguous();
-      const std::vector<int64_t> sizes(lens.data_ptr<int64_t>(),
-                                       lens.data_ptr<int64_t>() + lens.numel());
-      const auto parts = balanced_partitions(sizes, actor_dp);
-      const std::vector<int64_t> order = balanced_order(parts);
-      batch = batch.select_rows(order);
-      if (reward_baselines.defined())
+    if (s.balance_batch) {
+      const std::vector<int64_t> order = balance_batch(batch, actor_dp(s), m);
+      if (!order.empty() && reward_baselines.defined())
         reward_baselines = reward_baselines.index_select(0, at::tensor(order, at::kLong));
-      for (const auto& [k, v] : seqlen_balance_metrics(sizes, parts)) m[k] = v;
     }
     batch.set_meta("temperature", Value(temperature));
     batch.set_meta("global_steps", Value(st.global_step));

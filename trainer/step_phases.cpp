@@ -7,6 +7,7 @@
 #include "runtime/log.h"
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
+#include "trainer/seqlen_balancing.h"
 #include "trainer/step_profiler.h"
 #include "trainer/trainer_state.h"
 #include "workers/algos/algo_registry.h"
@@ -16,6 +17,22 @@ namespace baton::trainer {
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int64_t actor_dp(const TrainerSettings& s) {
+  return s.world / (s.actor.model.tp * s.actor.model.pp);
+}
+
+std::vector<int64_t> balance_batch(DataProto& batch, int64_t dp, Metrics& m) {
+  if (dp < 1 || batch.size() % dp != 0) return {};
+  const at::Tensor lens = batch.tensor("attention_mask").to(at::kLong).sum(1).contiguous();
+  const std::vector<int64_t> sizes(lens.data_ptr<int64_t>(),
+                                   lens.data_ptr<int64_t>() + lens.numel());
+  const auto parts = balanced_partitions(sizes, dp);
+  std::vector<int64_t> order = balanced_order(parts);
+  batch = batch.select_rows(order);
+  for (const auto& [k, v] : seqlen_balance_metrics(sizes, parts)) m[k] = v;
+  return order;
 }
 
 void merge_metrics(Metrics& into, const DataProto& result) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "dispatch/data_proto.h"
 #include "runtime/profiler.h"
@@ -44,6 +45,16 @@ struct StepTimer {
     timing[name] = seconds_since(t0);
   }
 };
+
+// The actor's data-parallel size (world / (tp × pp)).
+int64_t actor_dp(const TrainerSettings& s);
+
+// trainer.balance_batch (verl's _balance_batch): the update and log-prob
+// calls give DP rank r the r-th equal slice of the batch, so its rows are
+// reordered for about equal tokens per rank (trainer/seqlen_balancing.h);
+// metrics global_seqlen/*. Returns the order applied, empty when the rows do
+// not split into `dp` equal slices (then nothing moves).
+std::vector<int64_t> balance_batch(DataProto& batch, int64_t dp, Metrics& m);
 
 // A worker result's meta "metrics" (lists per rank and micro-batch) reduced
 // into `into` (trainer/metric_utils.h: reduce_metrics).

@@ -90,7 +90,9 @@ TEST_F(AsyncTrainerTest, WaitPolicyTrainsWithinTheStalenessThresholdAndVersionsI
                           "async/staleness_mean", "async/staleness_max", "async/queue_depth",
                           "async/rollouter_idle_s", "async/trainer_idle_s", "async/sync_s",
                           "async/tis_weight_mean", "async/tis_clip_frac", "async/dropped_batches",
-                          "timing_s/gen", "timing_s/update_actor", "perf/throughput"}) {
+                          "timing_s/gen", "timing_s/update_actor", "perf/throughput",
+                          // trainer.balance_batch (on by default) applies here too.
+                          "global_seqlen/balanced_max"}) {
     EXPECT_EQ(r.last_metrics.count(key), 1u) << "missing metric " << key;
   }
   EXPECT_GT(r.last_metrics.at("actor/grad_norm"), 0);
