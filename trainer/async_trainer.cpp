@@ -214,11 +214,8 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
     batch.set_meta("temperature", Value(s.sampling.temperature));
     batch.set_meta("global_steps", Value(st.global_step));
 
-    timed("reward", [&] {
-      batch = st.reward->with_token_level_scores(batch);
-      if (s.zero_on_reward_error)
-        m["reward/errors"] = batch.meta_value("reward_errors")->as_float();
-    });
+    RewardModelScores rm = start_reward_model(st, batch, m);
+    timed("reward", [&] { reward_phase(st, batch, rm, m); });
     // Always computed: the proximal policy of the update (decoupled PPO) and
     // the numerator of the IS weights.
     timed("old_log_prob", [&] { old_log_prob_pass(actor, batch, s.loss_agg_mode, m); });
@@ -244,6 +241,7 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
         batch.set_tensor("ref_log_prob", lp.tensor("ref_log_prob"));
       });
     }
+    if (rm.pending()) timed("reward_wait", [&] { rm.collect(batch); });
     timed("adv", [&] { rewards_and_advantages(batch, s, *st.kl_ctrl, m); });
     timed("update_actor",
           [&] { merge_metrics(m, actor.call("update_actor", {batch}).get().as<DataProto>()); });

@@ -328,32 +328,8 @@ FitResult PpoTrainer::fit() {
     batch.set_meta("temperature", Value(temperature));
     batch.set_meta("global_steps", Value(st.global_step));
 
-    // As verl's naive manager: a reward model's scores replace the rule
-    // rewards. Started now; with prefetch collected only before the
-    // advantages, so that scoring overlaps the log-prob and value passes.
-    std::optional<Future<Value>> rm_scores;
-    int64_t rm_pad = 0;
-    if (s.use_rm) {
-      const int64_t rm_dp = s.rm_centralized ? 1 : s.world / (s.rm.model.tp * s.rm.model.pp);
-      auto padded = batch.pad_to_multiple(rm_dp);
-      rm_pad = padded.second;
-      rm_scores = st.reward_model().call("compute_rm_score", {padded.first});
-      m["reward_model/param_bytes_per_training_rank"] = st.rm_param_bytes_per_rank;
-    }
-    auto collect_rm_scores = [&] {
-      batch.set_tensor("token_level_scores",
-                       rm_scores->get().as<DataProto>().unpad(rm_pad).tensor("rm_scores"));
-      rm_scores.reset();
-    };
-    timed("reward", [&] {
-      if (s.use_rm) {
-        if (!s.rm_prefetch) collect_rm_scores();
-      } else {
-        batch = st.reward->with_token_level_scores(batch);
-        if (s.zero_on_reward_error)
-          m["reward/errors"] = batch.meta_value("reward_errors")->as_float();
-      }
-    });
+    RewardModelScores rm = start_reward_model(st, batch, m);
+    timed("reward", [&] { reward_phase(st, batch, rm, m); });
     if (!s.old_log_prob_from_update)
       timed("old_log_prob", [&] { old_log_prob_pass(actor, batch, s.loss_agg_mode, m); });
     if (s.use_ref) {
@@ -368,7 +344,7 @@ FitResult PpoTrainer::fit() {
         batch.set_tensor("values", v.tensor("values"));
       });
     }
-    if (rm_scores) timed("reward_wait", collect_rm_scores);
+    if (rm.pending()) timed("reward_wait", [&] { rm.collect(batch); });
     timed("adv", [&] { rewards_and_advantages(batch, s, *st.kl_ctrl, m, reward_baselines); });
     if (s.use_critic) {
       timed("update_critic", [&] {

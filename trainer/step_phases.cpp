@@ -12,6 +12,7 @@
 #include "trainer/trainer_state.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/masked_reductions.h"
+#include "workers/rewards/reward_manager.h"
 
 namespace baton::trainer {
 
@@ -48,6 +49,31 @@ void merge_metrics(Metrics& into, const DataProto& result) {
     }
   }
   for (const auto& [k, v] : reduce_metrics(lists)) into[k] = v;
+}
+
+void RewardModelScores::collect(DataProto& batch) {
+  batch.set_tensor("token_level_scores",
+                   scores_->get().as<DataProto>().unpad(pad_).tensor("rm_scores"));
+  scores_.reset();
+}
+
+RewardModelScores start_reward_model(PpoTrainer::State& st, const DataProto& batch, Metrics& m) {
+  const TrainerSettings& s = st.s;
+  if (!s.use_rm) return {};
+  const int64_t replicas = s.rm_centralized ? 1 : s.world / (s.rm.model.tp * s.rm.model.pp);
+  auto [padded, pad] = batch.pad_to_multiple(replicas);
+  m["reward_model/param_bytes_per_training_rank"] = st.rm_param_bytes_per_rank;
+  return RewardModelScores(st.reward_model().call("compute_rm_score", {padded}), pad);
+}
+
+void reward_phase(PpoTrainer::State& st, DataProto& batch, RewardModelScores& rm, Metrics& m) {
+  const TrainerSettings& s = st.s;
+  if (s.use_rm) {
+    if (!s.rm_prefetch) rm.collect(batch);
+    return;
+  }
+  batch = st.reward->with_token_level_scores(batch);
+  if (s.zero_on_reward_error) m["reward/errors"] = batch.meta_value("reward_errors")->as_float();
 }
 
 void old_log_prob_pass(WorkerGroup& actor, DataProto& batch, const std::string& loss_agg_mode,

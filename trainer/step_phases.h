@@ -10,6 +10,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,32 @@ std::vector<int64_t> balance_batch(DataProto& batch, int64_t dp, Metrics& m);
 // A worker result's meta "metrics" (lists per rank and micro-batch) reduced
 // into `into` (trainer/metric_utils.h: reduce_metrics).
 void merge_metrics(Metrics& into, const DataProto& result);
+
+// A reward model's scores of a step's batch (reward_model.enable), as
+// verl's naive manager: they replace the rule rewards. The call starts in
+// start_reward_model, right after generation; collect() waits for it and
+// sets token_level_scores.
+class RewardModelScores {
+ public:
+  RewardModelScores() = default;
+  RewardModelScores(Future<Value> scores, int64_t pad) : scores_(std::move(scores)), pad_(pad) {}
+  bool pending() const { return scores_.has_value(); }
+  void collect(DataProto& batch);
+
+ private:
+  std::optional<Future<Value>> scores_;
+  int64_t pad_ = 0;
+};
+
+// Starts the reward model's scoring of `batch` (nothing without one; the
+// batch padded to its replicas: one when centralized); metric
+// reward_model/param_bytes_per_training_rank.
+RewardModelScores start_reward_model(PpoTrainer::State& st, const DataProto& batch, Metrics& m);
+
+// The step's "reward" phase: the rule reward (token_level_scores, and
+// reward/errors with zero_on_error), or the reward model's scores collected
+// now unless reward_model.prefetch leaves them to a later reward_wait phase.
+void reward_phase(PpoTrainer::State& st, DataProto& batch, RewardModelScores& rm, Metrics& m);
 
 // The actor's log-probs of the batch's responses under the current weights:
 // sets "old_log_probs" and the metric actor/entropy (verl's, aggregated with

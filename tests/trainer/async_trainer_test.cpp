@@ -138,6 +138,24 @@ TEST_F(AsyncTrainerTest, DropPolicyTrainsEveryStepWithoutStaleBatches) {
   for (const auto& [k, v] : r.last_metrics) EXPECT_TRUE(std::isfinite(v)) << k << " = " << v;
 }
 
+// A reward model (centralized, its scoring overlapping the log-prob pass)
+// scores the async trainer's batches as it does the synchronous loop's: its
+// scores replace the rule reward's (the test reward gives multiples of 0.1).
+TEST_F(AsyncTrainerTest, ACentralizedRewardModelScoresTheAsyncBatches) {
+  TempDir out;
+  Config c = config(out.path());
+  c.apply_overrides(
+      {"reward_model.enable=true", "reward_model.model.path=" + (toy_->path() / "model").string(),
+       "reward_model.centralized=true", "trainer.total_training_steps=2", "trainer.test_freq=-1"});
+  const FitResult r = PpoTrainer(c).fit();
+  EXPECT_EQ(r.steps, 2);
+  EXPECT_EQ(r.last_metrics.count("timing_s/reward_wait"), 1u);
+  EXPECT_GT(r.last_metrics.at("reward_model/param_bytes_per_training_rank"), 0);
+  const double score = r.last_metrics.at("critic/score/mean");
+  EXPECT_TRUE(std::isfinite(score));
+  EXPECT_GT(std::abs(score * 10 - std::round(score * 10)), 1e-6) << score;
+}
+
 // The RolloutWorker's generation after a weight sync is the actor's own
 // (colocated HybridEngine, same weights, same seeds), and before it the old
 // weights'; every result carries the version it was made with.
