@@ -235,16 +235,21 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
             ((ratio > *as.tis_cap).to(at::kFloat) * mask).sum().item<double>() / tokens;
       }
     }
-    if (s.use_ref) {
-      timed("ref", [&] {
-        DataProto lp = actor.call("compute_ref_log_prob", {batch}).get().as<DataProto>();
-        batch.set_tensor("ref_log_prob", lp.tensor("ref_log_prob"));
-      });
-    }
+    if (s.use_ref) timed("ref", [&] { ref_log_prob_pass(actor, batch); });
+    WorkerGroup* critic = s.use_critic ? &st.critic_role() : nullptr;
+    if (critic) timed("values", [&] { values_pass(*critic, batch); });
     if (rm.pending()) timed("reward_wait", [&] { rm.collect(batch); });
     timed("adv", [&] { rewards_and_advantages(batch, s, *st.kl_ctrl, m); });
-    timed("update_actor",
-          [&] { merge_metrics(m, actor.call("update_actor", {batch}).get().as<DataProto>()); });
+    if (critic) {
+      timed("update_critic", [&] {
+        merge_metrics(m, critic->call("update_critic", {batch}).get().as<DataProto>());
+      });
+    }
+    // As the synchronous loop: the actor waits trainer.critic_warmup steps.
+    if (st.global_step >= s.critic_warmup) {
+      timed("update_actor",
+            [&] { merge_metrics(m, actor.call("update_actor", {batch}).get().as<DataProto>()); });
+    }
     double sync_s = pending_sync_s;
     pending_sync_s = 0;
     if (st.global_step % as.trigger_parameter_sync_step == 0 && st.global_step < s.total_steps) {

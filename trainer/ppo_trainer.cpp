@@ -332,18 +332,8 @@ FitResult PpoTrainer::fit() {
     timed("reward", [&] { reward_phase(st, batch, rm, m); });
     if (!s.old_log_prob_from_update)
       timed("old_log_prob", [&] { old_log_prob_pass(actor, batch, s.loss_agg_mode, m); });
-    if (s.use_ref) {
-      timed("ref", [&] {
-        DataProto lp = actor.call("compute_ref_log_prob", {batch}).get().as<DataProto>();
-        batch.set_tensor("ref_log_prob", lp.tensor("ref_log_prob"));
-      });
-    }
-    if (s.use_critic) {
-      timed("values", [&] {
-        DataProto v = critic->call("compute_values", {batch}).get().as<DataProto>();
-        batch.set_tensor("values", v.tensor("values"));
-      });
-    }
+    if (s.use_ref) timed("ref", [&] { ref_log_prob_pass(actor, batch); });
+    if (s.use_critic) timed("values", [&] { values_pass(*critic, batch); });
     if (rm.pending()) timed("reward_wait", [&] { rm.collect(batch); });
     timed("adv", [&] { rewards_and_advantages(batch, s, *st.kl_ctrl, m, reward_baselines); });
     if (s.use_critic) {

@@ -86,6 +86,16 @@ void old_log_prob_pass(WorkerGroup& actor, DataProto& batch, const std::string& 
   batch.set_tensor("old_log_probs", lp.tensor("old_log_probs"));
 }
 
+void ref_log_prob_pass(WorkerGroup& actor, DataProto& batch) {
+  DataProto lp = actor.call("compute_ref_log_prob", {batch}).get().as<DataProto>();
+  batch.set_tensor("ref_log_prob", lp.tensor("ref_log_prob"));
+}
+
+void values_pass(WorkerGroup& critic, DataProto& batch) {
+  DataProto v = critic.call("compute_values", {batch}).get().as<DataProto>();
+  batch.set_tensor("values", v.tensor("values"));
+}
+
 void rewards_and_advantages(DataProto& batch, const TrainerSettings& s, algos::KLController& kl,
                             Metrics& m, const at::Tensor& reward_baselines) {
   const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);

@@ -93,6 +93,12 @@ void reward_phase(PpoTrainer::State& st, DataProto& batch, RewardModelScores& rm
 void old_log_prob_pass(WorkerGroup& actor, DataProto& batch, const std::string& loss_agg_mode,
                        Metrics& m);
 
+// The reference policy's log-probs of the responses (ref_log_prob).
+void ref_log_prob_pass(WorkerGroup& actor, DataProto& batch);
+
+// The critic's values of the responses (values).
+void values_pass(WorkerGroup& critic, DataProto& batch);
+
 // verl's apply_kl_penalty (with use_kl_in_reward: token_level_rewards =
 // token_level_scores − β·KL(old ‖ ref), β from `kl` which then adapts;
 // metrics critic/kl, critic/kl_coef) and compute_advantage (s.adv_estimator

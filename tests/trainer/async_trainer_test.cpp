@@ -156,6 +156,22 @@ TEST_F(AsyncTrainerTest, ACentralizedRewardModelScoresTheAsyncBatches) {
   EXPECT_GT(std::abs(score * 10 - std::round(score * 10)), 1e-6) << score;
 }
 
+// PPO with a critic (GAE) in the async loop: values of each popped batch,
+// the critic's update beside the actor's.
+TEST_F(AsyncTrainerTest, PpoWithACriticTrainsInTheAsyncLoop) {
+  TempDir out;
+  Config c = config(out.path());
+  c.apply_overrides({"algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4",
+                     "trainer.total_training_steps=2", "trainer.test_freq=-1"});
+  const FitResult r = PpoTrainer(c).fit();
+  EXPECT_EQ(r.steps, 2);
+  for (const char* key : {"critic/vf_loss", "critic/grad_norm", "critic/values/mean",
+                          "timing_s/values", "timing_s/update_critic", "actor/pg_loss"})
+    EXPECT_EQ(r.last_metrics.count(key), 1u) << "missing metric " << key;
+  for (const auto& [k, v] : r.last_metrics) EXPECT_TRUE(std::isfinite(v)) << k << " = " << v;
+  EXPECT_GT(r.last_metrics.at("critic/grad_norm"), 0);
+}
+
 // The RolloutWorker's generation after a weight sync is the actor's own
 // (colocated HybridEngine, same weights, same seeds), and before it the old
 // weights'; every result carries the version it was made with.
