@@ -47,8 +47,8 @@ class TensorOffload {
   TensorOffload& operator=(const TensorOffload&) = delete;
 
   // Frees the storages' memory, their bytes kept off the device. A no-op
-  // when offloaded. EngineError (naming the file) when a spill write fails;
-  // storages already moved are then reloaded, so nothing is lost.
+  // when offloaded. Every storage is copied out before any is freed, so a
+  // spill write that fails (EngineError naming the directory) frees nothing.
   void offload();
   // Allocates the storages again and restores their bytes. A no-op when
   // resident.

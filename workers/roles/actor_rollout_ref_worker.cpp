@@ -25,10 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-double meta_float(const DataProto& d, const char* key, double fallback) {
-  const Value* v = d.meta_value(key);
-  return v == nullptr || v->is_none() ? fallback : v->as_float();
-}
 }  // namespace
 
 ActorRolloutRefWorker::ActorRolloutRefWorker(const List& init_args) {

@@ -88,15 +88,15 @@ engine::Optimizer& RoleModel::optimizer() {
   return *optimizer_;
 }
 
-namespace {
-
-std::vector<at::Tensor> tensors_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
-  std::vector<at::Tensor> out;
-  for (const auto& [name, t] : named) out.push_back(t);
+RoleModel::Tensors RoleModel::tensors() const {
+  Tensors out;
+  for (const auto& [name, p] : model_->named_params()) {
+    out.params.push_back(p);
+    if (p.grad().defined()) out.grads.push_back(p.grad());
+  }
+  if (optimizer_) out.optimizer = optimizer_->state_tensor_handles();
   return out;
 }
-
-}  // namespace
 
 void RoleModel::resident(bool training) {
   if (params_away_) {
@@ -114,31 +114,24 @@ void RoleModel::resident(bool training) {
 
 void RoleModel::idle() {
   const OffloadOptions& o = options_.offload;
-  const auto params = tensors_of(model_->named_params());
-  if (o.grads && !grads_away_) {
-    std::vector<at::Tensor> grads;
-    for (const at::Tensor& p : params)
-      if (p.grad().defined()) grads.push_back(p.grad());
-    grads_away_ = std::make_unique<engine::TensorOffload>(grads);
-    grads_away_->offload();
-  }
-  if (o.optimizer && optimizer_ && !optimizer_away_) {
-    optimizer_away_ = std::make_unique<engine::TensorOffload>(optimizer_->state_tensor_handles());
-    optimizer_away_->offload();
-  }
-  if (o.params && !params_away_) {
-    params_away_ = std::make_unique<engine::TensorOffload>(params);
-    params_away_->offload();
-  }
+  if (!o.params && !o.grads && !o.optimizer) return;
+  const Tensors t = tensors();
+  auto send_away = [](std::unique_ptr<engine::TensorOffload>& away,
+                      const std::vector<at::Tensor>& tensors) {
+    if (away) return;
+    away = std::make_unique<engine::TensorOffload>(tensors);
+    away->offload();
+  };
+  if (o.grads) send_away(grads_away_, t.grads);
+  if (o.optimizer && optimizer_) send_away(optimizer_away_, t.optimizer);
+  if (o.params) send_away(params_away_, t.params);
 }
 
 int64_t RoleModel::resident_bytes() const {
-  std::vector<at::Tensor> all = tensors_of(model_->named_params());
-  const size_t n = all.size();
-  for (size_t i = 0; i < n; ++i)
-    if (all[i].grad().defined()) all.push_back(all[i].grad());
-  if (optimizer_)
-    for (const at::Tensor& t : optimizer_->state_tensor_handles()) all.push_back(t);
+  Tensors t = tensors();
+  std::vector<at::Tensor> all = std::move(t.params);
+  all.insert(all.end(), t.grads.begin(), t.grads.end());
+  all.insert(all.end(), t.optimizer.begin(), t.optimizer.end());
   std::set<const c10::StorageImpl*> seen;
   int64_t bytes = 0;
   for (const at::Tensor& t : all) {
@@ -272,7 +265,7 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
   const std::vector<int64_t> lengths(host_lengths.data_ptr<int64_t>(),
                                      host_lengths.data_ptr<int64_t>() + n);
   const at::Tensor real = mask.ne(0);
-  const at::Tensor before = mask.ne(0).to(at::kLong).cumsum(1) - 1;  // real tokens before a column
+  const at::Tensor before = real.to(at::kLong).cumsum(1) - 1;  // real tokens before a column
   for (const PackGroup& g : pack_groups(lengths, batching.max_tokens)) {
     engine::MicroBatch mb;
     const at::Tensor sel = real.slice(0, g.begin, g.end);

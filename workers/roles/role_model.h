@@ -97,6 +97,13 @@ class RoleModel {
   int64_t resident_bytes() const;
 
  private:
+  // This rank's parameters, their gradients (once made) and the optimizer's
+  // state: what offload moves and resident_bytes counts.
+  struct Tensors {
+    std::vector<at::Tensor> params, grads, optimizer;
+  };
+  Tensors tensors() const;
+
   std::shared_ptr<engine::ParallelState> state_;
   std::shared_ptr<engine::Transformer> model_;
   std::unique_ptr<engine::Optimizer> optimizer_;

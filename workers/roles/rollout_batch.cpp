@@ -8,10 +8,6 @@
 namespace baton::workers {
 namespace {
 
-double meta_float(const DataProto& d, const char* key, double fallback) {
-  const Value* v = d.meta_value(key);
-  return v == nullptr || v->is_none() ? fallback : v->as_float();
-}
 int64_t meta_int(const DataProto& d, const char* key, int64_t fallback) {
   const Value* v = d.meta_value(key);
   return v == nullptr || v->is_none() ? fallback : v->as_int();
@@ -22,6 +18,11 @@ bool meta_bool(const DataProto& d, const char* key, bool fallback) {
 }
 
 }  // namespace
+
+double meta_float(const DataProto& d, const char* key, double fallback) {
+  const Value* v = d.meta_value(key);
+  return v == nullptr || v->is_none() ? fallback : v->as_float();
+}
 
 RolloutRequest rollout_request(const DataProto& prompts, int64_t response_length,
                                const std::string& where) {

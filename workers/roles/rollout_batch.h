@@ -27,6 +27,10 @@
 
 namespace baton::workers {
 
+// A batch's meta value `key` as a number, or `fallback` when it is absent
+// or null (what a sender left to the worker's default).
+double meta_float(const DataProto& d, const char* key, double fallback);
+
 struct RolloutRequest {
   at::Tensor ids, mask;                       // the prompts as given, [N, P] int64
   std::vector<std::vector<int64_t>> prompts;  // without their padding
