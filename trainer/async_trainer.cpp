@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "dispatch/data_proto.h"
 #include "engine/sampling.h"
@@ -17,6 +18,7 @@
 #include "runtime/threads.h"
 #include "trainer/metric_utils.h"
 #include "trainer/progress_line.h"
+#include "trainer/rollout_ledger.h"
 #include "trainer/prompt_batch.h"
 #include "trainer/step_phases.h"
 #include "trainer/trainer_state.h"
@@ -44,8 +46,16 @@ double sync_weights(WorkerGroup& actor, WorkerGroup& rollout, TrajectoryQueue* q
   Future<Value> sent = actor.call("send_weights", {version});
   Future<Value> received = rollout.call("receive_weights", {});
   if (queue != nullptr) queue->set_rollout_version(version);
-  sent.get();
+  // A dead rollout worker fails the actor's send too (its peer is gone):
+  // the rollout's error names the cause, so it goes first.
+  std::exception_ptr send_error;
+  try {
+    sent.get();
+  } catch (...) {
+    send_error = std::current_exception();
+  }
   const Value versions = received.get();
+  if (send_error) std::rethrow_exception(send_error);
   for (const Value& v : versions.as_list()) {
     if (v.as_int() != version)
       throw Error("weight sync: a rollout worker holds version " + std::to_string(v.as_int()) +
@@ -61,23 +71,58 @@ struct Rollouter {
   std::exception_ptr error;  // GUARDED_BY(mu): what stopped it
 };
 
+// The rollout side of the loop: the queue, the ledger of what is queued or
+// being generated, and the rollouter thread generating into them.
+struct RolloutPipeline {
+  TrajectoryQueue queue;
+  RolloutLedger ledger;
+  Rollouter r;
+  std::thread thread;
+
+  // `entries`: a checkpoint's or a failed pipeline's ledger; `next_step`: the
+  // step that trains the first batch queued; `version`: the rollout's weights.
+  RolloutPipeline(PpoTrainer::State& st, std::vector<LedgerEntry> entries, int64_t next_step,
+                  int64_t version);
+  // Stops the rollouter on every way out of the loop.
+  ~RolloutPipeline() {
+    queue.close();
+    if (thread.joinable()) thread.join();
+  }
+  // The rollouter's error, if it stopped with one.
+  std::exception_ptr error() {
+    std::lock_guard lock(r.mu);
+    return r.error;
+  }
+};
+
+int64_t generated_entries(const std::vector<LedgerEntry>& entries) {
+  return std::count_if(entries.begin(), entries.end(),
+                       [](const LedgerEntry& e) { return e.done.has_value(); });
+}
+
 // Generates batches until the queue closes: each train_batch_size prompts
-// from the loader, n samples each, on the rollout group.
-void run_rollouter(PpoTrainer::State& st, TrajectoryQueue& queue, Rollouter& r,
-                   int64_t first_step) {
+// from the loader (or the ledger's restored ones first), n samples each, on
+// the rollout group.
+void run_rollouter(PpoTrainer::State& st, RolloutPipeline& p) {
   const TrainerSettings& s = st.s;
   WorkerGroup& rollout = *st.rollout;
+  TrajectoryQueue& queue = p.queue;
+  Rollouter& r = p.r;
   const int64_t replicas = s.async.rollout_world / s.actor.rollout.tp;
   try {
-    for (int64_t index = 0;; ++index) {
+    for (TrajectoryBatch& b : p.ledger.requeue())
+      if (!queue.push(std::move(b))) return;
+    while (true) {
       auto t0 = Clock::now();
       if (!queue.reserve()) return;
       double idle = seconds_since(t0);
-      // The step that will train it, in the uid prefix as the sync trainer's.
-      const int64_t step = first_step + index;
-      DataProto prompts = prompt_batch_proto(st.loader->next(), std::to_string(step) + "-");
-      auto [gen, pad] = prompts.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
-      const uint64_t step_seed = engine::SequenceRng::request_seed(s.rollout_seed, step);
+      // Its step (the one that trains it in the wait policy) prefixes its
+      // uids, as the sync trainer's, and seeds its requests.
+      const LedgerEntry e = p.ledger.start([&](int64_t step) {
+        return prompt_batch_proto(st.loader->next(), std::to_string(step) + "-");
+      });
+      auto [gen, pad] = e.prompts.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
+      const uint64_t step_seed = engine::SequenceRng::request_seed(s.rollout_seed, e.step);
       std::vector<int64_t> seeds;
       for (int64_t i = 0; i < gen.size(); ++i)
         seeds.push_back(static_cast<int64_t>(engine::SequenceRng::request_seed(step_seed, i)));
@@ -96,10 +141,11 @@ void run_rollouter(PpoTrainer::State& st, TrajectoryQueue& queue, Rollouter& r,
       if (version == nullptr)
         throw Error("rollouter: generate_sequences returned no param_version");
       b.param_version = version->as_int();
-      b.index = index;
-      b.batch = prompts.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
+      b.index = e.index;
+      b.batch = e.prompts.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
                     .repeat(s.n, true)
                     .union_with(out.unpad(pad * s.n));
+      p.ledger.finish(e.index, b);
       t0 = Clock::now();
       const bool pushed = queue.push(std::move(b));
       idle += seconds_since(t0);
@@ -115,6 +161,30 @@ void run_rollouter(PpoTrainer::State& st, TrajectoryQueue& queue, Rollouter& r,
       r.error = std::current_exception();
     }
     queue.close();
+  }
+}
+
+RolloutPipeline::RolloutPipeline(PpoTrainer::State& st, std::vector<LedgerEntry> entries,
+                                 int64_t next_step, int64_t version)
+    : queue(TrajectoryQueueOptions()
+                .set_capacity(st.s.async.max_queue_size)
+                .set_staleness_threshold(st.s.async.staleness_threshold)
+                .set_policy(st.s.async.policy)
+                // The generated entries are queued first: they were reserved.
+                .set_first_step(next_step + generated_entries(entries))
+                .set_rollout_version(version)),
+      ledger(std::move(entries), next_step) {
+  thread = std::thread([this, &st] { run_rollouter(st, *this); });
+}
+
+// A short call with a deadline: the rollout must answer before a weight sync
+// (which would otherwise hang the actor in its collective).
+void check_rollout_answers(WorkerGroup& rollout, const char* when) {
+  try {
+    rollout.call("param_version", {}, CallOptions().set_timeout_ms(60000)).get();
+  } catch (const std::exception& e) {
+    throw Error(std::string("async trainer: the rollout workers do not answer ") + when + ": " +
+                e.what());
   }
 }
 
@@ -151,40 +221,62 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
   const AsyncTrainingSettings& as = s.async;
   FitResult result;
   WorkerGroup& actor = *st.actor;
-  WorkerGroup& rollout = *st.rollout;
 
   begin_run(st, result, validate);
   ProgressLine progress("training (async)", s.total_steps);
 
-  // The rollout must answer before the first sync (which would otherwise
-  // hang the actor in its collective): a short call with a deadline.
-  try {
-    rollout.call("param_version", {}, CallOptions().set_timeout_ms(60000)).get();
-  } catch (const std::exception& e) {
-    throw Error(std::string("async trainer: the rollout workers do not answer before the first "
-                            "weight sync: ") +
-                e.what());
-  }
+  check_rollout_answers(*st.rollout, "before the first weight sync");
   // The rollout loaded the HF weights; the actor may hold a resumed checkpoint's.
-  double pending_sync_s = sync_weights(actor, rollout, nullptr, st.global_step);
+  double pending_sync_s = sync_weights(actor, *st.rollout, nullptr, st.global_step);
 
-  TrajectoryQueue queue(TrajectoryQueueOptions()
-                            .set_capacity(as.max_queue_size)
-                            .set_staleness_threshold(as.staleness_threshold)
-                            .set_policy(as.policy)
-                            .set_first_step(st.global_step + 1)
-                            .set_rollout_version(st.global_step));
-  Rollouter r;
-  std::thread rollouter([&] { run_rollouter(st, queue, r, st.global_step + 1); });
-  // Stops the rollouter on every way out of the loop.
-  struct Joiner {
-    TrajectoryQueue& q;
-    std::thread& t;
-    ~Joiner() {
-      q.close();
-      if (t.joinable()) t.join();
+  // A resumed checkpoint's queued and in-flight batches are trained first.
+  std::vector<LedgerEntry> restored = std::exchange(st.restored_ledger, {});
+  int64_t restored_samples = ledger_samples(restored, s.n);  // reported at the first step
+  if (!restored.empty()) {
+    log(LogLevel::kInfo, "resume: restored " + std::to_string(restored_samples) +
+                             " samples of the rollout queue: " + describe_ledger(restored));
+  }
+  auto pipe = std::make_unique<RolloutPipeline>(st, std::move(restored), st.global_step + 1,
+                                                st.global_step);
+
+  // A failed rollout (a dead worker, a generate or sync that threw): up to
+  // async_training.max_rollout_restarts times, a new rollout group takes the
+  // actor's weights `version` and the ledger's unfinished batches, the next
+  // batch trains at `next_step`; beyond that the run stops with the error.
+  int64_t restarts = 0;
+  auto restart_rollout = [&](const std::string& why, int64_t next_step, int64_t version) {
+    if (restarts >= as.max_rollout_restarts) {
+      throw Error("async trainer: the rollout failed at step " + std::to_string(st.global_step) +
+                  " (" + why + ")" +
+                  (restarts > 0 ? "; restarted " + std::to_string(restarts) + " time(s) already"
+                                : std::string()) +
+                  "; async_training.max_rollout_restarts = " +
+                  std::to_string(as.max_rollout_restarts));
     }
-  } joiner{queue, rollouter};
+    ++restarts;
+    std::vector<LedgerEntry> unfinished = pipe->ledger.entries();
+    log(LogLevel::kWarn, "async trainer: the rollout failed at step " +
+                             std::to_string(st.global_step) + " (" + why + "); restarting it (" +
+                             std::to_string(restarts) + " of " +
+                             std::to_string(as.max_rollout_restarts) + ") with " +
+                             describe_ledger(unfinished));
+    pipe.reset();
+    st.rollout.reset();
+    st.rollout_pool.reset();
+    spawn_async_rollout(st);
+    check_rollout_answers(*st.rollout, "after a restart");
+    pending_sync_s += sync_weights(actor, *st.rollout, nullptr, version);
+    pipe = std::make_unique<RolloutPipeline>(st, std::move(unfinished), next_step, version);
+  };
+  auto error_text = [](const std::exception_ptr& e) -> std::string {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    } catch (...) {
+      return "an unknown exception";
+    }
+  };
 
   StalenessHistogram staleness;
   while (st.global_step < s.total_steps) {
@@ -196,17 +288,21 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
     Metrics& timing = timed.timing;
 
     std::optional<TrajectoryBatch> item;
-    timed("wait_batch", [&] { item = queue.pop(st.global_step); });
-    if (!item) {
-      std::lock_guard lock(r.mu);
-      if (r.error) std::rethrow_exception(r.error);
-      throw Error("async trainer: the rollouter stopped before step " +
-                  std::to_string(st.global_step));
-    }
+    timed("wait_batch", [&] {
+      while (!(item = pipe->queue.pop(st.global_step))) {
+        const std::exception_ptr error = pipe->error();
+        if (!error) {
+          throw Error("async trainer: the rollouter stopped before step " +
+                      std::to_string(st.global_step));
+        }
+        restart_rollout(error_text(error), st.global_step, st.global_step - 1);
+      }
+    });
+    pipe->ledger.taken(item->index);
     const int64_t stale = st.global_step - 1 - item->param_version;
     staleness.add(stale);
     m["async/param_version"] = static_cast<double>(item->param_version);
-    m["async/queue_depth"] = static_cast<double>(queue.depth());
+    m["async/queue_depth"] = static_cast<double>(pipe->queue.depth());
     m["async/trainer_idle_s"] = timing.at("wait_batch");
     timing["gen"] = item->generate_seconds;
     DataProto batch = std::move(item->batch);
@@ -253,7 +349,13 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
     double sync_s = pending_sync_s;
     pending_sync_s = 0;
     if (st.global_step % as.trigger_parameter_sync_step == 0 && st.global_step < s.total_steps) {
-      sync_s += sync_weights(actor, rollout, &queue, st.global_step);
+      try {
+        sync_s += sync_weights(actor, *st.rollout, &pipe->queue, st.global_step);
+      } catch (const std::exception& e) {
+        restart_rollout(std::string("weight sync: ") + e.what(), st.global_step + 1,
+                        st.global_step);
+      }
+      sync_s += std::exchange(pending_sync_s, 0.0);
     }
     timing["sync"] = sync_s;
     m["async/sync_s"] = sync_s;
@@ -261,17 +363,26 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
 
     validate_if_due(st, result, m, timing, validate);
     {
-      std::lock_guard lock(r.mu);
-      m["async/rollouter_idle_s"] = r.idle_seconds;
-      r.idle_seconds = 0;
+      std::lock_guard lock(pipe->r.mu);
+      m["async/rollouter_idle_s"] = pipe->r.idle_seconds;
+      pipe->r.idle_seconds = 0;
     }
-    m["async/dropped_batches"] = static_cast<double>(queue.dropped());
+    m["async/dropped_batches"] = static_cast<double>(pipe->queue.dropped());
+    m["async/rollout_restarts"] = static_cast<double>(restarts);
+    if (restored_samples > 0)
+      m["async/restored_samples"] = static_cast<double>(std::exchange(restored_samples, 0));
     for (const auto& [k, v] : staleness.metrics()) m[k] = v;
     log_step(st, result, batch, m, timing, progress);
+    if (s.save_freq > 0 && (st.global_step % s.save_freq == 0 || st.global_step == s.total_steps)) {
+      profiler::Span span("save_checkpoint", "trainer");
+      // The ledger is read after the workers saved, with the loader's position.
+      save_trainer_checkpoint(st, [&] {
+        return pipe->ledger.snapshot([&] { return st.loader->state().to_json(); });
+      });
+    }
     end_profiled_step(st);
   }
-  queue.close();
-  rollouter.join();
+  pipe.reset();
   result.steps = st.global_step;
   progress.update(st.global_step);
   progress.finish();

@@ -5,7 +5,8 @@
 //   rollouter thread (driver)            trainer loop (driver)
 //   ────────────────────────             ─────────────────────
 //   reserve a step (staleness gate)      pop a batch (wait: trainer idle)
-//   prompts ← the data loader            reward → old log-probs → ref →
+//   prompts ← the data loader (through   reward → old log-probs → ref →
+//     the rollout ledger)
 //   generate on the RolloutWorker group    advantages → truncated IS weights
 //     (its weights' version in the         (π_old / π_rollout, capped) →
 //     result)                               update_actor
@@ -20,6 +21,16 @@
 // loaded; the call also checks that the rollout answers) and then every
 // trigger_parameter_sync_step steps. A sync waits for the rollout's generate
 // in flight, which then finishes with the old weights (no partial rollout).
+//
+// What is queued or being generated is in a RolloutLedger (rollout_ledger.h)
+// until the trainer takes it: checkpoints (trainer.save_freq) save it with the
+// loader's position, and a resume trains those batches first (generating the
+// in-flight ones again), so no sample is lost; it logs how many it restored
+// (metric async/restored_samples at the first step). A failed rollout (a dead
+// worker, a generate or weight sync that threw) is logged and, up to
+// async_training.max_rollout_restarts times, replaced by a new group that
+// takes the actor's weights and the ledger's unfinished batches
+// (async/rollout_restarts counts them).
 //
 // Metrics per step, besides the synchronous trainer's: async/staleness (this
 // batch's), async/staleness_mean, async/staleness_max and
@@ -51,9 +62,9 @@ int async_worker_threads(const TrainerSettings& s);
 // joins it to the actor's group for weight sync. REQUIRES: st.actor inited.
 void spawn_async_rollout(PpoTrainer::State& st);
 
-// The async fit loop: resume, validation, training as above, the HF export
-// and the plot, as PpoTrainer::fit. A failure of the rollouter (a generate
-// that threw, a dead rollout worker) stops the run with its error.
+// The async fit loop: resume, validation, training as above, checkpoints, the
+// HF export and the plot, as PpoTrainer::fit. A rollout failure beyond
+// max_rollout_restarts stops the run with its error.
 FitResult fit_async(PpoTrainer::State& st,
                     const std::function<std::map<std::string, double>()>& validate);
 

@@ -25,7 +25,8 @@ std::string read_text(const fs::path& file) {
 
 }  // namespace
 
-void save_trainer_checkpoint(PpoTrainer::State& st) {
+void save_trainer_checkpoint(PpoTrainer::State& st,
+                             const std::function<LedgerSnapshot()>& ledger) {
   const int64_t step = st.global_step;
   const fs::path dir = fs::path(st.s.out_dir) / ("global_step_" + std::to_string(step));
   fs::create_directories(dir);
@@ -33,8 +34,18 @@ void save_trainer_checkpoint(PpoTrainer::State& st) {
   if (st.s.use_critic) {
     st.critic_role().call("save_checkpoint", {(dir / "critic").string(), step, std::string("{}")}).get();
   }
+  std::string loader_state;
+  if (ledger) {
+    // The async rollouter draws prompts while this runs: the loader's
+    // position is the one past the ledger's entries, read with them.
+    const LedgerSnapshot snap = ledger();
+    loader_state = snap.loader_state;
+    save_ledger(snap.entries, dir / "rollout_ledger");
+  } else {
+    loader_state = st.loader->state().to_json();
+  }
   nlohmann::json state = {{"global_step", step},
-                          {"loader", nlohmann::json::parse(st.loader->state().to_json())},
+                          {"loader", nlohmann::json::parse(loader_state)},
                           {"kl_coef", st.kl_ctrl->value}};
   engine::write_file_atomically(dir / "trainer_state.json", state.dump(2));
   engine::write_file_atomically(fs::path(st.s.out_dir) / kLatestFile, std::to_string(step));
@@ -68,10 +79,17 @@ bool resume_trainer_checkpoint(PpoTrainer::State& st) {
     st.loader->restore(data::LoaderState::from_json(state.at("loader").dump(), state_file.string()));
     st.kl_ctrl->value = state.at("kl_coef").get<double>();
     st.global_step = step;
+    st.restored_ledger = load_ledger(dir / "rollout_ledger");
   } catch (const nlohmann::json::exception& e) {
     throw Error("resume: " + state_file.string() + ": " + e.what());
   }
   log(LogLevel::kInfo, "resumed from " + dir.string() + " (step " + std::to_string(st.global_step) + ")");
+  if (!st.restored_ledger.empty() && !st.s.async.enable) {
+    log(LogLevel::kWarn,
+        "resume: the checkpoint holds the async rollouter's " +
+            describe_ledger(st.restored_ledger) +
+            "; the synchronous trainer does not train them (set async_training.enable=true to)");
+  }
   return true;
 }
 

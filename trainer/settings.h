@@ -45,6 +45,7 @@ struct AsyncTrainingSettings {
   StalenessPolicy policy = StalenessPolicy::kWait;  // staleness_policy: wait | drop
   int64_t max_queue_size = 2;               // finished batches queued at most
   std::optional<double> tis_cap;            // truncated IS cap; null: no correction
+  int64_t max_rollout_restarts = 1;         // a failed rollout group is respawned this often
 };
 
 struct TrainerSettings {

@@ -3,8 +3,10 @@
 // to baton::trainer: a driver uses PpoTrainer (trainer/ppo_trainer.h).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "data/prompt_dataset.h"
 #include "data/prompt_loader.h"
@@ -14,6 +16,7 @@
 #include "trainer/config.h"
 #include "trainer/metrics.h"
 #include "trainer/ppo_trainer.h"
+#include "trainer/rollout_ledger.h"
 #include "trainer/settings.h"
 #include "trainer/step_profiler.h"
 #include "workers/algos/kl.h"
@@ -46,16 +49,23 @@ struct PpoTrainer::State {
   std::unique_ptr<MetricsLogger> logger;
   std::unique_ptr<StepProfiler> profiler;  // global_profiler.steps
   int64_t global_step = 0;
+  // async_training: the rollout ledger of the checkpoint resumed from (its
+  // queued and in-flight batches), for fit_async to take.
+  std::vector<LedgerEntry> restored_ledger;
 };
 
 // trainer.default_local_dir/global_step_N/{actor,critic}/ (the workers'
 // sharded checkpoints: model, optimizer, RNG) and trainer_state.json (the
 // data loader's position, the KL controller); latest_checkpointed_iteration.txt
-// names N once all of it is on disk.
-void save_trainer_checkpoint(PpoTrainer::State& st);
+// names N once all of it is on disk. The async trainer passes its rollout
+// ledger's snapshot (taken after the workers saved): its loader position
+// replaces st.loader's, its entries go to global_step_N/rollout_ledger/.
+void save_trainer_checkpoint(PpoTrainer::State& st,
+                             const std::function<LedgerSnapshot()>& ledger = {});
 // As trainer.resume_mode says (auto: the latest checkpoint if there is one;
 // resume_path: trainer.resume_from_path; disable): restores the workers, the
-// loader and the KL controller. Returns whether it resumed.
+// loader and the KL controller, and reads a rollout ledger into
+// st.restored_ledger. Returns whether it resumed.
 bool resume_trainer_checkpoint(PpoTrainer::State& st);
 
 }  // namespace baton::trainer

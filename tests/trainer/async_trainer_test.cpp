@@ -2,15 +2,22 @@
 // RolloutWorker's weight sync: one actor and one RolloutWorker process on the toy task's data and
 // its untrained tiny model, the rollouter generating while the actor trains, weights synced through
 // WeightSender/WeightReceiver.
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <chrono>
 #include <cstdlib>
+#include <future>
+#include <thread>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,9 +25,11 @@
 #include "runtime/resource_pool.h"
 #include "runtime/worker_group.h"
 #include "tests/engine/temp_dir.h"
+#include "tests/tolerance.h"
 #include "tests/trainer/toy_task_fixture.h"
 #include "trainer/config.h"
 #include "trainer/ppo_trainer.h"
+#include "trainer/rollout_ledger.h"
 #include "workers/rewards/reward_registry.h"
 #include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/roles/rollout_worker.h"
@@ -70,6 +79,11 @@ class AsyncTrainerTest : public ToyTaskTest {
     }
     return steps;
   }
+};
+
+// The fixture's configs for the free functions below.
+struct AsyncTrainerTestAccess : AsyncTrainerTest {
+  using AsyncTrainerTest::config;
 };
 
 double metric(const nlohmann::json& j, const std::string& key) {
@@ -170,6 +184,164 @@ TEST_F(AsyncTrainerTest, PpoWithACriticTrainsInTheAsyncLoop) {
     EXPECT_EQ(r.last_metrics.count(key), 1u) << "missing metric " << key;
   for (const auto& [k, v] : r.last_metrics) EXPECT_TRUE(std::isfinite(v)) << k << " = " << v;
   EXPECT_GT(r.last_metrics.at("critic/grad_norm"), 0);
+}
+
+// The runs below are on-policy (threshold 0, a sync every step): the batch of
+// step t is made with the weights after step t - 1 whatever the timing, so an
+// async run repeats exactly, and a resumed or restarted one must equal it.
+Config on_policy_config(const fs::path& out, const std::vector<std::string>& more) {
+  Config c = AsyncTrainerTestAccess::config(out);
+  c.apply_overrides({"async_training.staleness_threshold=0",
+                     "async_training.trigger_parameter_sync_step=1", "trainer.test_freq=-1",
+                     "trainer.total_training_steps=4"});
+  c.apply_overrides(more);
+  return c;
+}
+
+// As the synchronous resume test: the discrete outcomes exactly, the losses
+// and norms to fp32 rounding (MKL's kernels may differ in a new process).
+void expect_same_step(const nlohmann::json& got, const nlohmann::json& want) {
+  for (const char* k : {"critic/score/mean", "response_length/mean", "async/param_version"})
+    EXPECT_EQ(metric(got, k), metric(want, k)) << k;
+  for (const char* k : {"actor/pg_loss", "actor/grad_norm"}) {
+    const double w = metric(want, k);
+    test::expect_near(metric(got, k), w, test::Tolerance::fp32(1000, std::abs(w)), k);
+  }
+}
+
+// Steps logged so far to out/metrics.jsonl (while the run writes it: whole lines only).
+size_t logged_steps(const fs::path& out) {
+  std::ifstream in(out / "metrics.jsonl");
+  const std::string all((std::istreambuf_iterator<char>(in)), {});
+  size_t n = 0;
+  for (size_t begin = 0, end; (end = all.find('\n', begin)) != std::string::npos; begin = end + 1)
+    n += all.substr(begin, end - begin).find("async/param_version") != std::string::npos;
+  return n;
+}
+
+// Children of this process that run worker class `cls` (BATON_CLASS in their
+// environment).
+std::vector<pid_t> workers_of_class(const std::string& cls) {
+  std::vector<pid_t> pids;
+  for (const auto& d : fs::directory_iterator("/proc")) {
+    const std::string name = d.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(d.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: the fields after the last ')'.
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != ::getpid()) continue;
+    std::ifstream env(d.path() / "environ");
+    const std::string all((std::istreambuf_iterator<char>(env)), {});
+    if (all.find("BATON_CLASS=" + cls + '\0') != std::string::npos)
+      pids.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return pids;
+}
+
+// A checkpoint written while batches are queued or being generated holds
+// them (the rollout ledger); the resumed run trains them first and goes on
+// exactly as the uninterrupted run did.
+TEST_F(AsyncTrainerTest, AResumeTrainsTheSavedQueueAndInFlightBatchesAndContinuesExactly) {
+  TempDir straight, resumed_dir;
+  const FitResult expected =
+      PpoTrainer(on_policy_config(straight.path(), {"trainer.save_freq=2"})).fit();
+  ASSERT_EQ(expected.steps, 4);
+  const fs::path ckpt = straight.path() / "global_step_2";
+  ASSERT_TRUE(fs::exists(ckpt / "rollout_ledger" / "rollout_ledger.json"));
+  // After step 2's sync the rollouter may start step 3's batch at once: it is
+  // in the ledger, generated or not, unless the save came first.
+  const std::vector<LedgerEntry> saved = load_ledger(ckpt / "rollout_ledger");
+  EXPECT_LE(saved.size(), 1u);
+  for (const LedgerEntry& e : saved) EXPECT_EQ(e.step, 3);
+
+  const FitResult resumed =
+      PpoTrainer(on_policy_config(resumed_dir.path(),
+                                  {"trainer.resume_mode=resume_path",
+                                   "trainer.resume_from_path=" + ckpt.string()}))
+          .fit();
+  ASSERT_EQ(resumed.steps, 4);
+  const std::vector<nlohmann::json> want = steps_of(straight.path());
+  const std::vector<nlohmann::json> got = steps_of(resumed_dir.path());
+  ASSERT_EQ(want.size(), 4u);
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 3));
+    expect_same_step(got[i], want[i + 2]);
+  }
+  // It says what it restored: the samples of the saved entries, at its first step.
+  const int64_t samples = ledger_samples(saved, /*n=*/2);
+  if (samples > 0) {
+    EXPECT_EQ(metric(got[0], "async/restored_samples"), static_cast<double>(samples));
+  } else {
+    EXPECT_FALSE(got[0].contains("async/restored_samples"));
+  }
+  EXPECT_FALSE(got[1].contains("async/restored_samples"));
+}
+
+// A rollout worker killed mid-run: the trainer reports it, spawns a new
+// rollout group with the actor's weights, generates the lost batch again, and
+// the run equals the uninterrupted one. A second failure beyond
+// max_rollout_restarts would stop the run (the next test).
+TEST_F(AsyncTrainerTest, AKilledRolloutWorkerIsRestartedAndTheRunEqualsAnUninterruptedOne) {
+  TempDir straight, killed;
+  const FitResult expected = PpoTrainer(on_policy_config(straight.path(), {})).fit();
+  ASSERT_EQ(expected.steps, 4);
+
+  PpoTrainer trainer(on_policy_config(killed.path(), {}));
+  std::future<FitResult> run = std::async(std::launch::async, [&] { return trainer.fit(); });
+  // Once step 2 is logged, kill the rollout worker (it is generating or
+  // waiting for step 3's batch).
+  bool sent = false;
+  for (int i = 0; i < 6000 && !sent; ++i) {
+    if (run.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready) break;
+    if (logged_steps(killed.path()) < 2) continue;
+    for (pid_t pid : workers_of_class(workers::rollout_worker_class())) {
+      ASSERT_EQ(::kill(pid, SIGKILL), 0);
+      sent = true;
+    }
+  }
+  ASSERT_TRUE(sent) << "no rollout worker to kill after step 2";
+  const FitResult r = run.get();
+  ASSERT_EQ(r.steps, 4);
+  EXPECT_EQ(r.last_metrics.at("async/rollout_restarts"), 1);
+  const std::vector<nlohmann::json> want = steps_of(straight.path());
+  const std::vector<nlohmann::json> got = steps_of(killed.path());
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    expect_same_step(got[i], want[i]);
+  }
+}
+
+TEST_F(AsyncTrainerTest, ARolloutFailureBeyondMaxRolloutRestartsStopsTheRunNamingIt) {
+  TempDir out;
+  PpoTrainer trainer(on_policy_config(out.path(), {"async_training.max_rollout_restarts=0",
+                                                   "trainer.total_training_steps=50"}));
+  std::future<FitResult> run = std::async(std::launch::async, [&] { return trainer.fit(); });
+  bool sent = false;
+  for (int i = 0; i < 6000 && !sent; ++i) {
+    if (run.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready) break;
+    if (logged_steps(out.path()) < 1) continue;
+    for (pid_t pid : workers_of_class(workers::rollout_worker_class())) {
+      ASSERT_EQ(::kill(pid, SIGKILL), 0);
+      sent = true;
+    }
+  }
+  ASSERT_TRUE(sent);
+  try {
+    run.get();
+    FAIL() << "the run went on without its rollout";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the rollout failed at step"), std::string::npos) << what;
+    EXPECT_NE(what.find("max_rollout_restarts = 0"), std::string::npos) << what;
+    EXPECT_NE(what.find("RolloutWorker"), std::string::npos) << what;
+  }
 }
 
 // The RolloutWorker's generation after a weight sync is the actor's own

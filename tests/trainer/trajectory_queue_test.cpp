@@ -152,6 +152,7 @@ TEST(AsyncTrainingConfig, TheToyConfigTurnsItOnWithItsKeys) {
   EXPECT_EQ(s.async.policy, StalenessPolicy::kDrop);
   EXPECT_EQ(s.async.max_queue_size, 2);
   EXPECT_FALSE(s.async.tis_cap);
+  EXPECT_EQ(s.async.max_rollout_restarts, 1);
 }
 
 TEST(AsyncTrainingConfig, ErrorsNameTheKey) {
@@ -166,8 +167,11 @@ TEST(AsyncTrainingConfig, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(settings_error({"async_training.tis_cap=0"}).find("async_training.tis_cap"),
             std::string::npos);
-  EXPECT_NE(settings_error({"trainer.save_freq=5"}).find("trainer.save_freq=-1"),
+  EXPECT_NE(settings_error({"async_training.max_rollout_restarts=-1"})
+                .find("async_training.max_rollout_restarts"),
             std::string::npos);
+  // Checkpoints hold the rollout ledger: the async trainer saves.
+  EXPECT_EQ(settings_error({"trainer.save_freq=5"}), "");
   EXPECT_NE(settings_error({"algorithm.adv_estimator=remax"}).find("async_training.enable"),
             std::string::npos);
   // A critic (gae) and a reward model run in the async loop too.
