@@ -21,6 +21,7 @@ struct GenerationEngine::Sequence {
   int64_t cached = 0;           // leading positions whose keys/values are in the cache
   std::vector<int64_t> table;   // cache blocks
   SequenceRng rng{0};
+  int64_t budget = 0;  // new tokens at most
   bool finished = false;
 };
 
@@ -42,7 +43,8 @@ std::set<int64_t> stop_tokens(const ModelConfig& cfg, const SamplingParams& para
 }
 
 void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const ModelConfig& cfg,
-                   const SamplingParams& params, const std::vector<uint64_t>& request_seeds) {
+                   const SamplingParams& params, const std::vector<uint64_t>& request_seeds,
+                   const std::vector<Continuation>& continuations) {
   params.validate(cfg.vocab_size);
   if (!request_seeds.empty() && request_seeds.size() != prompts.size())
     throw EngineError(detail::cat("generate: ", request_seeds.size(), " request seeds for ",
@@ -54,6 +56,36 @@ void check_prompts(const std::vector<std::vector<int64_t>>& prompts, const Model
         throw EngineError(detail::cat("generate: prompt ", i, " has token ", t,
                                       " outside the vocabulary [0, ", cfg.vocab_size, ")"));
   }
+  if (continuations.empty()) return;
+  if (continuations.size() != prompts.size())
+    throw EngineError(detail::cat("generate: ", continuations.size(), " continuations for ",
+                                  prompts.size(), " prompts (give one per prompt, or none)"));
+  if (params.n != 1)
+    throw EngineError(detail::cat(
+        "generate: continuations resume one sample per prompt; n must be 1, got ", params.n));
+  if (params.temperature > 0 && request_seeds.empty())
+    throw EngineError(
+        "generate: sampled continuations need request_seeds (the resumed requests' seeds: "
+        "params.seed mixed with this call's request index would be another stream)");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Continuation& c = continuations[i];
+    const int64_t len = static_cast<int64_t>(prompts[i].size());
+    if (c.sample < 0)
+      throw EngineError(
+          detail::cat("generate: continuation of request ", i, " has sample ", c.sample, " < 0"));
+    if (c.generated < 0 || c.generated >= params.max_new_tokens || c.generated >= len)
+      throw EngineError(detail::cat("generate: continuation of request ", i, " has generated ",
+                                    c.generated, "; it must be >= 0, below max_new_tokens ",
+                                    params.max_new_tokens,
+                                    " (the whole response's budget) and below the prompt's length ",
+                                    len, " (which ends with those tokens)"));
+  }
+}
+
+// The new tokens sequence `request` may draw.
+int64_t budget_of(const SamplingParams& params, const std::vector<Continuation>& continuations,
+                  size_t request) {
+  return params.max_new_tokens - (continuations.empty() ? 0 : continuations[request].generated);
 }
 
 void require_one_stage_lm(const Transformer& model, const char* who) {
@@ -62,9 +94,10 @@ void require_one_stage_lm(const Transformer& model, const char* who) {
                       ": generation needs an LM whose whole model is on one stage (pp = 1)");
 }
 
-// Appends a sampled token; true when the sequence is finished.
+// Appends a sampled token; true when the sequence is finished (a stop token,
+// or `budget` new tokens).
 bool append(GeneratedSequence& out, std::vector<int64_t>& tokens, const Sampled& s,
-            const SamplingParams& params, const std::set<int64_t>& stop) {
+            const SamplingParams& params, int64_t budget, const std::set<int64_t>& stop) {
   tokens.push_back(s.token);
   out.response.push_back(s.token);
   if (params.log_probs) out.log_probs.push_back(static_cast<float>(s.log_prob));
@@ -72,18 +105,26 @@ bool append(GeneratedSequence& out, std::vector<int64_t>& tokens, const Sampled&
     out.finish_reason = "stop";
     return true;
   }
-  if (static_cast<int64_t>(out.response.size()) >= params.max_new_tokens) {
+  if (static_cast<int64_t>(out.response.size()) >= budget) {
     out.finish_reason = "length";
     return true;
   }
   return false;
 }
 
+// The stream of sample `sample` of `request`, or the one its continuation
+// resumes, after the draws of the tokens already generated.
 SequenceRng stream_of(const SamplingParams& params, const std::vector<uint64_t>& request_seeds,
-                      int64_t request, int64_t sample) {
+                      const std::vector<Continuation>& continuations, int64_t request,
+                      int64_t sample) {
   uint64_t seed = request_seeds.empty() ? SequenceRng::request_seed(params.seed, request)
                                         : request_seeds[request];
-  return SequenceRng::for_sample(seed, sample);
+  if (continuations.empty()) return SequenceRng::for_sample(seed, sample);
+  const Continuation& c = continuations[request];
+  SequenceRng rng = SequenceRng::for_sample(seed, c.sample);
+  // One uniform per sampled token; greedy draws none (sampling.h).
+  if (params.temperature > 0) rng.skip(static_cast<uint64_t>(c.generated));
+  return rng;
 }
 
 }  // namespace
@@ -106,22 +147,25 @@ bool GenerationEngine::awake() const { return cache_->awake(); }
 
 std::vector<GeneratedSequence> GenerationEngine::generate(
     const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& params,
-    const std::vector<uint64_t>& request_seeds) {
+    const std::vector<uint64_t>& request_seeds, const std::vector<Continuation>& continuations) {
   BATON_PROFILE_SCOPE("engine", "generate");
   const ModelConfig& cfg = model_->config();
-  check_prompts(prompts, cfg, params, request_seeds);
+  check_prompts(prompts, cfg, params, request_seeds, continuations);
   if (!cache_->awake())
     throw EngineError("GenerationEngine::generate: the KV cache is released (sleep); call wake()");
   int64_t capacity = cache_->usable_blocks() * cache_->block_size();
   for (size_t i = 0; i < prompts.size(); ++i) {
     // The last sampled token is never fed back, so a sequence needs
-    // prompt + max_new_tokens - 1 positions at most.
-    int64_t need = static_cast<int64_t>(prompts[i].size()) + params.max_new_tokens - 1;
+    // prompt + its new tokens - 1 positions at most.
+    const int64_t budget = budget_of(params, continuations, i);
+    int64_t need = static_cast<int64_t>(prompts[i].size()) + budget - 1;
     if (need > capacity)
-      throw EngineError(
-          detail::cat("generate: request ", i, " needs up to ", need, " cached tokens (prompt ",
-                      prompts[i].size(), " + max_new_tokens ", params.max_new_tokens,
-                      " - 1) but the KV cache holds ", capacity, "; raise the cache budget"));
+      throw EngineError(detail::cat(
+          "generate: request ", i, " needs up to ", need, " cached tokens (prompt ",
+          prompts[i].size(), " + max_new_tokens ", params.max_new_tokens,
+          continuations.empty() ? std::string()
+                                : detail::cat(" - generated ", continuations[i].generated),
+          " - 1) but the KV cache holds ", capacity, "; raise the cache budget"));
   }
   stats_ = GenerationStats{};
   auto stop = stop_tokens(cfg, params);
@@ -144,10 +188,11 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
     for (int64_t j = 0; j < params.n; ++j) {
       auto s = std::make_unique<Sequence>();
       s->out.request = static_cast<int64_t>(i);
-      s->out.sample = j;
+      s->out.sample = continuations.empty() ? j : continuations[i].sample;
       s->out.prompt = prompts[i];
       s->tokens = prompts[i];
-      s->rng = stream_of(params, request_seeds, static_cast<int64_t>(i), j);
+      s->rng = stream_of(params, request_seeds, continuations, static_cast<int64_t>(i), j);
+      s->budget = budget_of(params, continuations, i);
       waiting.push_back(s.get());
       all.push_back(std::move(s));
     }
@@ -281,7 +326,7 @@ void GenerationEngine::step(std::vector<Sequence*>& batch, const SamplingParams&
   for (size_t r = 0; r < samplers.size(); ++r) {
     Sequence* s = samplers[r];
     s->cached = static_cast<int64_t>(s->tokens.size());
-    s->finished = append(s->out, s->tokens, sampled[r], params, stop);
+    s->finished = append(s->out, s->tokens, sampled[r], params, s->budget, stop);
   }
   ++stats_.steps;
   if (prefill) {
@@ -372,14 +417,16 @@ at::Tensor GenerationEngine::forward_padded(const std::vector<Sequence*>& batch)
 
 std::vector<GeneratedSequence> generate_without_cache(
     Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
-    const SamplingParams& params, const std::vector<uint64_t>& request_seeds) {
+    const SamplingParams& params, const std::vector<uint64_t>& request_seeds,
+    const std::vector<Continuation>& continuations) {
   require_one_stage_lm(model, "generate_without_cache");
-  check_prompts(prompts, model.config(), params, request_seeds);
+  check_prompts(prompts, model.config(), params, request_seeds, continuations);
   auto stop = stop_tokens(model.config(), params);
   struct Row {
     GeneratedSequence out;
     std::vector<int64_t> tokens;
     SequenceRng rng{0};
+    int64_t budget = 0;
     bool finished = false;
   };
   std::vector<Row> rows;
@@ -387,10 +434,11 @@ std::vector<GeneratedSequence> generate_without_cache(
     for (int64_t j = 0; j < params.n; ++j) {
       Row r;
       r.out.request = static_cast<int64_t>(i);
-      r.out.sample = j;
+      r.out.sample = continuations.empty() ? j : continuations[i].sample;
       r.out.prompt = prompts[i];
       r.tokens = prompts[i];
-      r.rng = stream_of(params, request_seeds, static_cast<int64_t>(i), j);
+      r.rng = stream_of(params, request_seeds, continuations, static_cast<int64_t>(i), j);
+      r.budget = budget_of(params, continuations, i);
       rows.push_back(std::move(r));
     }
   auto device = model.named_params()[0].second.device();
@@ -423,7 +471,7 @@ std::vector<GeneratedSequence> generate_without_cache(
     auto sampled = sample_tokens(logits, params, rngs);
     for (int64_t i = 0; i < b; ++i) {
       Row* r = active[i];
-      r->finished = append(r->out, r->tokens, sampled[i], params, stop);
+      r->finished = append(r->out, r->tokens, sampled[i], params, r->budget, stop);
     }
   }
   std::vector<GeneratedSequence> out;

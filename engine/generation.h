@@ -92,6 +92,29 @@ struct GenerationOptions {
   }
 };
 
+// A request that resumes an earlier generation (partial rollout: a response
+// generated in chunks, with new weights possibly loaded between them). The
+// request's prompt already ends with the first `generated` response tokens
+// of sample `sample` of its request seed; the sequence draws from that
+// sample's stream after those tokens' draws (SequenceRng::skip; greedy draws
+// none), so with unchanged weights the chunks give the tokens of one
+// uninterrupted call. SamplingParams::max_new_tokens stays the budget of the
+// whole response: the sequence draws at most max_new_tokens - generated new
+// tokens. Its GeneratedSequence has this `sample`, the given prompt (prefix
+// included) and only the new tokens in `response` and `log_probs`.
+//
+// Example (a response of up to 16 tokens in chunks of 4; p.n = 1):
+//   p.max_new_tokens = 4;
+//   auto first = engine.generate({prompt}, p, {seed})[0];
+//   std::vector<int64_t> resumed = prompt;
+//   resumed.insert(resumed.end(), first.response.begin(), first.response.end());
+//   p.max_new_tokens = 8;   // the response's tokens after this call, at most
+//   auto next = engine.generate({resumed}, p, {seed}, {Continuation{first.sample, 4}})[0];
+struct Continuation {
+  int64_t sample = 0;     // whose random stream the response draws from
+  int64_t generated = 0;  // response tokens at the end of the prompt
+};
+
 struct GeneratedSequence {
   int64_t request = 0;  // index of its prompt in the call
   int64_t sample = 0;   // 0 .. n-1
@@ -123,13 +146,20 @@ class GenerationEngine {
   // Generates for every prompt × params.n. Results are ordered by (request,
   // sample). Sample j of request i draws from
   // SequenceRng::for_sample(seed_i, j), where seed_i is request_seeds[i] when
-  // given (one per prompt) and else params.seed mixed with i. Throws EngineError for invalid
-  // params, an empty prompt, a token outside the vocabulary, a sequence that cannot fit in the
-  // whole cache (prompt + max_new_tokens), or a call while asleep — each naming the request and the
-  // numbers.
+  // given (one per prompt) and else params.seed mixed with i.
+  // `continuations`: none, or one per prompt, each resuming its request's
+  // response (see Continuation). They require params.n == 1,
+  // 0 <= generated < max_new_tokens, generated < the prompt's length,
+  // sample >= 0 and, when sampling (temperature > 0), request_seeds (the
+  // original requests' seeds: the call's request indices are not theirs).
+  // Throws EngineError for invalid params or continuations, an empty prompt, a token
+  // outside the vocabulary, a sequence that cannot fit in the whole cache
+  // (prompt + max_new_tokens - generated - 1 positions), or a call while
+  // asleep — each naming the request and the numbers.
   std::vector<GeneratedSequence> generate(const std::vector<std::vector<int64_t>>& prompts,
                                           const SamplingParams& params,
-                                          const std::vector<uint64_t>& request_seeds = {});
+                                          const std::vector<uint64_t>& request_seeds = {},
+                                          const std::vector<Continuation>& continuations = {});
 
   // Frees the KV cache (nothing is running between calls); wake() takes it
   // back. generate() requires awake.
@@ -173,11 +203,13 @@ class GenerationEngine {
 // The same generation without a KV cache: every step runs the full forward
 // over each row's whole sequence so far (static batch, left-padded), and
 // samples the next token of each unfinished row with the same per-sequence
-// streams as GenerationEngine. The baseline of the cache's tests and of
+// streams as GenerationEngine, and takes the same continuations (checked
+// the same way). The baseline of the cache's tests and of
 // bench/rollout_bench; collective over the TP group.
 std::vector<GeneratedSequence> generate_without_cache(
     Transformer& model, const std::vector<std::vector<int64_t>>& prompts,
-    const SamplingParams& params, const std::vector<uint64_t>& request_seeds = {});
+    const SamplingParams& params, const std::vector<uint64_t>& request_seeds = {},
+    const std::vector<Continuation>& continuations = {});
 
 // Generated sequences in the layout the training side consumes (verl's
 // rollout batch): prompts left-padded to the longest prompt, responses

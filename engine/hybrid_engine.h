@@ -77,7 +77,8 @@ class HybridEngine {
   // REQUIRES: in rollout (EngineError otherwise). See GenerationEngine::generate.
   std::vector<GeneratedSequence> generate(const std::vector<std::vector<int64_t>>& prompts,
                                           const SamplingParams& params,
-                                          const std::vector<uint64_t>& request_seeds = {});
+                                          const std::vector<uint64_t>& request_seeds = {},
+                                          const std::vector<Continuation>& continuations = {});
   // Frees the rollout weights and the KV cache. Not collective; a no-op when
   // not in rollout.
   void exit_rollout();

@@ -6,6 +6,12 @@
 #include "engine/errors.h"
 
 namespace baton::engine {
+namespace {
+
+// splitmix64's increment: next() adds it to the state once per draw.
+constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;
+
+}  // namespace
 
 void SamplingParams::validate(int64_t vocab_size) const {
   auto bad = [](const std::string& what) { throw EngineError("sampling: " + what); };
@@ -37,11 +43,13 @@ SequenceRng SequenceRng::for_sample(uint64_t request_seed, int64_t sample) {
 }
 
 uint64_t SequenceRng::next() {
-  uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+  uint64_t z = (state_ += kGamma);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
+
+void SequenceRng::skip(uint64_t draws) { state_ += draws * kGamma; }  // mod 2^64, as next()
 
 double SequenceRng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 

@@ -53,6 +53,11 @@ class SequenceRng {
   // The seed of request `request` of a call seeded `seed` (no per-request seeds).
   static uint64_t request_seed(uint64_t seed, int64_t request);
   uint64_t next();
+  // Advances the stream as if next() had been called `draws` times, in O(1)
+  // (each next() moves the state by the same constant). With one uniform()
+  // per sampled token (temperature > 0, see sample_token), skip(k) resumes a
+  // sequence's stream after its first k tokens.
+  void skip(uint64_t draws);
   // Uniform in [0, 1) with 53 random bits.
   double uniform();
 

@@ -17,6 +17,7 @@
 #include "runtime/profiler.h"
 #include "runtime/threads.h"
 #include "trainer/metric_utils.h"
+#include "trainer/chunked_rollout.h"
 #include "trainer/progress_line.h"
 #include "trainer/rollout_ledger.h"
 #include "trainer/prompt_batch.h"
@@ -121,7 +122,7 @@ void run_rollouter(PpoTrainer::State& st, RolloutPipeline& p) {
       const LedgerEntry e = p.ledger.start([&](int64_t step) {
         return prompt_batch_proto(st.loader->next(), std::to_string(step) + "-");
       });
-      auto [gen, pad] = e.prompts.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
+      DataProto gen = e.prompts.select({"input_ids", "attention_mask"});
       const uint64_t step_seed = engine::SequenceRng::request_seed(s.rollout_seed, e.step);
       std::vector<int64_t> seeds;
       for (int64_t i = 0; i < gen.size(); ++i)
@@ -133,18 +134,27 @@ void run_rollouter(PpoTrainer::State& st, RolloutPipeline& p) {
       gen.set_meta("top_k", Value(s.sampling.top_k));
       gen.set_meta("top_p", Value(s.sampling.top_p));
       gen.set_meta("pad_token_id", Value(st.train_data->pad_id()));
+      // One call, or (partial_rollout) calls of `chunk` tokens between which
+      // a weight sync can run.
+      const int64_t response_length = s.actor.rollout.response_length;
+      ChunkedRollout generation(gen, response_length,
+                                s.async.partial_rollout ? s.async.partial_rollout_chunk
+                                                        : response_length,
+                                replicas);
       const auto g0 = Clock::now();
-      DataProto out = rollout.call("generate_sequences", {gen}).get().as<DataProto>();
+      while (!generation.done()) {
+        if (queue.closed()) return;
+        generation.step(rollout);
+      }
+      const DataProto out = generation.result();
       TrajectoryBatch b;
       b.generate_seconds = seconds_since(g0);
-      const Value* version = out.meta_value("param_version");
-      if (version == nullptr)
-        throw Error("rollouter: generate_sequences returned no param_version");
-      b.param_version = version->as_int();
+      b.param_version = out.meta_value("param_version")->as_int();
+      b.resumed_samples = generation.resumed_samples();
       b.index = e.index;
       b.batch = e.prompts.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
                     .repeat(s.n, true)
-                    .union_with(out.unpad(pad * s.n));
+                    .union_with(out);
       p.ledger.finish(e.index, b);
       t0 = Clock::now();
       const bool pushed = queue.push(std::move(b));
@@ -305,6 +315,8 @@ FitResult fit_async(PpoTrainer::State& st, const std::function<Metrics()>& valid
     m["async/queue_depth"] = static_cast<double>(pipe->queue.depth());
     m["async/trainer_idle_s"] = timing.at("wait_batch");
     timing["gen"] = item->generate_seconds;
+    if (as.partial_rollout)
+      m["async/partial_resumed_samples"] = static_cast<double>(item->resumed_samples);
     DataProto batch = std::move(item->batch);
     if (s.balance_batch) balance_batch(batch, actor_dp(s), m);
     batch.set_meta("temperature", Value(s.sampling.temperature));

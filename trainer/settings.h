@@ -46,6 +46,8 @@ struct AsyncTrainingSettings {
   int64_t max_queue_size = 2;               // finished batches queued at most
   std::optional<double> tis_cap;            // truncated IS cap; null: no correction
   int64_t max_rollout_restarts = 1;         // a failed rollout group is respawned this often
+  bool partial_rollout = false;             // generate in chunks a sync can interrupt
+  int64_t partial_rollout_chunk = 32;       // new tokens per generate call then
 };
 
 struct TrainerSettings {

@@ -95,6 +95,8 @@ void TrajectoryQueue::close() {
   } while (blocking_ > 0);
 }
 
+bool TrajectoryQueue::closed() const { return closing_; }
+
 int64_t TrajectoryQueue::depth() const {
   return std::max<int64_t>(0, static_cast<int64_t>(queue_.size()));
 }

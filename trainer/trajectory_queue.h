@@ -55,6 +55,7 @@ struct TrajectoryBatch {
   int64_t param_version = 0;    // the weights that generated it
   int64_t index = 0;            // generation order: 0, 1, ...
   double generate_seconds = 0;  // the rollout's time for it
+  int64_t resumed_samples = 0;  // partial rollout: samples drawn by more than one version
 };
 
 struct TrajectoryQueueOptions {
@@ -108,6 +109,7 @@ class TrajectoryQueue {
   // blocked in the queue. Idempotent.
   void close();
 
+  bool closed() const;
   int64_t depth() const;  // batches queued now
   int64_t dropped() const;
 

@@ -7,8 +7,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/packed_linear.h"
@@ -94,6 +96,73 @@ Tolerance log_prob_tolerance(Transformer& model, const std::vector<GeneratedSequ
   }
   return Tolerance::fp32(test::log_prob_terms(model.config(), longest),
                          test::max_abs_logit(model, whole));
+}
+
+// GenerationEngine::generate or generate_without_cache, on one model.
+using Generate = std::function<std::vector<GeneratedSequence>(
+    const std::vector<std::vector<int64_t>>&, const SamplingParams&, const std::vector<uint64_t>&,
+    const std::vector<Continuation>&)>;
+
+std::vector<std::pair<std::string, Generate>> generators(GenerationEngine& engine,
+                                                         Transformer& model) {
+  return {
+      {"engine", [&engine](const auto& ps, const auto& params, const auto& seeds,
+                           const auto& cont) { return engine.generate(ps, params, seeds, cont); }},
+      {"without cache",
+       [&model](const auto& ps, const auto& params, const auto& seeds, const auto& cont) {
+         return generate_without_cache(model, ps, params, seeds, cont);
+       }}};
+}
+
+// Generates params.n samples of each of `ps` as the fully-async trainer
+// does, in calls whose budgets (max_new_tokens) are `caps`, increasing, the
+// last the whole response's: the first call draws each sample's first
+// caps[0] tokens; each later call resumes every sequence that has not
+// stopped, one row per sequence (n = 1, Continuation), from its prompt and
+// its tokens so far. Returns the joined sequences in (request, sample)
+// order with their own prompts; `resumed` gets the rows of each later call.
+std::vector<GeneratedSequence> generate_in_chunks(const Generate& generate,
+                                                  const std::vector<std::vector<int64_t>>& ps,
+                                                  SamplingParams params,
+                                                  const std::vector<uint64_t>& seeds,
+                                                  const std::vector<int64_t>& caps,
+                                                  std::vector<int64_t>& resumed) {
+  params.max_new_tokens = caps[0];
+  auto joined = generate(ps, params, seeds, {});
+  for (size_t c = 1; c < caps.size(); ++c) {
+    std::vector<std::vector<int64_t>> rows;
+    std::vector<uint64_t> row_seeds;
+    std::vector<Continuation> continuations;
+    std::vector<size_t> of_row;  // the joined sequence each row resumes
+    for (size_t i = 0; i < joined.size(); ++i) {
+      const GeneratedSequence& s = joined[i];
+      if (s.finish_reason == "stop") continue;
+      EXPECT_EQ(static_cast<int64_t>(s.response.size()), caps[c - 1]) << "sequence " << i;
+      rows.push_back(s.prompt);
+      rows.back().insert(rows.back().end(), s.response.begin(), s.response.end());
+      row_seeds.push_back(seeds[s.request]);
+      continuations.push_back({s.sample, static_cast<int64_t>(s.response.size())});
+      of_row.push_back(i);
+    }
+    resumed.push_back(static_cast<int64_t>(rows.size()));
+    if (rows.empty()) break;
+    SamplingParams next = params;
+    next.n = 1;
+    next.max_new_tokens = caps[c];
+    auto more = generate(rows, next, row_seeds, continuations);
+    EXPECT_EQ(more.size(), rows.size());
+    for (size_t r = 0; r < more.size(); ++r) {
+      GeneratedSequence& s = joined[of_row[r]];
+      EXPECT_EQ(more[r].request, static_cast<int64_t>(r));
+      EXPECT_EQ(more[r].sample, s.sample);
+      EXPECT_EQ(more[r].prompt, rows[r]);
+      EXPECT_LE(static_cast<int64_t>(more[r].response.size()), caps[c] - caps[c - 1]);
+      s.response.insert(s.response.end(), more[r].response.begin(), more[r].response.end());
+      s.log_probs.insert(s.log_probs.end(), more[r].log_probs.begin(), more[r].log_probs.end());
+      s.finish_reason = more[r].finish_reason;
+    }
+  }
+  return joined;
 }
 
 class Generation : public ::testing::TestWithParam<std::string> {};
@@ -267,6 +336,64 @@ TEST_P(Generation, SamplesOfAPromptShareItsPrefill) {
   EXPECT_GT(distinct.size(), ps.size()) << "the samples of a prompt were meant to differ";
 }
 
+// Partial rollout: a response generated in chunks (budgets 3, 7, 10), each
+// call resuming the sequences that have not stopped from prompt + tokens so
+// far (Continuation), gives the tokens of one uninterrupted call, and their
+// log-probs up to the rounding of other kernels (a resumed prefix is
+// prefilled, not decoded token by token): the chain of a log-prob over up
+// to 13 + 10 tokens. Sampled over the whole vocabulary and with top-k (the
+// per-row draw), and greedy; on the engine and the uncached baseline. Stop
+// tokens taken from a free run end some sequences in the first chunk, so
+// that only the others are resumed.
+TEST_P(Generation, ChunkedGenerationEqualsOneCall) {
+  auto model = load_model(GetParam());
+  auto ps = prompts(2, model->config().vocab_size, 31);
+  const std::vector<uint64_t> seeds{77, 78};
+  const std::vector<int64_t> caps{3, 7, 10};
+  GenerationEngine engine(model, GenerationOptions().set_cache_bytes(1 << 20));
+  SamplingParams top_k = sampled(10, 3, 0);
+  top_k.top_k = 20;
+  SamplingParams greedy_n = greedy(10);
+  greedy_n.n = 2;
+  for (SamplingParams params : {sampled(10, 3, 0), top_k, greedy_n}) {
+    SCOPED_TRACE(params.to_string());
+    // A stop token among sample 0 of prompt 0's first tokens that prompt 1
+    // never draws: that sample stops in the first chunk, prompt 1's go on.
+    const auto free_run = engine.generate(ps, params, seeds);
+    std::set<int64_t> later;
+    for (int64_t j = 0; j < params.n; ++j)
+      later.insert(free_run[params.n + j].response.begin(), free_run[params.n + j].response.end());
+    for (int64_t t = 0; t < caps[0] && params.stop_token_ids.empty(); ++t)
+      if (!later.count(free_run[0].response[t])) params.stop_token_ids = {free_run[0].response[t]};
+    ASSERT_FALSE(params.stop_token_ids.empty()) << "no token to stop prompt 0 alone";
+    for (const auto& [name, generate] : generators(engine, *model)) {
+      SCOPED_TRACE(name);
+      const auto whole = generate(ps, params, seeds, {});
+      std::vector<int64_t> resumed;
+      const auto chunked = generate_in_chunks(generate, ps, params, seeds, caps, resumed);
+      ASSERT_EQ(chunked.size(), whole.size());
+      const Tolerance tol = log_prob_tolerance(*model, whole, 13 + 10);
+      int64_t stopped_early = 0;
+      for (size_t i = 0; i < whole.size(); ++i) {
+        EXPECT_EQ(chunked[i].request, whole[i].request);
+        EXPECT_EQ(chunked[i].sample, whole[i].sample);
+        EXPECT_EQ(chunked[i].prompt, whole[i].prompt);
+        EXPECT_EQ(chunked[i].response, whole[i].response) << "sequence " << i;
+        EXPECT_EQ(chunked[i].finish_reason, whole[i].finish_reason) << "sequence " << i;
+        expect_close(chunked[i].log_probs, whole[i].log_probs, tol,
+                     "sequence " + std::to_string(i));
+        stopped_early += whole[i].finish_reason == "stop" &&
+                         static_cast<int64_t>(whole[i].response.size()) <= caps[0];
+      }
+      EXPECT_GT(stopped_early, 0) << "a sequence was meant to stop in the first chunk";
+      ASSERT_EQ(resumed.size(), 2u) << "every chunk was meant to resume some sequences";
+      EXPECT_GT(resumed[1], 0);
+      EXPECT_LT(resumed[0], static_cast<int64_t>(whole.size()));
+    }
+    EXPECT_EQ(engine.cache().free_blocks(), engine.cache().usable_blocks());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Generation, ::testing::Values("tiny-llama", "tiny-qwen2"));
 
 TEST(Generation, SameSeedSameOutputAndSamplesDiffer) {
@@ -377,6 +504,57 @@ TEST(Generation, BadRequestsNameWhatIsWrong) {
       {"1 request seeds", "2 prompts"});
   expect_error([&] { KvCache(model->config(), 4, 2, at::kFloat, {.budget_bytes = 100}); },
                {"100 bytes", "at least 2"});
+}
+
+// Continuations are checked where the prompts are, on both paths: one per
+// prompt, n = 1, 0 <= generated < max_new_tokens and below the prompt's
+// length, sample >= 0, request seeds when sampling. The cache has to hold the
+// prompt and the budget left (max_new_tokens - generated), not the whole
+// budget again.
+TEST(Generation, BadContinuationsNameWhatIsWrong) {
+  auto model = load_model("tiny-llama");
+  GenerationOptions small;
+  small.cache.block_size = 4;
+  small.cache.budget_bytes = 5 * 4 * model->make_kv_cache({})->bytes_per_token();  // 16 usable
+  GenerationEngine engine(model, small);
+  const std::vector<std::vector<int64_t>> ps{{1, 2, 3}, {4, 5}};
+  const std::vector<uint64_t> seeds{1, 2};
+  const SamplingParams p = sampled(4, 1, 0);
+  SamplingParams two = p;
+  two.n = 2;
+  for (const auto& [name, generate] : generators(engine, *model)) {
+    SCOPED_TRACE(name);
+    expect_error([&] { generate(ps, p, seeds, {{0, 1}}); }, {"1 continuations", "2 prompts"});
+    expect_error([&] { generate(ps, two, seeds, {{0, 1}, {0, 1}}); }, {"n must be 1", "got 2"});
+    expect_error(
+        [&] {
+          generate(ps, p, seeds, {{0, 1}, {0, 4}});
+        },
+        {"request 1", "generated 4", "max_new_tokens 4"});
+    expect_error(
+        [&] {
+          generate(ps, p, seeds, {{0, 3}, {0, 1}});
+        },
+        {"request 0", "generated 3", "length 3"});
+    expect_error([&] { generate(ps, p, seeds, {{0, -1}, {0, 1}}); }, {"request 0", "generated -1"});
+    expect_error([&] { generate(ps, p, seeds, {{-2, 1}, {0, 1}}); }, {"request 0", "sample -2"});
+    expect_error([&] { generate(ps, p, {}, {{0, 1}, {0, 1}}); }, {"request_seeds"});
+    // Greedy draws nothing: no seeds needed. The budget left is what is drawn.
+    auto out = generate(ps, greedy(4), {}, {{1, 2}, {0, 1}});
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0].sample, 1);
+    EXPECT_EQ(out[0].response.size(), 2u);
+    EXPECT_EQ(out[1].response.size(), 3u);
+    EXPECT_EQ(out[1].finish_reason, "length");
+  }
+  // 10 + 8 - 1 = 17 positions do not fit in 16; with 1 of the 8 generated, 16 do.
+  const std::vector<std::vector<int64_t>> long_prompt{std::vector<int64_t>(10, 3)};
+  expect_error(
+      [&] {
+        engine.generate(long_prompt, greedy(8), {}, {{0, 0}});
+      },
+      {"request 0", "17", "- generated 0", "16"});
+  EXPECT_NO_THROW(engine.generate(long_prompt, greedy(8), {}, {{0, 1}}));
 }
 
 // A step that fails mid-generate (here: an LM head of the wrong shape) leaves

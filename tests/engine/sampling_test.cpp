@@ -127,6 +127,33 @@ TEST(Sampling, SameSeedSameTokensAndLogProbOfTheTemperatureScaledDistribution) {
               Tolerance::fp32(50 + 3, max_abs(l)), "greedy");
 }
 
+// skip(k) lands where k next() calls land, for draws that wrap the state
+// past 2^64 too; and a stream resumed after k sampled tokens draws what the
+// uninterrupted stream draws next (one uniform per sampled token).
+TEST(Sampling, SkipEqualsThatManyDraws) {
+  for (uint64_t k : {uint64_t{0}, uint64_t{1}, uint64_t{7}, uint64_t{1000}}) {
+    SequenceRng stepped = SequenceRng::for_sample(SequenceRng::request_seed(9, 2), 1);
+    SequenceRng skipped = stepped;
+    for (uint64_t i = 0; i < k; ++i) stepped.next();
+    skipped.skip(k);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(skipped.next(), stepped.next()) << "skip " << k;
+  }
+  // 2^64 draws come back to the start (the state moves mod 2^64).
+  SequenceRng a(123), b(123);
+  b.skip(~uint64_t{0});
+  b.next();
+  EXPECT_EQ(a.next(), b.next());
+
+  auto l = at::randn({50}, at::make_generator<at::CPUGeneratorImpl>(4));
+  auto p = params(1, 0, 1);
+  SequenceRng whole = SequenceRng::for_sample(11, 0);
+  std::vector<int64_t> tokens;
+  for (int i = 0; i < 10; ++i) tokens.push_back(sample_token(l, p, whole).token);
+  SequenceRng resumed = SequenceRng::for_sample(11, 0);
+  resumed.skip(6);
+  for (int i = 6; i < 10; ++i) EXPECT_EQ(sample_token(l, p, resumed).token, tokens[i]) << i;
+}
+
 // sample_tokens over a batch draws, row by row, what sample_token draws from
 // that row with the same random stream: the tokens are the promise (the same
 // CDF walk over the same fp64 probabilities); the log-probs come from a

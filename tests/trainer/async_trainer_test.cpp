@@ -28,6 +28,7 @@
 #include "tests/tolerance.h"
 #include "tests/trainer/toy_task_fixture.h"
 #include "trainer/config.h"
+#include "trainer/chunked_rollout.h"
 #include "trainer/ppo_trainer.h"
 #include "trainer/rollout_ledger.h"
 #include "workers/rewards/reward_registry.h"
@@ -406,6 +407,182 @@ TEST_F(AsyncTrainerTest, ARolloutWorkerGeneratesWithTheActorsWeightsOnceSynced) 
   EXPECT_TRUE(at::equal(synced.tensor("responses"), trained.tensor("responses")));
   EXPECT_TRUE(at::allclose(synced.tensor("rollout_log_probs"), trained.tensor("rollout_log_probs"),
                            1e-5, 1e-6));
+}
+
+// Partial rollout (ChunkedRollout): a batch generated in chunks equals the
+// one-call batch when the weights do not change, and a sync between chunks
+// makes the unfinished samples continue from their prefix with the new
+// weights, exactly as the actor would continue them.
+class ChunkedRolloutTest : public AsyncTrainerTest {
+ protected:
+  void SetUp() override {
+    o_.model.path = (toy_->path() / "model").string();
+    o_.rollout.response_length = kLength;
+    o_.optim.lr = 5e-2;
+    o_.update.mini_batch_size = 4;
+    o_.update.micro_batch_size = 4;
+  }
+  // Two prompts of the toy vocabulary, 2 samples each, sampled.
+  static DataProto prompts() {
+    at::Tensor ids = at::tensor({5, 6, 7, 8, 9, 10, 11, 12}, at::kLong).view({2, 4});
+    DataProto p;
+    p.set_tensor("input_ids", ids);
+    p.set_tensor("attention_mask", at::ones_like(ids));
+    p.set_tensor("request_seed", at::tensor({3, 4}, at::kLong));
+    p.set_meta("n", Value(int64_t{2}));
+    p.set_meta("temperature", Value(1.0));
+    return p;
+  }
+  static DataProto generate(WorkerGroup& rollout, int64_t chunk, int64_t* calls = nullptr) {
+    ChunkedRollout g(prompts(), kLength, chunk, /*replicas=*/1);
+    while (!g.done()) g.step(rollout);
+    if (calls != nullptr) *calls = g.calls();
+    EXPECT_EQ(g.resumed_samples(), 0);
+    return g.result();
+  }
+  static constexpr int64_t kLength = 8;
+  workers::ActorRolloutRefOptions o_;
+};
+
+TEST_F(ChunkedRolloutTest, ChunksWithUnchangedWeightsGiveTheOneCallBatch) {
+  ResourcePool pool = ResourcePool::cpu(1);
+  WorkerGroup rollout =
+      WorkerGroup::spawn(workers::rollout_worker_class(), pool, {o_.to_json(), int64_t{1}});
+  rollout.call("init_model", {}).get();
+  const DataProto plain = rollout.call("generate_sequences", {prompts()}).get().as<DataProto>();
+  int64_t one_call = 0, chunked_calls = 0;
+  const DataProto once = generate(rollout, kLength, &one_call);
+  const DataProto chunked = generate(rollout, 3, &chunked_calls);
+  EXPECT_EQ(one_call, 1);
+  EXPECT_GE(chunked_calls, 2);
+  for (const DataProto* d : {&once, &chunked}) {
+    EXPECT_EQ(d->meta_value("param_version")->as_int(), 0);
+    for (const char* k : {"prompts", "responses", "input_ids", "attention_mask", "position_ids",
+                          "response_mask"})
+      EXPECT_TRUE(at::equal(d->tensor(k), plain.tensor(k))) << k;
+    // A continuation prefills its prefix instead of decoding it: fp32 rounding.
+    EXPECT_TRUE(at::allclose(d->tensor("rollout_log_probs"), plain.tensor("rollout_log_probs"),
+                             1e-4, 1e-5));
+  }
+  EXPECT_THROW(ChunkedRollout(prompts(), kLength, 0, 1), Error);
+}
+
+TEST_F(ChunkedRolloutTest, ASyncBetweenChunksContinuesTheUnfinishedSamplesWithTheNewWeights) {
+  ResourcePool actor_pool = ResourcePool::cpu(1), rollout_pool = ResourcePool::cpu(1);
+  WorkerGroup actor =
+      WorkerGroup::spawn(workers::actor_rollout_ref_worker_class(), actor_pool, {o_.to_json()});
+  WorkerGroup rollout =
+      WorkerGroup::spawn(workers::rollout_worker_class(), rollout_pool, {o_.to_json(), int64_t{1}});
+  actor.call("init_model", {}).get();
+  rollout.call("init_model", {}).get();
+  const std::string endpoint =
+      rollout.call("weight_sync_endpoint", {}).get().as_list().at(0).as_string();
+  Future<Value> sender = actor.call("init_weight_sync", {endpoint, std::string("t"), int64_t{1}});
+  rollout.call("init_weight_sync", {endpoint, std::string("t")}).get();
+  sender.get();
+  const DataProto before = rollout.call("generate_sequences", {prompts()}).get().as<DataProto>();
+
+  // The first chunk with version 0.
+  constexpr int64_t kChunk = 3;
+  ChunkedRollout g(prompts(), kLength, kChunk, 1);
+  g.step(rollout);
+  // One update of the actor, synced to the rollout as version 1.
+  DataProto batch = actor.call("generate_sequences", {prompts()}).get().as<DataProto>();
+  batch.set_meta("temperature", Value(1.0));
+  batch.set_tensor(
+      "old_log_probs",
+      actor.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs"));
+  batch.set_tensor("advantages", at::tensor({1.0f, -1.0f, -1.0f, 1.0f})
+                                     .view({4, 1})
+                                     .expand({4, kLength})
+                                     .contiguous());
+  actor.call("update_actor", {batch}).get();
+  Future<Value> sent = actor.call("send_weights", {int64_t{1}});
+  rollout.call("receive_weights", {}).get();
+  sent.get();
+  while (!g.done()) g.step(rollout);
+  const DataProto out = g.result();
+  EXPECT_EQ(out.meta_value("param_version")->as_int(), 0);  // the oldest version
+
+  // The first chunk is version 0's: the one-call batch's tokens and log-probs.
+  const at::Tensor first = out.tensor("responses").narrow(1, 0, kChunk);
+  EXPECT_TRUE(at::equal(first, before.tensor("responses").narrow(1, 0, kChunk)));
+  EXPECT_TRUE(at::allclose(out.tensor("rollout_log_probs").narrow(1, 0, kChunk),
+                           before.tensor("rollout_log_probs").narrow(1, 0, kChunk), 1e-4, 1e-5));
+  // The samples still running after it continue as the trained actor
+  // continues the same prefix from the same stream position.
+  const at::Tensor lengths = out.tensor("response_mask").sum(1);
+  std::vector<int64_t> resumed;
+  for (int64_t r = 0; r < out.size(); ++r)
+    if (lengths[r].item<int64_t>() > kChunk) resumed.push_back(r);
+  ASSERT_FALSE(resumed.empty()) << "every sample stopped within the first chunk";
+  EXPECT_EQ(g.resumed_samples(), static_cast<int64_t>(resumed.size()));
+  const int64_t rows = static_cast<int64_t>(resumed.size());
+  at::Tensor ids = at::empty({rows, 4 + kChunk}, at::kLong);
+  at::Tensor seeds = at::empty({rows}, at::kLong), sample = at::empty({rows}, at::kLong);
+  for (int64_t u = 0; u < rows; ++u) {
+    const int64_t r = resumed[static_cast<size_t>(u)];
+    ids[u] = out.tensor("input_ids")[r].narrow(0, 0, 4 + kChunk);
+    seeds[u] = prompts().tensor("request_seed")[r / 2];
+    sample[u] = r % 2;
+  }
+  DataProto cont({{"input_ids", ids},
+                  {"attention_mask", at::ones_like(ids)},
+                  {"request_seed", seeds},
+                  {"resume_sample", sample}});
+  cont.set_meta("n", Value(int64_t{1}));
+  cont.set_meta("temperature", Value(1.0));
+  cont.set_meta("resume_generated", Value(kChunk));
+  cont.set_meta("response_length", Value(kLength));
+  const DataProto want = actor.call("generate_sequences", {cont}).get().as<DataProto>();
+  for (int64_t u = 0; u < rows; ++u) {
+    const int64_t r = resumed[static_cast<size_t>(u)];
+    const int64_t extra = lengths[r].item<int64_t>() - kChunk;
+    SCOPED_TRACE("sample " + std::to_string(r));
+    EXPECT_EQ(want.tensor("response_mask")[u].sum().item<int64_t>(), extra);
+    EXPECT_TRUE(at::equal(out.tensor("responses")[r].narrow(0, kChunk, extra),
+                          want.tensor("responses")[u].narrow(0, 0, extra)));
+    EXPECT_TRUE(at::allclose(out.tensor("rollout_log_probs")[r].narrow(0, kChunk, extra),
+                             want.tensor("rollout_log_probs")[u].narrow(0, 0, extra), 1e-4, 1e-5));
+  }
+}
+
+// The async loop with partial rollout on: on-policy (no sync can fall inside
+// a batch), so it must train exactly as the one-call rollout does.
+TEST_F(AsyncTrainerTest, PartialRolloutTrainsAsTheOneCallRolloutOnPolicy) {
+  TempDir plain, partial;
+  PpoTrainer(on_policy_config(plain.path(), {"trainer.total_training_steps=3"})).fit();
+  const FitResult r =
+      PpoTrainer(on_policy_config(partial.path(), {"trainer.total_training_steps=3",
+                                                   "async_training.partial_rollout=true",
+                                                   "async_training.partial_rollout_chunk=2"}))
+          .fit();
+  EXPECT_EQ(r.last_metrics.at("async/partial_resumed_samples"), 0);
+  const std::vector<nlohmann::json> want = steps_of(plain.path());
+  const std::vector<nlohmann::json> got = steps_of(partial.path());
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    expect_same_step(got[i], want[i]);
+  }
+}
+
+// Off-policy with syncs falling inside batches (one token per call): it
+// trains, and counts the samples drawn by two versions.
+TEST_F(AsyncTrainerTest, PartialRolloutLetsASyncInterruptABatch) {
+  TempDir out;
+  Config c = config(out.path());
+  c.apply_overrides({"async_training.partial_rollout=true", "async_training.partial_rollout_chunk=1",
+                     "async_training.staleness_threshold=2", "trainer.total_training_steps=4",
+                     "trainer.test_freq=-1"});
+  const FitResult r = PpoTrainer(c).fit();
+  EXPECT_EQ(r.steps, 4);
+  for (const auto& [k, v] : r.last_metrics) EXPECT_TRUE(std::isfinite(v)) << k << " = " << v;
+  for (const nlohmann::json& step : steps_of(out.path())) {
+    const double resumed = metric(step, "async/partial_resumed_samples");
+    EXPECT_GE(resumed, 0);
+    EXPECT_LE(resumed, 8);  // train_batch_size 4 × n 2
+  }
 }
 
 }  // namespace

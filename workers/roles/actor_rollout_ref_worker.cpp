@@ -84,7 +84,7 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
   hybrid_->enter_rollout();
   std::vector<engine::GeneratedSequence> seqs;
   try {
-    seqs = hybrid_->generate(req.prompts, req.params, req.seeds);
+    seqs = hybrid_->generate(req.prompts, req.params, req.seeds, req.continuations);
   } catch (...) {
     hybrid_->exit_rollout();
     if (move_optimizer) actor_->optimizer().reload();

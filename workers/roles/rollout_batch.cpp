@@ -57,18 +57,52 @@ RolloutRequest rollout_request(const DataProto& prompts, int64_t response_length
       req.seeds.push_back(static_cast<uint64_t>(s[i].item<int64_t>()));
   }
   req.prompts = unpadded_prompts(req.ids, req.mask, where);
+
+  const Value* generated = prompts.meta_value("resume_generated");
+  const bool has_generated = generated != nullptr && !generated->is_none();
+  if (prompts.has_tensor("resume_sample") != has_generated) {
+    throw Error(where +
+                ": a resumed batch needs both the 'resume_sample' tensor and the "
+                "'resume_generated' meta value; it has only " +
+                (has_generated ? "resume_generated" : "resume_sample"));
+  }
+  if (has_generated) {
+    if (sp.n != 1) {
+      throw Error(where + ": a resumed batch continues one sample per row; meta n must be 1, got " +
+                  std::to_string(sp.n));
+    }
+    at::Tensor s = prompts.tensor("resume_sample").to(at::kLong).contiguous().cpu();
+    if (s.dim() != 1 || s.size(0) != n_prompts) {
+      throw Error(where + ": 'resume_sample' must be [" + std::to_string(n_prompts) +
+                  "] (one sample per prompt row), got " + std::to_string(s.numel()) +
+                  " values in " + std::to_string(s.dim()) + " dimensions");
+    }
+    req.resume_generated = generated->as_int();
+    const int64_t* sample = s.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n_prompts; ++i)
+      req.continuations.push_back({sample[i], req.resume_generated});
+  }
+  req.report_finished = meta_bool(prompts, "report_finished", false);
+  req.full_response_length = meta_int(prompts, "full_response_length", sp.max_new_tokens);
+  if (req.full_response_length < sp.max_new_tokens) {
+    throw Error(where + ": full_response_length " + std::to_string(req.full_response_length) +
+                " is below response_length " + std::to_string(sp.max_new_tokens) +
+                " (this call's budget, counted from the response's start)");
+  }
   return req;
 }
 
 DataProto rollout_result(const RolloutRequest& req,
                          const std::vector<engine::GeneratedSequence>& seqs) {
   const int64_t N = static_cast<int64_t>(seqs.size());
-  const int64_t P = req.ids.size(1), R = req.params.max_new_tokens;
+  const int64_t P = req.ids.size(1), R = req.response_width();
   at::Tensor out_prompts = at::empty({N, P}, at::kLong);
   at::Tensor prompt_mask = at::empty({N, P}, at::kLong);
   at::Tensor responses = at::full({N, R}, req.pad_token_id, at::kLong);
   at::Tensor response_mask = at::zeros({N, R}, at::kLong);
   at::Tensor rollout_lp = at::zeros({N, R}, at::kFloat);
+  at::Tensor finished = at::zeros({N}, at::kLong);
+  auto fin = finished.accessor<int64_t, 1>();
   auto rp = responses.accessor<int64_t, 2>();
   auto rm = response_mask.accessor<int64_t, 2>();
   auto rl = rollout_lp.accessor<float, 2>();
@@ -83,6 +117,8 @@ DataProto rollout_result(const RolloutRequest& req,
       if (static_cast<size_t>(t) < s.log_probs.size())
         rl[i][t] = s.log_probs[static_cast<size_t>(t)];
     }
+    const int64_t total = req.resume_generated + static_cast<int64_t>(s.response.size());
+    fin[i] = s.finish_reason == "stop" || total >= req.full_response_length ? 1 : 0;
   }
   at::Tensor attention = at::cat({prompt_mask, response_mask}, 1);
   DataProto out;
@@ -93,6 +129,7 @@ DataProto rollout_result(const RolloutRequest& req,
   out.set_tensor("position_ids", (attention.cumsum(1) - 1).clamp_min(0));
   out.set_tensor("response_mask", response_mask);
   out.set_tensor("rollout_log_probs", rollout_lp);
+  if (req.report_finished) out.set_tensor("finished", finished);
   return out;
 }
 

@@ -72,7 +72,8 @@ DataProto RolloutWorker::generate_sequences(const DataProto& prompts) {
   if (!engine_) throw Error("RolloutWorker.generate_sequences: init_model was not called");
   const RolloutRequest req =
       rollout_request(prompts, options_.rollout.response_length, "generate_sequences");
-  DataProto out = rollout_result(req, engine_->generate(req.prompts, req.params, req.seeds));
+  DataProto out =
+      rollout_result(req, engine_->generate(req.prompts, req.params, req.seeds, req.continuations));
   out.set_meta("param_version", Value(version_));
   return out;
 }
