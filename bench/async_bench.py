@@ -6,7 +6,11 @@ process, 2 in all), alternating per seed so that a drift of the machine's
 speed reaches both alike.
 
     /opt/baton-venv/bin/python bench/async_bench.py [--steps 30] [--val-every 5] \
-        [--seeds 1,2,3] [-- key=value ...]
+        [--seeds 1,2,3] [--partial CHUNK] [-- key=value ...]
+
+With --partial CHUNK it compares the async run with one generate call per
+batch ("async") against the same run with async_training.partial_rollout and
+CHUNK tokens per call ("partial") instead of sync against async.
 
 The toy task must exist (bench/e2e_bench.py's header). key=value overrides go
 to both runs (async_training.* ones only matter to the async run). Prints one
@@ -50,6 +54,23 @@ def last_async_metrics(metrics_file):
     return last
 
 
+def async_means(metrics_file):
+    """Means over the steps of the weight-sync seconds, the trainer's wait for
+    a batch and the samples resumed across a sync."""
+    sums, n = {}, 0
+    with open(metrics_file) as f:
+        for line in f:
+            j = json.loads(line)
+            if "async/param_version" not in j:
+                continue
+            n += 1
+            for k in ("async/sync_s", "async/trainer_idle_s", "async/partial_resumed_samples",
+                      "async/staleness"):
+                if k in j:
+                    sums[k] = sums.get(k, 0.0) + j[k]
+    return {k + "_mean": v / n for k, v in sums.items()} if n else {}
+
+
 def mean(runs, key):
     xs = [r[key] for r in runs]
     return None if None in xs else sum(xs) / len(xs)
@@ -66,16 +87,26 @@ def main():
     p.add_argument("--val-every", type=int, default=5)
     p.add_argument("--seeds", default=None, help="comma-separated seeds, one run of each per seed")
     p.add_argument("--out", default=None)
+    p.add_argument("--partial", type=int, default=None, metavar="CHUNK",
+                   help="compare async one-call vs async partial rollout with CHUNK tokens per call")
     args = p.parse_args(argv)
     out = os.path.abspath(args.out or tempfile.mkdtemp(prefix="async_bench."))
     seeds = [None] if args.seeds is None else [int(s) for s in args.seeds.split(",")]
-    runs = {"sync": [], "async": []}
+    # (config, actor workers, extra overrides) of the baseline and the contender.
+    if args.partial is None:
+        modes = {"sync": ("configs/grpo_toy.yaml", 2, []),
+                 "async": ("configs/grpo_toy_async.yaml", 1, [])}
+    else:
+        partial = ["async_training.partial_rollout=true",
+                   f"async_training.partial_rollout_chunk={args.partial}"]
+        modes = {"async": ("configs/grpo_toy_async.yaml", 1, []),
+                 "partial": ("configs/grpo_toy_async.yaml", 1, partial)}
+    runs = {mode: [] for mode in modes}
     for seed in seeds:
         tag = "" if seed is None else f"_seed{seed}"
-        runs["sync"].append(e2e("configs/grpo_toy.yaml", 2, args, overrides,
-                                os.path.join(out, "sync" + tag), seed))
-        runs["async"].append(e2e("configs/grpo_toy_async.yaml", 1, args, overrides,
-                                 os.path.join(out, "async" + tag), seed))
+        for mode, (config, workers, extra) in modes.items():
+            runs[mode].append(e2e(config, workers, args, overrides + extra,
+                                  os.path.join(out, mode + tag), seed))
     result = {}
     for mode, rs in runs.items():
         result[mode] = {
@@ -87,10 +118,17 @@ def main():
             "phases": rs[0]["phases"],
             "metrics_files": [r["metrics_file"] for r in rs],
         }
-    result["async"]["last_async_metrics"] = last_async_metrics(runs["async"][0]["metrics_file"])
+    for mode, rs in runs.items():
+        if mode == "sync":
+            continue
+        result[mode]["last_async_metrics"] = last_async_metrics(rs[0]["metrics_file"])
+        per_run = [async_means(r["metrics_file"]) for r in rs]
+        result[mode]["step_means"] = {k: sum(m[k] for m in per_run) / len(per_run)
+                                      for k in per_run[0]}
+    base, contender = list(modes)
 
     def ratio(key, higher_is_better):
-        a, s = result["async"][key], result["sync"][key]
+        a, s = result[contender][key], result[base][key]
         if a is None or s is None or a == 0 or s == 0:
             return None
         return a / s if higher_is_better else s / a
