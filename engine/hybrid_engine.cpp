@@ -12,9 +12,10 @@ HybridEngine::HybridEngine(std::shared_ptr<Transformer> train,
     : train_(std::move(train)), options_(options) {
   validate_tensor_parallel(train_->config(), options_.rollout_tp);
   const ParallelState& ps = train_->parallel();
-  // The rollout groups use the training groups' backend (NCCL for a GPU model).
+  // The rollout groups use the training groups' backend (NCCL for a GPU
+  // model) and collective deadline.
   rollout_state_ = make_rollout_state(std::move(store), ps.rank(), ps.config(), options_.rollout_tp,
-                                      ps.backend());
+                                      ps.backend(), ps.collective_timeout());
   rollout_state_->set_num_layers(train_->config().num_layers);
   const ParallelConfig& pc = ps.config();
   shares_weights_ = pc.tp == 1 && pc.pp == 1 && pc.cp == 1 && options_.rollout_tp == 1;

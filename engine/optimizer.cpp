@@ -320,9 +320,9 @@ void Optimizer::build_flat() {
   const bool fp32_cpu = first.device().is_cpu() && first.scalar_type() == at::kFloat;
   // Collective over DP; every rank of one DP group has the same dtype/device.
   // The barrier's timeout only catches a live rank that stopped calling (a
-  // dead one is seen at once); a slow step on another rank must not trip it.
+  // dead one is seen at once): the collective deadline, as over c10d.
   if (fp32_cpu && options_.shared_memory)
-    f->shm = ShmGroup::create(dp, f->padded, std::chrono::minutes(30));
+    f->shm = ShmGroup::create(dp, f->padded, model_->parallel().collective_timeout());
   f->params = at::zeros({f->padded}, first.options());
   f->grads = f->shm ? f->shm->region() : at::zeros({f->padded}, first.options());
   for (size_t i = 0; i < slots_.size(); ++i) {

@@ -208,26 +208,17 @@ std::shared_ptr<::gloo::transport::Device> gloo_device() {
 
 // In LibTorch 2.x Gloo and NCCL are backends: a ProcessGroup holds one per
 // device type and sends each collective to the backend of its tensors' device.
-c10::intrusive_ptr<c10d::ProcessGroup> wrap_backend(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    int rank, int size,
-                                                    c10::intrusive_ptr<c10d::Backend> backend,
-                                                    c10d::ProcessGroup::BackendType type,
-                                                    c10::DeviceType device) {
-  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
-  pg->setDefaultBackend(type);
-  pg->setBackend(device, type, std::move(backend));
-  return pg;
-}
-
+// Ours is a DeadlineGroup, formed (and its ranks met) before the backend.
 c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::milliseconds timeout, std::shared_ptr<::gloo::transport::Device> device) {
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    std::shared_ptr<::gloo::transport::Device> device, DeadlineGroupOptions deadline) {
+  auto options = c10d::ProcessGroupGloo::Options::create(deadline.timeout);
   options->devices.push_back(std::move(device));
   if (size == 1) options->threads = 1;
-  return wrap_backend(store, rank, size,
-                      c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options),
-                      c10d::ProcessGroup::BackendType::GLOO, c10::DeviceType::CPU);
+  auto pg = c10::make_intrusive<DeadlineGroup>(store, rank, size, std::move(deadline));
+  pg->set_backend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO,
+                  c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options));
+  return pg;
 }
 
 // Builds the process groups of one ParallelState, sharing one process group
@@ -238,7 +229,9 @@ class GroupFactory {
                CollectiveBackend backend)
       : store_(std::move(store)), timeout_(timeout), backend_(backend) {}
 
-  c10::intrusive_ptr<c10d::ProcessGroup> get(const std::vector<int64_t>& ranks, int64_t rank) {
+  // The group of `ranks`, called `name` in its messages.
+  c10::intrusive_ptr<c10d::ProcessGroup> get(const std::vector<int64_t>& ranks, int64_t rank,
+                                             const std::string& name) {
     auto it = cache_.find(ranks);
     if (it != cache_.end()) return it->second;
     int64_t group_rank = 0;
@@ -250,16 +243,22 @@ class GroupFactory {
     else
       store = c10::make_intrusive<c10d::PrefixStore>(detail::cat(kStorePrefix, "pg/", join(ranks)),
                                                      store_);
-    auto pg = make(store, static_cast<int>(group_rank), static_cast<int>(ranks.size()));
+    DeadlineGroupOptions deadline;
+    deadline.name = name;
+    deadline.timeout = timeout_;
+    deadline.global_ranks = ranks;
+    auto pg = make(store, static_cast<int>(group_rank), static_cast<int>(ranks.size()),
+                   std::move(deadline));
     cache_.emplace(ranks, pg);
     return pg;
   }
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> make(const c10::intrusive_ptr<c10d::Store>& store,
-                                              int rank, int size) {
+                                              int rank, int size, DeadlineGroupOptions deadline) {
     if (backend_ == CollectiveBackend::kNccl) {
 #if defined(BATON_CUDA)
+      auto pg = c10::make_intrusive<DeadlineGroup>(store, rank, size, std::move(deadline));
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = timeout_;
       auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
@@ -267,8 +266,8 @@ class GroupFactory {
       // the communicators use it rather than guess one from the rank.
       const at::Device gpu = current_cuda_device();
       nccl->setBoundDeviceId(gpu);
-      auto pg = wrap_backend(store, rank, size, std::move(nccl),
-                             c10d::ProcessGroup::BackendType::NCCL, c10::DeviceType::CUDA);
+      pg->set_backend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL,
+                      std::move(nccl));
       pg->setBoundDeviceId(gpu);
       return pg;
 #else
@@ -276,7 +275,7 @@ class GroupFactory {
 #endif
     }
     if (!device_) device_ = gloo_device();
-    return gloo_group(store, rank, size, timeout_, device_);
+    return gloo_group(store, rank, size, device_, std::move(deadline));
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -294,9 +293,14 @@ void barrier(const Group& group) {
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(c10::intrusive_ptr<c10d::Store> store,
                                                        int64_t rank, int64_t size,
-                                                       std::chrono::milliseconds timeout) {
+                                                       std::chrono::milliseconds timeout,
+                                                       const std::string& name) {
   ENGINE_CHECK(size >= 1 && rank >= 0 && rank < size, "make_gloo_group: rank ", rank, " of ", size);
-  return gloo_group(store, static_cast<int>(rank), static_cast<int>(size), timeout, gloo_device());
+  DeadlineGroupOptions deadline;
+  deadline.name = name;
+  deadline.timeout = timeout;
+  return gloo_group(store, static_cast<int>(rank), static_cast<int>(size), gloo_device(),
+                    std::move(deadline));
 }
 
 ParallelState::ParallelState(ParallelConfig config, int64_t rank)
@@ -312,6 +316,7 @@ std::shared_ptr<ParallelState> ParallelState::create(c10::intrusive_ptr<c10d::St
   config.validate();
   std::shared_ptr<ParallelState> state(new ParallelState(config, rank));
   state->backend_ = backend;
+  state->timeout_ = timeout;
   state->device_ =
       backend == CollectiveBackend::kNccl ? current_cuda_device() : at::Device(at::kCPU);
 
@@ -321,6 +326,13 @@ std::shared_ptr<ParallelState> ParallelState::create(c10::intrusive_ptr<c10d::St
   if (rank == 0) {
     store->set(key, std::vector<uint8_t>(mine.begin(), mine.end()));
   } else {
+    try {
+      store->wait({key}, timeout);
+    } catch (const std::exception&) {
+      throw EngineError(detail::cat("ParallelState::create: rank 0 did not publish its parallel "
+                                    "config within ", timeout.count(), " ms (the collective "
+                                    "deadline; rank ", rank, " waited)"));
+    }
     const std::vector<uint8_t> v = store->get(key);
     const std::string theirs(v.begin(), v.end());
     if (theirs != mine)
@@ -337,7 +349,15 @@ std::shared_ptr<ParallelState> ParallelState::create(c10::intrusive_ptr<c10d::St
     g.ranks = group_ranks(static_cast<GroupKind>(k), rank, state->config_);
     g.size = static_cast<int64_t>(g.ranks.size());
     while (g.ranks[g.rank] != rank) ++g.rank;
-    g.pg = factory.get(g.ranks, rank);
+  }
+  for (int k = 0; k < kNumGroupKinds; ++k) {
+    Group& g = state->groups_[k];
+    // Named after every kind it serves ("world/tp/model_parallel").
+    std::string name;
+    for (int j = 0; j < kNumGroupKinds; ++j)
+      if (state->groups_[j].ranks == g.ranks)
+        name += (name.empty() ? "" : "/") + std::string(to_string(static_cast<GroupKind>(j)));
+    g.pg = factory.get(g.ranks, rank, name);
   }
   return state;
 }
@@ -345,9 +365,9 @@ std::shared_ptr<ParallelState> ParallelState::create(c10::intrusive_ptr<c10d::St
 std::shared_ptr<ParallelState> ParallelState::single(ParallelConfig config) {
   config.validate(1);
   std::shared_ptr<ParallelState> state(new ParallelState(std::move(config), 0));
-  GroupFactory factory(c10::intrusive_ptr<c10d::Store>(), std::chrono::minutes(5),
+  GroupFactory factory(c10::intrusive_ptr<c10d::Store>(), kDefaultCollectiveTimeout,
                        CollectiveBackend::kGloo);
-  auto pg = factory.get({0}, 0);
+  auto pg = factory.get({0}, 0, "world");
   state->groups_.assign(kNumGroupKinds, Group{pg, 0, 1, {0}});
   return state;
 }

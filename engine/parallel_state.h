@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/deadline_group.h"
 #include "engine/vocab_padding.h"
 
 namespace baton::engine {
@@ -109,7 +110,10 @@ std::pair<int64_t, int64_t> stage_layer_range(int64_t stage, int64_t num_layers,
 
 // One c10d group and this rank's place in it. `pg` is never null: a size-1
 // group is a real process group of one (region functions skip collectives
-// when size == 1). Groups with the same ranks share one process group.
+// when size == 1). Groups with the same ranks share one process group. A
+// ParallelState's `pg` is a DeadlineGroup (deadline_group.h) named after the
+// kinds that share it ("tp", or "world/tp/model_parallel" when tp is the
+// whole world), with global ranks in its messages.
 struct Group {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   int64_t rank = 0;            // this rank's index in `ranks`
@@ -125,10 +129,13 @@ void barrier(const Group& group);
 // A Gloo process group of `size` ranks over `store`, bound like a
 // ParallelState's groups (GLOO_SOCKET_IFNAME, else loopback): for groups
 // outside a ParallelState, such as weight sync to separate rollout workers.
-// Collective and blocking: every member calls it.
+// A DeadlineGroup called `name` in its messages, every operation and the
+// forming itself limited to `timeout`. Collective and blocking: every member
+// calls it.
 c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(c10::intrusive_ptr<c10d::Store> store,
                                                        int64_t rank, int64_t size,
-                                                       std::chrono::milliseconds timeout);
+                                                       std::chrono::milliseconds timeout,
+                                                       const std::string& name = "gloo");
 
 // Process-group implementation. kNccl exists only in BATON_CUDA builds
 // (EngineError otherwise).
@@ -144,12 +151,15 @@ class ParallelState {
   // Throws EngineError for an invalid config, a rank outside it, or a config
   // that differs from rank 0's (checked through the store).
   // Gloo binds to the interface named by GLOO_SOCKET_IFNAME when it is set,
-  // else to loopback (one host). `timeout` applies to every collective.
+  // else to loopback (one host). `timeout` is the collective deadline: every
+  // operation on the groups, and the groups' forming, throws EngineError
+  // naming the group, the operation and the ranks that did not arrive once it
+  // has waited that long (deadline_group.h).
   // kNccl: make this process's GPU the current CUDA device first (a baton
   // worker's is, WorkerInfo::device); every group is bound to it.
   static std::shared_ptr<ParallelState> create(
       c10::intrusive_ptr<c10d::Store> store, int64_t rank, ParallelConfig config,
-      std::chrono::milliseconds timeout = std::chrono::minutes(5),
+      std::chrono::milliseconds timeout = kDefaultCollectiveTimeout,
       CollectiveBackend backend = CollectiveBackend::kGloo);
   // A world of one, no store: tools and single-process tests. Every group is
   // the same size-1 Gloo group. `config` describes one rank (EngineError
@@ -164,6 +174,10 @@ class ParallelState {
   int64_t rank() const { return rank_; }
   // The groups' implementation (kGloo for single()).
   CollectiveBackend backend() const { return backend_; }
+  // The deadline of the groups' operations (create()'s `timeout`): groups
+  // made for this state's model (the optimizer's shared-memory group, the
+  // rollout layout's) take it too.
+  std::chrono::milliseconds collective_timeout() const { return timeout_; }
   // Where the groups take the tensors they carry: for kNccl the CUDA device
   // that was current at create() (the groups are bound to it), for kGloo the
   // CPU. The engine makes its flags, bucket buffers and pipeline messages
@@ -201,6 +215,7 @@ class ParallelState {
   ParallelConfig config_;
   int64_t rank_ = 0;
   CollectiveBackend backend_ = CollectiveBackend::kGloo;
+  std::chrono::milliseconds timeout_ = kDefaultCollectiveTimeout;
   at::Device device_ = at::kCPU;
   Coords coords_;
   std::vector<Group> groups_;  // indexed by GroupKind

@@ -370,7 +370,8 @@ class Resharder {
 
 std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store> store,
                                                   int64_t rank, const ParallelConfig& training,
-                                                  int64_t rollout_tp, CollectiveBackend backend) {
+                                                  int64_t rollout_tp, CollectiveBackend backend,
+                                                  std::chrono::milliseconds timeout) {
   const int64_t world = training.world_size();
   if (rollout_tp < 1 || world % rollout_tp != 0)
     throw EngineError(detail::cat("make_rollout_state: rollout tp ", rollout_tp,
@@ -386,7 +387,7 @@ std::shared_ptr<ParallelState> make_rollout_state(c10::intrusive_ptr<c10d::Store
   static std::atomic<int64_t> calls{0};
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
       detail::cat("baton/rollout/", calls.fetch_add(1)), std::move(store));
-  return ParallelState::create(prefixed, rank, rollout, std::chrono::minutes(5), backend);
+  return ParallelState::create(prefixed, rank, rollout, timeout, backend);
 }
 
 ReshardStats reshard_weights(const Transformer& train, Transformer& rollout,

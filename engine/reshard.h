@@ -40,6 +40,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -65,11 +66,13 @@ struct ReshardStats {
 // world; the n-th call in a process uses store keys under "baton/rollout/<n>/",
 // so it can share the training state's store and be called again (every rank
 // must make its rollout states in the same order). `backend`: the training
-// state's (kNccl for a model on the GPU). Throws EngineError, before touching
-// the store, when rollout_tp does not divide the world size.
+// state's (kNccl for a model on the GPU); `timeout`: its collective deadline
+// (the training state's collective_timeout()). Throws EngineError, before
+// touching the store, when rollout_tp does not divide the world size.
 std::shared_ptr<ParallelState> make_rollout_state(
     c10::intrusive_ptr<c10d::Store> store, int64_t rank, const ParallelConfig& training,
-    int64_t rollout_tp, CollectiveBackend backend = CollectiveBackend::kGloo);
+    int64_t rollout_tp, CollectiveBackend backend = CollectiveBackend::kGloo,
+    std::chrono::milliseconds timeout = kDefaultCollectiveTimeout);
 
 // Copies `train`'s weights into `rollout` (cast to the rollout's dtype); for
 // fp32 the result equals hf_to_shard of the full weights for the rollout TP

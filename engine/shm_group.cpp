@@ -9,13 +9,12 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "engine/deadline_group.h"
 #include "engine/errors.h"
 #include "engine/optimizer_kernels.h"
 
@@ -50,21 +49,6 @@ Control* control(void* base, int64_t r) {
 
 std::string segment_name(int64_t pid, int64_t nonce) {
   return detail::cat("/baton-shm-", pid, "-", static_cast<uint64_t>(nonce));
-}
-
-// A process that exited is gone or a zombie (its parent has not reaped it).
-bool process_exited(int64_t pid) {
-  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
-  std::FILE* f = std::fopen(detail::cat("/proc/", pid, "/stat").c_str(), "r");
-  if (!f) return false;
-  char state = 0;
-  // "pid (comm) state ...": comm may hold spaces, so find the last ')'.
-  char buf[512];
-  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  buf[n] = 0;
-  if (const char* close = std::strrchr(buf, ')')) state = close[1] == ' ' ? close[2] : 0;
-  return state == 'Z' || state == 'X';
 }
 
 void* map_segment(int fd, size_t bytes) {
@@ -152,6 +136,8 @@ std::unique_ptr<ShmGroup> ShmGroup::create(const Group& group, int64_t numel,
   g->size_ = group.size;
   g->numel_ = numel;
   g->timeout_ = timeout;
+  g->name_ = group.pg->getGroupDesc().empty() ? "shm" : group.pg->getGroupDesc();
+  g->ranks_ = group.ranks;
   // Peers in another pid namespace (a shared /dev/shm across containers)
   // cannot be checked by pid: then only the timeout applies.
   for (int64_t r = 0; r < group.size; ++r)
@@ -171,11 +157,42 @@ float* ShmGroup::region_ptr(int64_t r) const {
                                   region_bytes * static_cast<size_t>(r));
 }
 
-void ShmGroup::barrier() {
+void ShmGroup::barrier() { wait_all("barrier"); }
+
+void ShmGroup::wait_all(const char* op) {
   ++epoch_;
   control(base_, rank_)->epoch.store(epoch_, std::memory_order_release);
   const auto start = std::chrono::steady_clock::now();
   auto next_check = start + std::chrono::milliseconds(50);
+  // "group dp (ranks 0, 1) in shared memory: reduce_scatter (barrier #3) on rank 0"
+  auto where = [&] {
+    return detail::cat("group ", name_, " (", detail::rank_list(ranks_),
+                       ") in shared memory: ", op, " (barrier #", epoch_, ") on rank ",
+                       ranks_[rank_]);
+  };
+  // The ranks that have not reached this barrier (only those that exited),
+  // with their pids and last barriers.
+  auto behind = [&](bool exited_only) {
+    std::vector<int64_t> who;
+    std::vector<std::string> state;
+    for (int64_t r = 0; r < size_; ++r) {
+      const Control* c = control(base_, r);
+      const uint64_t reached = c->epoch.load(std::memory_order_acquire);
+      if (r == rank_ || reached >= epoch_) continue;
+      const bool exited = check_pids_ && detail::process_exited(c->pid);
+      if (exited_only && !exited) continue;
+      who.push_back(ranks_[r]);
+      state.push_back(detail::cat("pid ", c->pid, exited ? ", exited" : ", alive",
+                                  "; its last barrier: #", reached));
+    }
+    std::string out = detail::rank_list(who) + " (";
+    for (size_t i = 0; i < who.size(); ++i) {
+      if (i) out += "; ";
+      if (who.size() > 1) out += detail::cat("rank ", who[i], ": ");
+      out += state[i];
+    }
+    return out + ")";
+  };
   for (int64_t r = 0; r < size_; ++r) {
     Control* c = control(base_, r);
     int spins = 0;
@@ -193,13 +210,14 @@ void ShmGroup::barrier() {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       if (now < next_check) continue;
       next_check = now + std::chrono::milliseconds(50);
-      if (check_pids_ && process_exited(c->pid))
-        throw EngineError(detail::cat("ShmGroup: rank ", r, " of ", size_, " (pid ", c->pid,
-                                      ") exited while rank ", rank_, " waited for it"));
+      if (check_pids_ && detail::process_exited(c->pid))
+        throw EngineError(where() + ": " + behind(true) + " exited while rank " +
+                          std::to_string(ranks_[rank_]) + " waited for it");
       if (now - start > timeout_)
-        throw EngineError(detail::cat(
-            "ShmGroup: rank ", r, " of ", size_, " (pid ", c->pid, ") did not arrive within ",
-            timeout_.count(), " ms (a collective called on some ranks only?)"));
+        throw EngineError(detail::cat(where(), " failed (collective deadline ", timeout_.count(),
+                                      " ms): ", behind(false),
+                                      " did not arrive (a collective called on some ranks "
+                                      "only?)"));
     }
   }
 }
@@ -210,14 +228,14 @@ double ShmGroup::reduce_scatter(at::Tensor& out) {
       out.numel() != shard)
     throw EngineError(detail::cat("ShmGroup::reduce_scatter: out must be a contiguous CPU fp32 [",
                                   shard, "], got ", out.toString(), " ", out.sizes()));
-  barrier();  // every region is final
+  wait_all("reduce_scatter");  // every region is final
   // In rank order on every rank, so every shard's sums round alike (tied
   // copies of one parameter in different shards stay equal). `out` may be
   // this rank's own slice (the other ranks read only their own slices).
   std::vector<const float*> in;
   for (int64_t r = 0; r < size_; ++r) in.push_back(region_ptr(r) + rank_ * shard);
   const double squares = cpu::sum_arrays(out.data_ptr<float>(), in.data(), size_, shard);
-  barrier();  // nobody rewrites a region before every rank has read it
+  wait_all("reduce_scatter");  // nobody rewrites a region before every rank has read it
   return squares;
 }
 
@@ -227,7 +245,7 @@ double ShmGroup::all_reduce_sum(double x) {
   // the other slot.
   const size_t slot = (epoch_ + 1) % 2;
   control(base_, rank_)->value[slot] = x;
-  barrier();
+  wait_all("all_reduce_sum");
   double sum = 0;
   for (int64_t r = 0; r < size_; ++r) sum += control(base_, r)->value[slot];
   return sum;
@@ -244,13 +262,13 @@ void ShmGroup::all_gather(const at::Tensor& shard, at::Tensor& out) {
                                   out.sizes()));
   float* gather = region_ptr(size_);
   std::memcpy(gather + rank_ * n, shard.data_ptr<float>(), static_cast<size_t>(n) * sizeof(float));
-  barrier();
+  wait_all("all_gather");
   float* dst = out.data_ptr<float>();
   for (int64_t r = 0; r < size_; ++r) {
     if (dst + r * n == shard.data_ptr<float>()) continue;  // already in place
     std::memcpy(dst + r * n, gather + r * n, static_cast<size_t>(n) * sizeof(float));
   }
-  barrier();  // the gather area is free again
+  wait_all("all_gather");  // the gather area is free again
 }
 
 }  // namespace baton::engine

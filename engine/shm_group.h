@@ -19,9 +19,11 @@
 //
 // Thread safety: one thread per rank calls the collectives, in the same order
 // on every rank. A rank that dies or stops calling makes the others throw
-// EngineError naming it (checked by pid when every peer's pid is visible from
-// this process, and after `timeout` in any case). A long wait sleeps in short
-// naps after the first millisecond.
+// EngineError naming the group (its process group's name, "dp"), the
+// operation and every rank that did not arrive: at once for a rank that
+// exited (checked by pid every 50 ms when every peer's pid is visible from
+// this process), after `timeout` (the collective deadline) in any case. A
+// long wait sleeps in short naps after the first millisecond.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/parallel_state.h"
 
@@ -42,8 +45,9 @@ class ShmGroup {
   // no room for the segment, or the ranks do not all see the segment rank 0
   // created (different hosts or /dev/shm namespaces). Throws EngineError when numel is not a positive multiple of
   // the group size.
-  static std::unique_ptr<ShmGroup> create(const Group& group, int64_t numel,
-                                          std::chrono::milliseconds timeout = std::chrono::minutes(5));
+  static std::unique_ptr<ShmGroup> create(
+      const Group& group, int64_t numel,
+      std::chrono::milliseconds timeout = kDefaultCollectiveTimeout);
   ~ShmGroup();
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
@@ -68,10 +72,14 @@ class ShmGroup {
  private:
   ShmGroup() = default;
   float* region_ptr(int64_t r) const;
+  // The barrier of operation `op` (named in errors).
+  void wait_all(const char* op);
 
   std::shared_ptr<void> mapping_;  // munmap when the last user goes
   void* base_ = nullptr;
   int64_t rank_ = 0, size_ = 1, numel_ = 0;
+  std::string name_;             // the process group's ("dp"), for errors
+  std::vector<int64_t> ranks_;   // global ranks by group rank, for errors
   uint64_t epoch_ = 0;
   bool check_pids_ = true;  // every peer's pid is visible from here
   std::chrono::milliseconds timeout_{0};

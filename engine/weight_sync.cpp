@@ -225,7 +225,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_sync_group(c10::intrusive_ptr<c10d::
   if (name.empty()) throw EngineError("make_sync_group: the group needs a name");
   auto prefixed =
       c10::make_intrusive<c10d::PrefixStore>("baton/weight_sync/" + name, std::move(store));
-  return make_gloo_group(prefixed, rank, size, timeout);
+  return make_gloo_group(prefixed, rank, size, timeout, "weight_sync:" + name);
 }
 
 int64_t trainer_sync_rank(const ParallelState& ps) {

@@ -94,10 +94,13 @@ struct WeightSyncStats {
 // A Gloo process group of `size` ranks for weight sync, over `store` under
 // keys "baton/weight_sync/<name>/": every member calls it with the same name,
 // and a new group on the same store (a restarted worker set, a second trainer)
-// needs a new name. Collective and blocking.
+// needs a new name. Collective and blocking. `timeout` is the deadline of the
+// forming and of every operation of a send or receive: a party that does not
+// arrive makes the others throw EngineError naming the group
+// ("weight_sync:<name>"), the operation and its sync rank (deadline_group.h).
 c10::intrusive_ptr<c10d::ProcessGroup> make_sync_group(
     c10::intrusive_ptr<c10d::Store> store, const std::string& name, int64_t rank, int64_t size,
-    std::chrono::milliseconds timeout = std::chrono::minutes(5));
+    std::chrono::milliseconds timeout = kDefaultCollectiveTimeout);
 
 // The sync group's ranks: a training rank's (-1 outside the first
 // data-parallel replica, which takes part in the handshake over the training

@@ -51,6 +51,10 @@ void save_trainer_checkpoint(PpoTrainer::State& st,
   engine::write_file_atomically(fs::path(st.s.out_dir) / kLatestFile, std::to_string(step));
 }
 
+bool has_trainer_checkpoint(const std::string& out_dir) {
+  return fs::exists(fs::path(out_dir) / kLatestFile);
+}
+
 bool resume_trainer_checkpoint(PpoTrainer::State& st) {
   const std::string& mode = st.s.resume_mode;
   fs::path dir;

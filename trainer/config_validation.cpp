@@ -316,6 +316,7 @@ void validate_ppo_config(const Config& config) {
   c.read<std::string>("trainer.default_local_dir");
   c.at_least("trainer.log_max_bytes", 1);
   c.at_least("trainer.log_backup_count", 0);
+  c.at_least("trainer.collective_timeout_s", 1);
   c.one_of("trainer.device", {"cpu", "cuda"});
   if (c.one_of("trainer.resume_mode", {"auto", "disable", "resume_path"}).value_or("") ==
       "resume_path") {

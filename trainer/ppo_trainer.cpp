@@ -78,54 +78,30 @@ DataProto generate(WorkerGroup& actor, const DataProto& prompts, const SamplingS
 
 }  // namespace
 
-PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
-  validate_ppo_config(config);
-  State& st = *s_;
-  st.config = config.resolved();
-  const Config& c = st.config;
-  st.s = read_trainer_settings(c);
-  Settings& s = st.s;
-  // Registry names fail here, before any file is read or worker started
-  // (std::invalid_argument naming the closest registered name).
-  algos::find_advantage_estimator(s.adv_estimator);
-  algos::find_policy_loss(s.actor.policy.loss_mode);
-  if (s.custom_reward_fn) rewards::find_reward_function(*s.custom_reward_fn);
-  if (s.adv_estimator == "remax" && s.use_rm)
-    throw ConfigError(
-        "algorithm.adv_estimator = remax scores its greedy baselines with the rule reward; "
-        "with reward_model.enable = true the baselines would not be the reward model's");
-  fs::create_directories(s.out_dir);
-  c.save(fs::path(s.out_dir) / "config.yaml");
-  // Every process's lines from here on (the workers' through the driver).
-  set_log_file((fs::path(s.out_dir) / "baton.log").string(),
-               c.get<int64_t>("trainer.log_max_bytes"),
-               static_cast<int>(c.get<int64_t>("trainer.log_backup_count")));
-  log(LogLevel::kInfo,
-      "run " + s.project_name + "/" + s.experiment_name + ": log file " + log_file_path());
+namespace {
 
-  st.tokenizer.emplace(data::Tokenizer::load(s.tokenizer_path));
-  st.train_data = data::PromptDataset::load(s.train_files, *st.tokenizer, s.dataset);
-  if (!s.val_files.empty())
-    st.val_data = data::PromptDataset::load(s.val_files, *st.tokenizer, s.dataset);
-  st.loader =
-      std::make_unique<data::PromptLoader>(*st.train_data, data::PromptLoaderOptions()
-                                                               .set_batch_size(s.train_batch)
-                                                               .set_shuffle(s.data_shuffle)
-                                                               .set_seed(s.data_seed));
-  if (st.loader->batches_per_epoch() < 1) {
-    throw ConfigError("data.train_batch_size = " + std::to_string(s.train_batch) +
-                      " is more than the " + std::to_string(st.train_data->size()) +
-                      " prompts of data.train_files");
-  }
-  set_total_steps(s, st.loader->batches_per_epoch());
+// The training prompts' loader at its start.
+std::unique_ptr<data::PromptLoader> make_loader(const PpoTrainer::State& st) {
+  const Settings& s = st.s;
+  return std::make_unique<data::PromptLoader>(*st.train_data, data::PromptLoaderOptions()
+                                                                  .set_batch_size(s.train_batch)
+                                                                  .set_shuffle(s.data_shuffle)
+                                                                  .set_seed(s.data_seed));
+}
 
-  rewards::RewardManagerOptions ropts;
-  ropts.reward_fn_name = s.custom_reward_fn;
-  ropts.reward_fn_key = s.reward_fn_key;
-  ropts.zero_on_error = s.zero_on_reward_error;
-  st.reward = std::make_unique<rewards::RewardManager>(*st.tokenizer, ropts);
-  st.kl_ctrl = algos::make_kl_controller(s.kl_ctrl);
+// The groups that own processes (not role views).
+std::vector<WorkerGroup*> process_groups(PpoTrainer::State& st) {
+  std::vector<WorkerGroup*> groups;
+  for (std::optional<WorkerGroup>* g : {&st.group, &st.critic_group, &st.rm_group, &st.rollout})
+    if (g->has_value()) groups.push_back(&**g);
+  return groups;
+}
 
+// Spawns every worker group of the run (the actor's with its colocated
+// roles, a critic's or reward model's of their own, the async rollout's),
+// inits their models and the step profiler over their processes.
+void spawn_workers(PpoTrainer::State& st) {
+  const Settings& s = st.s;
   ResourcePoolOptions popts;
   popts.processes_on_nodes = {static_cast<int>(s.world)};
   popts.use_gpu = s.use_gpu;
@@ -193,11 +169,80 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   }
   if (s.async.enable) spawn_async_rollout(st);
   // Each worker process once: the groups that own processes.
-  std::vector<WorkerGroup*> processes = {&*st.group};
-  if (st.critic_group) processes.push_back(&*st.critic_group);
-  if (st.rm_group) processes.push_back(&*st.rm_group);
-  if (st.rollout) processes.push_back(&*st.rollout);
-  st.profiler = std::make_unique<StepProfiler>(read_profiler_settings(c), processes);
+  st.profiler =
+      std::make_unique<StepProfiler>(read_profiler_settings(st.config), process_groups(st));
+}
+
+// trainer.max_restarts: every group shut down and spawned again, the run's
+// state back to what a resume from the latest checkpoint of this run's
+// directory restores (or to the start, without one).
+void restart_workers(PpoTrainer::State& st) {
+  st.profiler.reset();
+  st.actor.reset();
+  st.critic.reset();
+  st.rm.reset();
+  st.rollout.reset();
+  st.rollout_pool.reset();
+  st.rm_group.reset();
+  st.rm_pool.reset();
+  st.critic_group.reset();
+  st.group.reset();
+  st.pool.reset();
+  st.global_step = 0;
+  st.restored_ledger.clear();
+  st.loader = make_loader(st);
+  st.kl_ctrl = algos::make_kl_controller(st.s.kl_ctrl);
+  if (has_trainer_checkpoint(st.s.out_dir)) st.s.resume_mode = "auto";
+  spawn_workers(st);
+}
+
+}  // namespace
+
+PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
+  validate_ppo_config(config);
+  State& st = *s_;
+  st.config = config.resolved();
+  const Config& c = st.config;
+  st.s = read_trainer_settings(c);
+  Settings& s = st.s;
+  // Registry names fail here, before any file is read or worker started
+  // (std::invalid_argument naming the closest registered name).
+  algos::find_advantage_estimator(s.adv_estimator);
+  algos::find_policy_loss(s.actor.policy.loss_mode);
+  if (s.custom_reward_fn) rewards::find_reward_function(*s.custom_reward_fn);
+  if (s.adv_estimator == "remax" && s.use_rm)
+    throw ConfigError(
+        "algorithm.adv_estimator = remax scores its greedy baselines with the rule reward; "
+        "with reward_model.enable = true the baselines would not be the reward model's");
+  fs::create_directories(s.out_dir);
+  c.save(fs::path(s.out_dir) / "config.yaml");
+  // Every process's lines from here on (the workers' through the driver).
+  set_log_file((fs::path(s.out_dir) / "baton.log").string(),
+               c.get<int64_t>("trainer.log_max_bytes"),
+               static_cast<int>(c.get<int64_t>("trainer.log_backup_count")));
+  log(LogLevel::kInfo,
+      "run " + s.project_name + "/" + s.experiment_name + ": log file " + log_file_path());
+
+  st.tokenizer.emplace(data::Tokenizer::load(s.tokenizer_path));
+  st.train_data = data::PromptDataset::load(s.train_files, *st.tokenizer, s.dataset);
+  if (!s.val_files.empty())
+    st.val_data = data::PromptDataset::load(s.val_files, *st.tokenizer, s.dataset);
+  st.loader = make_loader(st);
+  if (st.loader->batches_per_epoch() < 1) {
+    throw ConfigError("data.train_batch_size = " + std::to_string(s.train_batch) +
+                      " is more than the " + std::to_string(st.train_data->size()) +
+                      " prompts of data.train_files");
+  }
+  set_total_steps(s, st.loader->batches_per_epoch());
+
+  rewards::RewardManagerOptions ropts;
+  ropts.reward_fn_name = s.custom_reward_fn;
+  ropts.reward_fn_key = s.reward_fn_key;
+  ropts.zero_on_error = s.zero_on_reward_error;
+  st.reward = std::make_unique<rewards::RewardManager>(*st.tokenizer, ropts);
+  st.kl_ctrl = algos::make_kl_controller(s.kl_ctrl);
+
+  spawn_workers(st);
 }
 
 PpoTrainer::~PpoTrainer() = default;
@@ -271,7 +316,30 @@ std::map<std::string, double> PpoTrainer::validate() {
 }
 
 FitResult PpoTrainer::fit() {
-  if (s_->s.async.enable) return fit_async(*s_, [this] { return validate(); });
+  State& st = *s_;
+  for (int64_t restarts = 0;; ++restarts) {
+    try {
+      FitResult r = st.s.async.enable ? fit_async(st, [this] { return validate(); }) : fit_once();
+      r.restarts = restarts;
+      return r;
+    } catch (const std::exception& e) {
+      const std::vector<WorkerGroup*> groups = process_groups(st);
+      const bool dead = std::any_of(groups.begin(), groups.end(),
+                                    [](const WorkerGroup* g) { return !g->alive(); });
+      if (!dead || restarts >= st.s.max_restarts) throw;
+      log(LogLevel::kWarn,
+          "trainer: a worker died at step " + std::to_string(st.global_step) + " (" + e.what() +
+              "); restarting every worker group (restart " + std::to_string(restarts + 1) +
+              " of trainer.max_restarts = " + std::to_string(st.s.max_restarts) + ") and " +
+              (has_trainer_checkpoint(st.s.out_dir)
+                   ? "resuming from the latest checkpoint under " + st.s.out_dir
+                   : std::string("starting over (no checkpoint yet)")));
+      restart_workers(st);
+    }
+  }
+}
+
+FitResult PpoTrainer::fit_once() {
   State& st = *s_;
   Settings& s = st.s;
   FitResult result;

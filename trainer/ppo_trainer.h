@@ -47,6 +47,7 @@ struct FitResult {
   std::map<std::string, double> last_validation;  // the last validation's, if any
   std::string hf_dir;                             // where the final actor was exported
   std::string plot;                               // the PNG, if drawn
+  int64_t restarts = 0;  // worker groups respawned after a death (trainer.max_restarts)
 };
 
 class PpoTrainer {
@@ -59,6 +60,10 @@ class PpoTrainer {
   PpoTrainer(const PpoTrainer&) = delete;
   PpoTrainer& operator=(const PpoTrainer&) = delete;
 
+  // Trains to trainer.total_training_steps. When a worker process dies, up to
+  // trainer.max_restarts times: every group is respawned and the run resumes
+  // from the latest checkpoint of default_local_dir (or starts over), as a
+  // new fit() would; past that (or for any other error) it throws.
   FitResult fit();
   // One validation pass over data.val_files with actor_rollout_ref.rollout.val_kwargs:
   // val-core/<data_source>/reward/mean@<n> (and val-aux/... for more).
@@ -67,6 +72,8 @@ class PpoTrainer {
   struct State;  // the implementation's (ppo_trainer.cpp)
 
  private:
+  FitResult fit_once();  // the synchronous loop, once
+
   std::unique_ptr<State> s_;
 };
 

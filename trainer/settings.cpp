@@ -279,6 +279,9 @@ TrainerSettings read_trainer_settings(const Config& c) {
   s.val_before_train = c.get<bool>("trainer.val_before_train");
   s.resume_mode = c.get<std::string>("trainer.resume_mode");
   s.resume_from_path = c.get_optional<std::string>("trainer.resume_from_path");
+  s.max_restarts = c.get<int64_t>("trainer.max_restarts");
+  if (s.max_restarts < 0)
+    throw ConfigError("trainer.max_restarts: " + std::to_string(s.max_restarts) + " < 0");
   s.loggers = c.get<std::vector<std::string>>("trainer.logger");
 
   s.adv.gamma = c.get<double>("algorithm.gamma");
@@ -293,6 +296,13 @@ TrainerSettings read_trainer_settings(const Config& c) {
   s.use_rm = c.get<bool>("reward_model.enable");
   if (s.use_rm) read_reward_model(c, s);
   if (s.use_critic) read_critic(c, s);
+  // Every role's collective deadline (engine/deadline_group.h), which the
+  // async rollout's workers take from the actor's options.
+  const int64_t deadline_s = c.get<int64_t>("trainer.collective_timeout_s");
+  if (deadline_s < 1)
+    throw ConfigError("trainer.collective_timeout_s: " + std::to_string(deadline_s) + " < 1");
+  for (workers::ModelOptions* m : {&s.actor.model, &s.critic.model, &s.rm.model})
+    m->collective_timeout_ms = deadline_s * 1000;
   read_async_training(c, s);
   return s;
 }

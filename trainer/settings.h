@@ -85,6 +85,7 @@ struct TrainerSettings {
   bool val_before_train = true;
   std::string resume_mode;
   std::optional<std::string> resume_from_path;
+  int64_t max_restarts = 0;  // a dead worker: respawn every group and resume, this often
   std::vector<std::string> loggers;
 
   // What the workers are told.

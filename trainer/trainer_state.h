@@ -67,5 +67,7 @@ void save_trainer_checkpoint(PpoTrainer::State& st,
 // loader and the KL controller, and reads a rollout ledger into
 // st.restored_ledger. Returns whether it resumed.
 bool resume_trainer_checkpoint(PpoTrainer::State& st);
+// Whether `out_dir` names a complete checkpoint (latest_checkpointed_iteration.txt).
+bool has_trainer_checkpoint(const std::string& out_dir);
 
 }  // namespace baton::trainer

@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 
@@ -298,6 +299,33 @@ TEST(WeightSync, ALayerSplitMismatchFailsBothSides) {
                                                  ParallelState::single());
     WeightReceiver receiver(rollout, told, worker_sync(store, training, 0, 1));
     expect_error([&] { receiver.receive(); }, {"layer split", "digests differ"});
+  });
+}
+
+// A rollout worker that joined the sync group but never receives: the
+// trainer's send fails within the deadline instead of waiting, naming the
+// sync group, the operation and the receiver's sync rank.
+TEST(WeightSync, AReceiverThatNeverArrivesFailsTheSenderNamingIt) {
+  run_world(2, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    constexpr std::chrono::milliseconds kDeadline{1000};
+    ParallelConfig training;
+    if (rank == 0) {
+      auto ps = ParallelState::create(prefixed("train", store), 0, training, kDeadline);
+      WeightSender sender(trainer_model("tiny-llama", ps),
+                          make_sync_group(store, "late", 0, 2, kDeadline));
+      const auto t0 = std::chrono::steady_clock::now();
+      expect_error([&] { sender.send(1); },
+                   {"group weight_sync:late (ranks 0, 1)", "on rank 0", "rank 1 did not arrive",
+                    "collective deadline 1000 ms"});
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 2 * kDeadline + std::chrono::seconds(5));
+      store->set("released", std::vector<uint8_t>{1});
+      return;
+    }
+    auto rollout = std::make_shared<Transformer>(ModelConfig::load(kFixtures + "/tiny-llama"),
+                                                 ParallelState::single());
+    WeightReceiver receiver(rollout, training, make_sync_group(store, "late", 1, 2, kDeadline));
+    // Alive and in the group, but never calls receive(), until the sender has failed.
+    store->wait({"released"}, std::chrono::seconds(60));
   });
 }
 

@@ -210,40 +210,6 @@ void expect_same_step(const nlohmann::json& got, const nlohmann::json& want) {
   }
 }
 
-// Steps logged so far to out/metrics.jsonl (while the run writes it: whole lines only).
-size_t logged_steps(const fs::path& out) {
-  std::ifstream in(out / "metrics.jsonl");
-  const std::string all((std::istreambuf_iterator<char>(in)), {});
-  size_t n = 0;
-  for (size_t begin = 0, end; (end = all.find('\n', begin)) != std::string::npos; begin = end + 1)
-    n += all.substr(begin, end - begin).find("async/param_version") != std::string::npos;
-  return n;
-}
-
-// Children of this process that run worker class `cls` (BATON_CLASS in their
-// environment).
-std::vector<pid_t> workers_of_class(const std::string& cls) {
-  std::vector<pid_t> pids;
-  for (const auto& d : fs::directory_iterator("/proc")) {
-    const std::string name = d.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(d.path() / "stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;
-    // pid (comm) state ppid ...: the fields after the last ')'.
-    std::istringstream rest(line.substr(line.rfind(')') + 1));
-    std::string state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid != ::getpid()) continue;
-    std::ifstream env(d.path() / "environ");
-    const std::string all((std::istreambuf_iterator<char>(env)), {});
-    if (all.find("BATON_CLASS=" + cls + '\0') != std::string::npos)
-      pids.push_back(static_cast<pid_t>(std::stol(name)));
-  }
-  return pids;
-}
-
 // A checkpoint written while batches are queued or being generated holds
 // them (the rollout ledger); the resumed run trains them first and goes on
 // exactly as the uninterrupted run did.
@@ -297,16 +263,8 @@ TEST_F(AsyncTrainerTest, AKilledRolloutWorkerIsRestartedAndTheRunEqualsAnUninter
   std::future<FitResult> run = std::async(std::launch::async, [&] { return trainer.fit(); });
   // Once step 2 is logged, kill the rollout worker (it is generating or
   // waiting for step 3's batch).
-  bool sent = false;
-  for (int i = 0; i < 6000 && !sent; ++i) {
-    if (run.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready) break;
-    if (logged_steps(killed.path()) < 2) continue;
-    for (pid_t pid : workers_of_class(workers::rollout_worker_class())) {
-      ASSERT_EQ(::kill(pid, SIGKILL), 0);
-      sent = true;
-    }
-  }
-  ASSERT_TRUE(sent) << "no rollout worker to kill after step 2";
+  ASSERT_TRUE(kill_a_worker_once_logged(killed.path(), workers::rollout_worker_class(), 2, run))
+      << "no rollout worker to kill after step 2";
   const FitResult r = run.get();
   ASSERT_EQ(r.steps, 4);
   EXPECT_EQ(r.last_metrics.at("async/rollout_restarts"), 1);
@@ -324,16 +282,7 @@ TEST_F(AsyncTrainerTest, ARolloutFailureBeyondMaxRolloutRestartsStopsTheRunNamin
   PpoTrainer trainer(on_policy_config(out.path(), {"async_training.max_rollout_restarts=0",
                                                    "trainer.total_training_steps=50"}));
   std::future<FitResult> run = std::async(std::launch::async, [&] { return trainer.fit(); });
-  bool sent = false;
-  for (int i = 0; i < 6000 && !sent; ++i) {
-    if (run.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready) break;
-    if (logged_steps(out.path()) < 1) continue;
-    for (pid_t pid : workers_of_class(workers::rollout_worker_class())) {
-      ASSERT_EQ(::kill(pid, SIGKILL), 0);
-      sent = true;
-    }
-  }
-  ASSERT_TRUE(sent);
+  ASSERT_TRUE(kill_a_worker_once_logged(out.path(), workers::rollout_worker_class(), 1, run));
   try {
     run.get();
     FAIL() << "the run went on without its rollout";

@@ -77,9 +77,13 @@ TEST(ConfigCoverage, TheSettingsCarryWhatTheConfigSays) {
                      "data.max_response_length=33", "actor_rollout_ref.rollout.response_length=21",
                      "actor_rollout_ref.actor.policy_loss.loss_mode=dro",
                      "actor_rollout_ref.actor.policy_loss.dro_beta=0.5",
-                     "actor_rollout_ref.actor.policy_loss.tau_neg=1.2"});
+                     "actor_rollout_ref.actor.policy_loss.tau_neg=1.2",
+                     "trainer.collective_timeout_s=7"});
   validate_ppo_config(c);
   const TrainerSettings s = read_trainer_settings(c.resolved());
+  EXPECT_EQ(s.actor.model.collective_timeout_ms, 7000);
+  EXPECT_EQ(s.critic.model.collective_timeout_ms, 7000);
+  EXPECT_EQ(s.rm.model.collective_timeout_ms, 7000);
   EXPECT_FALSE(s.actor.optim.overlap_grad_reduce);
   EXPECT_EQ(s.actor.optim.bucket_bytes, 1024);
   EXPECT_EQ(s.actor.update.loss_scale_factor, 512.0);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -25,6 +26,7 @@
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/policy_loss.h"
 #include "workers/rewards/reward_registry.h"
+#include "workers/roles/actor_rollout_ref_worker.h"
 
 namespace baton::trainer {
 namespace {
@@ -275,6 +277,59 @@ TEST_F(PpoTrainerTest, AResumedRunTakesTheSameNextStepAsAnUninterruptedOne) {
     const double want = expected.last_metrics.at(k);
     test::expect_near(resumed.last_metrics.at(k), want, test::Tolerance::fp32(1000, std::abs(want)),
                       k);
+  }
+}
+
+// trainer.max_restarts: a worker SIGKILLed mid-run; the trainer respawns the
+// groups, resumes from the latest checkpoint and ends where an
+// uninterrupted run ends (as the resume test: discrete outcomes exactly,
+// losses to fp32 rounding).
+TEST_F(PpoTrainerTest, AKilledWorkerIsRespawnedAndTheRunResumesFromTheLatestCheckpoint) {
+  TempDir straight, killed;
+  const std::vector<std::string> run = {"trainer.total_training_steps=4", "trainer.test_freq=-1",
+                                        "trainer.save_freq=1"};
+  Config a = config("grpo_toy", straight.path());
+  a.apply_overrides(run);
+  const FitResult expected = PpoTrainer(a).fit();
+  EXPECT_EQ(expected.restarts, 0);
+
+  Config b = config("grpo_toy", killed.path());
+  b.apply_overrides(run);
+  b.apply_overrides({"trainer.max_restarts=1"});
+  PpoTrainer trainer(b);
+  std::future<FitResult> fit = std::async(std::launch::async, [&] { return trainer.fit(); });
+  ASSERT_TRUE(kill_a_worker_once_logged(killed.path(), workers::actor_rollout_ref_worker_class(),
+                                        2, fit));
+  const FitResult r = fit.get();
+  EXPECT_EQ(r.steps, 4);
+  EXPECT_EQ(r.restarts, 1);
+  for (const char* k : {"critic/score/mean", "response_length/mean", "critic/advantages/mean"})
+    EXPECT_EQ(r.last_metrics.at(k), expected.last_metrics.at(k)) << k;
+  for (const char* k : {"actor/pg_loss", "actor/grad_norm", "actor/entropy"}) {
+    const double want = expected.last_metrics.at(k);
+    test::expect_near(r.last_metrics.at(k), want, test::Tolerance::fp32(1000, std::abs(want)), k);
+  }
+  // metrics.jsonl has each step once, the steps after the checkpoint from the restarted run.
+  EXPECT_EQ(logged_steps(killed.path()), 4u);
+  std::ifstream log(killed / "baton.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(text.find("restarting every worker group (restart 1 of trainer.max_restarts = 1)"),
+            std::string::npos);
+}
+
+TEST_F(PpoTrainerTest, WithoutMaxRestartsAKilledWorkerFailsTheRunNamingIt) {
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  c.apply_overrides({"trainer.total_training_steps=50", "trainer.test_freq=-1"});
+  PpoTrainer trainer(c);
+  std::future<FitResult> fit = std::async(std::launch::async, [&] { return trainer.fit(); });
+  ASSERT_TRUE(
+      kill_a_worker_once_logged(out.path(), workers::actor_rollout_ref_worker_class(), 1, fit));
+  try {
+    fit.get();
+    FAIL() << "the run went on without a worker";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("SIGKILL"), std::string::npos) << e.what();
   }
 }
 

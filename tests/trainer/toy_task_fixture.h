@@ -4,15 +4,23 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <future>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "tests/engine/temp_dir.h"
 #include "trainer/config.h"
+#include "trainer/ppo_trainer.h"
 
 namespace baton::trainer {
 
@@ -49,5 +57,54 @@ class ToyTaskTest : public ::testing::Test {
 
   inline static engine::testing::TempDir* toy_ = nullptr;
 };
+
+// Training steps logged so far to out/metrics.jsonl: whole lines (the run
+// may be writing it) with a "timing_s/step" key.
+inline size_t logged_steps(const std::filesystem::path& out) {
+  std::ifstream in(out / "metrics.jsonl");
+  const std::string all((std::istreambuf_iterator<char>(in)), {});
+  size_t n = 0;
+  for (size_t begin = 0, end; (end = all.find('\n', begin)) != std::string::npos; begin = end + 1)
+    n += all.substr(begin, end - begin).find("\"timing_s/step\"") != std::string::npos;
+  return n;
+}
+
+// Children of this process that run worker class `cls` (BATON_CLASS in
+// their environment; a colocated group's is "A+B").
+inline std::vector<pid_t> workers_of_class(const std::string& cls) {
+  std::vector<pid_t> pids;
+  for (const auto& d : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = d.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(d.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: the fields after the last ')'.
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != ::getpid()) continue;
+    std::ifstream env(d.path() / "environ");
+    const std::string all((std::istreambuf_iterator<char>(env)), {});
+    if (all.find("BATON_CLASS=" + cls) != std::string::npos)
+      pids.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return pids;
+}
+
+// Once `steps` training steps are logged under `out`, SIGKILLs one worker of
+// class `cls` (the run is `run`, on another thread). False when the run
+// ended first or no such worker was found within a minute.
+inline bool kill_a_worker_once_logged(const std::filesystem::path& out, const std::string& cls,
+                                      size_t steps, std::future<FitResult>& run) {
+  for (int i = 0; i < 6000; ++i) {
+    if (run.wait_for(std::chrono::milliseconds(10)) == std::future_status::ready) return false;
+    if (logged_steps(out) < steps) continue;
+    const std::vector<pid_t> pids = workers_of_class(cls);
+    if (!pids.empty()) return ::kill(pids.front(), SIGKILL) == 0;
+  }
+  return false;
+}
 
 }  // namespace baton::trainer

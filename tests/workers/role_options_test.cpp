@@ -25,6 +25,7 @@ ModelOptions model() {
   m.vocab_divisible_by = 64;
   m.seed = 7;
   m.dtype = "bfloat16";
+  m.collective_timeout_ms = 1500;
   return m;
 }
 

@@ -80,6 +80,10 @@ TEST(RolloutBatch, AResumedBatchContinuesEachRowsSample) {
   const RolloutRequest fresh = rollout_request(prompts(2), 16, "generate_sequences");
   EXPECT_TRUE(fresh.continuations.empty());
   EXPECT_EQ(fresh.response_width(), 8);
+  EXPECT_FALSE(fresh.params.ignore_eos);
+  DataProto no_eos = prompts(2);
+  no_eos.set_meta("ignore_eos", Value(true));
+  EXPECT_TRUE(rollout_request(no_eos, 16, "generate_sequences").params.ignore_eos);
 }
 
 TEST(RolloutBatch, ResumingNeedsBothKeysAndOneSamplePerRow) {

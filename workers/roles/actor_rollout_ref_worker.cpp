@@ -279,7 +279,8 @@ void ActorRolloutRefWorker::init_weight_sync(const std::string& endpoint, const 
   const int64_t size = engine::sync_group_size(a.state().config(), rollout_world);
   c10::intrusive_ptr<c10d::ProcessGroup> sync;
   if (const int64_t r = engine::trainer_sync_rank(a.state()); r >= 0)
-    sync = connect_weight_sync_group(endpoint, name, r, size);
+    sync = connect_weight_sync_group(endpoint, name, r, size,
+                                     options_.model.collective_timeout_ms);
   sender_ = std::make_unique<engine::WeightSender>(a.model_ptr(), sync);
 }
 

@@ -56,7 +56,8 @@ RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const 
     state_ = std::move(share);
   } else {
     state_ = engine::ParallelState::create(rendezvous_store(info, "role/" + tag), info.rank, pc,
-                                           std::chrono::minutes(10), backend);
+                                           std::chrono::milliseconds(options.collective_timeout_ms),
+                                           backend);
   }
   const engine::Coords& c = state_->coords();
   if (c.tp != info.coords.tp || c.dp != info.coords.dp || c.pp != info.coords.pp) {

@@ -35,6 +35,7 @@ void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, ModelOp
   f("seed", m.seed);
   f("dtype", m.dtype);
   f("offload", m.offload);
+  f("collective_timeout_ms", m.collective_timeout_ms);
 }
 
 template <typename O, typename F>

@@ -42,6 +42,11 @@ struct ModelOptions {
   // fp32 master weights and optimizer state either way (engine::Optimizer).
   std::string dtype = "float32";
   OffloadOptions offload;
+  // The deadline of every collective of the role's groups and of its weight
+  // syncs (engine/deadline_group.h): a rank that waits longer for another
+  // throws, naming the group, the operation and the ranks that did not
+  // arrive (trainer.collective_timeout_s).
+  int64_t collective_timeout_ms = 600'000;
 
   bool operator==(const ModelOptions&) const = default;
 };

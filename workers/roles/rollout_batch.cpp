@@ -41,6 +41,7 @@ RolloutRequest rollout_request(const DataProto& prompts, int64_t response_length
   sp.top_p = meta_float(prompts, "top_p", 1.0);
   sp.max_new_tokens = meta_int(prompts, "response_length", response_length);
   req.pad_token_id = meta_int(prompts, "pad_token_id", 0);
+  sp.ignore_eos = meta_bool(prompts, "ignore_eos", false);
   if (const Value* stop = prompts.meta_value("stop_token_ids");
       stop != nullptr && !stop->is_none()) {
     for (const Value& s : stop->as_list()) sp.stop_token_ids.push_back(s.as_int());

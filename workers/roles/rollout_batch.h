@@ -5,7 +5,8 @@
 // The prompts: `input_ids` and `attention_mask` [N, P] (left-padded) and
 // `request_seed` [N] int64 (required when sampling); meta `n`,
 // `temperature`, `top_k`, `top_p`, `do_sample`, optional
-// `response_length`, `pad_token_id`, `stop_token_ids`. The result: N·n rows
+// `response_length`, `pad_token_id`, `stop_token_ids`, `ignore_eos` (do not
+// stop at the model's EOS ids: benchmarks). The result: N·n rows
 // in (prompt, sample) order, prompts repeated: `prompts` [.., P],
 // `responses` [.., R] (padded with pad_token_id), `input_ids`,
 // `attention_mask`, `position_ids`, `response_mask`, `rollout_log_probs`.

@@ -59,7 +59,7 @@ void RolloutWorker::init_weight_sync(const std::string& endpoint, const std::str
   receiver_ = std::make_unique<engine::WeightReceiver>(
       model_->model_ptr(), training_,
       connect_weight_sync_group(endpoint, name, engine::receiver_sync_rank(training_, rank()),
-                                size));
+                                size, options_.model.collective_timeout_ms));
 }
 
 int64_t RolloutWorker::receive_weights() {
@@ -95,7 +95,8 @@ const char* rollout_worker_class() { return "RolloutWorker"; }
 
 c10::intrusive_ptr<c10d::ProcessGroup> connect_weight_sync_group(const std::string& endpoint,
                                                                  const std::string& name,
-                                                                 int64_t rank, int64_t size) {
+                                                                 int64_t rank, int64_t size,
+                                                                 int64_t timeout_ms) {
   const size_t colon = endpoint.rfind(':');
   int port = 0;
   try {
@@ -112,7 +113,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> connect_weight_sync_group(const std::stri
   options.waitWorkers = false;
   auto store = c10::make_intrusive<c10d::TCPStore>(endpoint.substr(0, colon), options);
   return engine::make_sync_group(c10::make_intrusive<c10d::PrefixStore>("weight_sync", store), name,
-                                 rank, size);
+                                 rank, size, std::chrono::milliseconds(timeout_ms));
 }
 
 }  // namespace baton::workers

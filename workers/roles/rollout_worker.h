@@ -73,11 +73,13 @@ class RolloutWorker : public Worker {
 const char* rollout_worker_class();
 
 // A weight-sync group of `size` ranks with rendezvous at `endpoint`
-// ("host:port" of a c10d TCPStore, e.g. a worker group's), under `name`.
-// Collective and blocking (engine::make_sync_group); baton::Error for a
-// malformed endpoint.
+// ("host:port" of a c10d TCPStore, e.g. a worker group's), under `name`, its
+// forming and every operation limited to `timeout_ms` (the role's
+// ModelOptions::collective_timeout_ms). Collective and blocking
+// (engine::make_sync_group); baton::Error for a malformed endpoint.
 c10::intrusive_ptr<c10d::ProcessGroup> connect_weight_sync_group(const std::string& endpoint,
                                                                  const std::string& name,
-                                                                 int64_t rank, int64_t size);
+                                                                 int64_t rank, int64_t size,
+                                                                 int64_t timeout_ms);
 
 }  // namespace baton::workers
