@@ -52,7 +52,9 @@ class TestWorker : public baton::Worker {
                        {"torch_threads", static_cast<int64_t>(at::get_num_threads())},
                        {"wait", env_or_empty("OMP_WAIT_POLICY")},
                        {"spin", env_or_empty("GOMP_SPINCOUNT")},
-                       {"pid", static_cast<int64_t>(getpid())}};
+                       {"pid", static_cast<int64_t>(getpid())},
+                       {"master_addr", i.master_addr},
+                       {"master_port", static_cast<int64_t>(i.master_port)}};
   }
   double mean(const std::vector<double>& xs) {
     double s = 0;

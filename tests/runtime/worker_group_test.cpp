@@ -16,12 +16,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "runtime/baton.h"
@@ -238,6 +240,45 @@ TEST_F(WorkerGroupTest, WorkersAllReduceOverTheirOwnGlooGroup) {
   for (int r = 0; r < 4; ++r) args.push_back({at::full({3}, double(r + 1))});
   List out = g.call_per_rank("all_reduce", args).get();
   for (const Value& v : out) EXPECT_TRUE(v.as_tensor().equal(at::full({3}, 10.0)));
+}
+
+// The sockets listening on TCP port `port` (IPv4 and IPv6), as the local
+// addresses /proc/net/tcp{,6} print them (hex; 0100007F is 127.0.0.1).
+std::vector<std::string> listeners_on(int64_t port) {
+  std::vector<std::string> found;
+  char want[8];
+  std::snprintf(want, sizeof(want), "%04X", static_cast<unsigned>(port));
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const size_t colon = local.rfind(':');
+      if (state == "0A" && colon != std::string::npos && local.substr(colon + 1) == want)
+        found.push_back(local.substr(0, colon));
+    }
+  }
+  return found;
+}
+
+// The rendezvous store every worker meets at (and weight sync connects to)
+// listens on the loopback interface only, not on every interface as c10d's
+// TCPStore would by itself.
+TEST_F(WorkerGroupTest, TheRendezvousStoreListensOnLoopbackOnly) {
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
+  const Value info = g.call("info").get().as_list()[0];
+  EXPECT_EQ(info.at("master_addr").as_string(), "127.0.0.1");
+  const int64_t port = info.at("master_port").as_int();
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(listeners_on(port), std::vector<std::string>{"0100007F"});
+  // The workers did meet there: a Gloo all-reduce over it works.
+  std::vector<List> args;
+  for (int r = 0; r < 4; ++r) args.push_back({at::full({2}, 1.0)});
+  for (const Value& v : g.call_per_rank("all_reduce", args).get())
+    EXPECT_TRUE(v.as_tensor().equal(at::full({2}, 4.0)));
 }
 
 TEST_F(WorkerGroupTest, UnknownMethodFailsAtTheDriverListingTheKnownOnes) {
