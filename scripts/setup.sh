@@ -26,6 +26,8 @@ packages=(
   # Training curves (trainer/metrics.h: MetricsLogger::plot runs gnuplot).
   gnuplot-nox
   googletest libgtest-dev libgmock-dev
+  # pgrep, which tests/examples/kill_during_save.sh checks for survivors with.
+  procps
 )
 
 missing=()

@@ -15,6 +15,9 @@
 # sampled many steps later are not compared here.
 set -euo pipefail
 grpo=$1 toy_task=$2 config=$3 kills=${4:-50}
+for tool in pgrep setsid; do
+  command -v "$tool" >/dev/null || { echo "kill_during_save: needs $tool (scripts/setup.sh)" >&2; exit 1; }
+done
 steps=$((kills + 10))
 work=$(mktemp -d /tmp/baton_kill_save.XXXXXX)
 trap 'rm -rf "$work"' EXIT
