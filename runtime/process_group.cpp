@@ -1,19 +1,16 @@
 #include "runtime/process_group.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "runtime/auth_store.h"
 #include "runtime/errors.h"
 
 namespace baton {
 
 c10::intrusive_ptr<c10d::Store> rendezvous_store(const WorkerInfo& info, const std::string& tag) {
   if (info.master_port == 0) throw Error("rendezvous: this worker has no rendezvous address");
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(info.master_port);
-  options.isServer = false;
-  options.waitWorkers = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
+  auto store = c10::make_intrusive<AuthStore>(info.master_addr,
+                                              static_cast<uint16_t>(info.master_port));
   return c10::make_intrusive<c10d::PrefixStore>(info.group_name + "/" + tag, store);
 }
 

@@ -52,7 +52,7 @@ struct WorkerInfo {
   int slot = 0;
   int intra_op_threads = 1;   // LibTorch intra-op threads set for this worker
   WaitPolicy wait_policy = WaitPolicy::kPassive;  // its OpenMP threads' (runtime/threads.h)
-  std::string master_addr;    // rendezvous: a c10d TCPStore the driver hosts
+  std::string master_addr;    // rendezvous: the StoreServer the driver hosts
   int master_port = 0;
   ParallelLayout layout;      // given at spawn (default: all data parallel)
   ParallelCoords coords;      // this rank's place in it

@@ -1,12 +1,8 @@
 #include "runtime/worker_group.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <boost/asio/steady_timer.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -24,6 +20,7 @@
 #include "runtime/log.h"
 #include "runtime/profiler.h"
 #include "runtime/runtime.h"
+#include "runtime/store_server.h"
 #include "runtime/worker_process.h"
 
 namespace baton {
@@ -31,31 +28,6 @@ namespace baton {
 namespace {
 
 // A TCP socket bound to 127.0.0.1 on a free port, listening.
-struct LoopbackListener {
-  int fd = -1;
-  uint16_t port = 0;
-};
-
-LoopbackListener listen_on_loopback(const std::string& who) {
-  LoopbackListener l;
-  l.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (l.fd < 0 || ::bind(l.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(l.fd, SOMAXCONN) != 0 ||
-      ::getsockname(l.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const std::string why = std::strerror(errno);
-    if (l.fd >= 0) ::close(l.fd);
-    throw Error(who + ": cannot listen on 127.0.0.1 for the rendezvous store: " + why);
-  }
-  l.port = ntohs(addr.sin_port);
-  return l;
-}
-
-
 // A call that waits: for its future arguments, or behind an earlier such
 // call of its group.
 struct Deferred {
@@ -181,7 +153,7 @@ struct WorkerGroup::State : std::enable_shared_from_this<WorkerGroup::State> {
   ResourcePool pool;
   bool claimed = false;
   // The rendezvous for the workers' c10d groups; the driver only hosts it.
-  std::unique_ptr<c10d::TCPStore> store;
+  std::unique_ptr<StoreServer> store;
   std::vector<std::shared_ptr<WorkerProcess>> workers;
   std::shared_ptr<std::function<void()>> exit_hook;
 
@@ -665,16 +637,11 @@ WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& 
   s->claimed = true;
   WorkerGroup group(s, -1, true);  // from here on, a throw shuts the partial group down
 
-  // The rendezvous store listens on the loopback interface only: c10d's
-  // TCPStore would bind every interface and take anyone's connection; it
-  // takes over a socket bound here instead (its masterListenFd).
-  c10d::TCPStoreOptions store_options;
-  const LoopbackListener listener = listen_on_loopback("WorkerGroup " + s->name);
-  store_options.port = listener.port;
-  store_options.masterListenFd = listener.fd;
-  store_options.isServer = true;
-  store_options.waitWorkers = false;
-  s->store = std::make_unique<c10d::TCPStore>("127.0.0.1", store_options);
+  // The rendezvous store: on the loopback interface only, and every
+  // connection must prove it holds the cluster token (runtime/store_server.h).
+  StoreServerOptions store_options;
+  store_options.name = "WorkerGroup " + s->name + "'s rendezvous store";
+  s->store = std::make_unique<StoreServer>(store_options);
 
   std::weak_ptr<State> weak = s;
   auto on_death = [weak](WorkerProcess& w, const std::string& what) {
@@ -698,7 +665,7 @@ WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& 
                                 : std::max(1, usable_cores() / p.local_world_size);
     info.wait_policy = po.wait_policy;
     info.master_addr = "127.0.0.1";
-    info.master_port = s->store->getPort();
+    info.master_port = s->store->port();
     info.layout = s->layout;
     info.coords = s->layout.coords(p.rank);
     s->workers.push_back(WorkerProcess::spawn(std::move(info), on_death));

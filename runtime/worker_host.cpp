@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 
+#include "runtime/auth.h"
 #include "runtime/channel.h"
 #include "runtime/crash_handler.h"
 #include "runtime/driver.h"
@@ -62,6 +63,14 @@ WorkerInfo info_from_environment() {
                 &info.layout.pp);
   }
   info.coords = info.layout.coords(info.rank);
+  // The cluster token is read once (auth::cluster_token caches it, or its
+  // error) and leaves the environment, so that what the worker's methods
+  // start does not inherit it.
+  try {
+    auth::cluster_token();
+  } catch (const std::exception&) {
+  }
+  ::unsetenv("BATON_CLUSTER_TOKEN");
   return info;
 }
 

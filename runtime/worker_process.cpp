@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/auth.h"
 #include "runtime/channel.h"
 #include "runtime/driver.h"
 #include "runtime/errors.h"
@@ -80,7 +81,7 @@ std::vector<std::string> worker_environment(const WorkerInfo& info) {
       "BATON_WORKER_FD=", "BATON_DRIVER_PID=", "BATON_CLASS=", "BATON_GROUP=",
       "BATON_NODE=", "BATON_SLOT=", "BATON_USE_GPU=", "BATON_THREADS=", "RANK=",
       "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-      "OMP_NUM_THREADS=", "BATON_LAYOUT="};
+      "OMP_NUM_THREADS=", "BATON_LAYOUT=", "BATON_CLUSTER_TOKEN=", "BATON_CLUSTER_TOKEN_FILE="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string kv(*e);
@@ -106,6 +107,9 @@ std::vector<std::string> worker_environment(const WorkerInfo& info) {
   add("LOCAL_WORLD_SIZE", std::to_string(info.local_world_size));
   add("MASTER_ADDR", info.master_addr);
   add("MASTER_PORT", std::to_string(info.master_port));
+  // The rendezvous store's secret (runtime/auth.h): the worker reads it at
+  // start and removes it from its environment.
+  add("BATON_CLUSTER_TOKEN", auth::cluster_token());
   // One GPU per worker: inside the worker it is device 0 (WorkerInfo::device).
   if (info.use_gpu) add("CUDA_VISIBLE_DEVICES", visible_device_of_slot(info.slot));
   const ParallelLayout& l = info.layout;

@@ -2,7 +2,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <signal.h>
 #include <spawn.h>
@@ -20,6 +19,10 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include "runtime/auth.h"
+#include "runtime/auth_store.h"
+#include "runtime/store_server.h"
 
 extern char** environ;
 
@@ -102,12 +105,9 @@ std::string describe_status(int status) {
   at::set_num_threads(rank_threads());
   bool threw = true;
   try {
-    c10d::TCPStoreOptions options;
-    options.port = static_cast<uint16_t>(env_int(kPortEnv).value_or(0));
-    options.isServer = false;
-    options.waitWorkers = false;
-    options.timeout = std::chrono::seconds(env_int(kTimeoutEnv).value_or(120));
-    auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+    auto store = c10::make_intrusive<AuthStore>(
+        "127.0.0.1", static_cast<uint16_t>(env_int(kPortEnv).value_or(0)), std::string(),
+        std::chrono::seconds(env_int(kTimeoutEnv).value_or(120)));
     body(rank, store);
     threw = false;
   } catch (const std::exception& e) {
@@ -150,12 +150,10 @@ void run_world(int64_t world_size, const RankBody& body, std::chrono::seconds ti
   const std::string test = current_test_name();
   ASSERT_FALSE(test.empty()) << "run_world must be called inside a TEST";
 
-  c10d::TCPStoreOptions options;
-  options.port = 0;  // any free port
-  options.isServer = true;
-  options.waitWorkers = false;
-  options.timeout = timeout;
-  auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  // The runtime's own rendezvous store (loopback, cluster-token handshake).
+  StoreServerOptions store_options;
+  store_options.name = "run_world's store";
+  auto server = std::make_unique<StoreServer>(store_options);
 
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
@@ -168,7 +166,8 @@ void run_world(int64_t world_size, const RankBody& body, std::chrono::seconds ti
   for (char** e = environ; *e; ++e)
     if (inherited(*e)) env_common.emplace_back(*e);
   env_common.push_back(std::string(kWorldEnv) + "=" + std::to_string(world_size));
-  env_common.push_back(std::string(kPortEnv) + "=" + std::to_string(server->getPort()));
+  env_common.push_back(std::string(kPortEnv) + "=" + std::to_string(server->port()));
+  env_common.push_back("BATON_CLUSTER_TOKEN=" + auth::cluster_token());
   env_common.push_back(std::string(kCallEnv) + "=" + std::to_string(call));
   env_common.push_back(std::string(kTimeoutEnv) + "=" + std::to_string(timeout.count()));
   env_common.push_back(std::string(kParentEnv) + "=" + std::to_string(getpid()));

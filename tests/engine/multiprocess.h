@@ -47,8 +47,9 @@ using namespace ::baton::test;  // Tolerance, tensors_close, expect_close, ...
 
 using RankBody = std::function<void(int64_t rank, c10::intrusive_ptr<c10d::Store> store)>;
 
-// Runs `body` on `world_size` processes, one per rank, sharing a TCPStore the
-// parent hosts on loopback. Blocks until every rank exits or `timeout` passes.
+// Runs `body` on `world_size` processes, one per rank, sharing a rendezvous
+// store (baton::StoreServer, reached through AuthStore) the parent hosts on
+// loopback. Blocks until every rank exits or `timeout` passes.
 // Children use rank_threads() intra-op threads each.
 // Call it from inside a TEST (gtest's current test names the child's filter).
 void run_world(int64_t world_size, const RankBody& body,

@@ -54,7 +54,8 @@ class TestWorker : public baton::Worker {
                        {"spin", env_or_empty("GOMP_SPINCOUNT")},
                        {"pid", static_cast<int64_t>(getpid())},
                        {"master_addr", i.master_addr},
-                       {"master_port", static_cast<int64_t>(i.master_port)}};
+                       {"master_port", static_cast<int64_t>(i.master_port)},
+                       {"token_env", env_or_empty("BATON_CLUSTER_TOKEN")}};
   }
   double mean(const std::vector<double>& xs) {
     double s = 0;

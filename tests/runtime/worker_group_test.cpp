@@ -1,6 +1,8 @@
 // Calls on real groups of worker processes.
 #include "runtime/worker_group.h"
 #include "runtime/shared_tensor.h"
+#include "runtime/auth.h"
+#include "runtime/auth_store.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -266,11 +268,14 @@ std::vector<std::string> listeners_on(int64_t port) {
 
 // The rendezvous store every worker meets at (and weight sync connects to)
 // listens on the loopback interface only, not on every interface as c10d's
-// TCPStore would by itself.
-TEST_F(WorkerGroupTest, TheRendezvousStoreListensOnLoopbackOnly) {
+// TCPStore would by itself, and serves only clients that hold the cluster
+// token, which the workers got from the driver and no longer keep in their
+// environment.
+TEST_F(WorkerGroupTest, TheRendezvousStoreListensOnLoopbackOnlyAndRequiresTheClusterToken) {
   WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
   const Value info = g.call("info").get().as_list()[0];
   EXPECT_EQ(info.at("master_addr").as_string(), "127.0.0.1");
+  EXPECT_EQ(info.at("token_env").as_string(), "");
   const int64_t port = info.at("master_port").as_int();
   ASSERT_GT(port, 0);
   EXPECT_EQ(listeners_on(port), std::vector<std::string>{"0100007F"});
@@ -279,6 +284,12 @@ TEST_F(WorkerGroupTest, TheRendezvousStoreListensOnLoopbackOnly) {
   for (int r = 0; r < 4; ++r) args.push_back({at::full({2}, 1.0)});
   for (const Value& v : g.call_per_rank("all_reduce", args).get())
     EXPECT_TRUE(v.as_tensor().equal(at::full({2}, 4.0)));
+  // The driver's token opens it; another does not.
+  auto mine = c10::make_intrusive<AuthStore>("127.0.0.1", static_cast<uint16_t>(port));
+  EXPECT_GT(mine->getNumKeys(), 0);
+  EXPECT_THROW(c10::make_intrusive<AuthStore>("127.0.0.1", static_cast<uint16_t>(port),
+                                              "not-the-cluster-token-0000"),
+               auth::AuthError);
 }
 
 TEST_F(WorkerGroupTest, UnknownMethodFailsAtTheDriverListingTheKnownOnes) {

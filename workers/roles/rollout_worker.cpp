@@ -1,9 +1,9 @@
 #include "workers/roles/rollout_worker.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "dispatch/dispatch_modes.h"
+#include "runtime/auth_store.h"
 #include "runtime/errors.h"
 #include "workers/roles/rollout_batch.h"
 
@@ -97,21 +97,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> connect_weight_sync_group(const std::stri
                                                                  const std::string& name,
                                                                  int64_t rank, int64_t size,
                                                                  int64_t timeout_ms) {
-  const size_t colon = endpoint.rfind(':');
-  int port = 0;
-  try {
-    if (colon != std::string::npos) port = std::stoi(endpoint.substr(colon + 1));
-  } catch (const std::exception&) {
-    port = 0;
-  }
-  if (colon == std::string::npos || colon == 0 || port <= 0 || port > 65535) {
-    throw Error("weight sync: endpoint '" + endpoint + "' is not host:port");
-  }
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(port);
-  options.isServer = false;
-  options.waitWorkers = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>(endpoint.substr(0, colon), options);
+  auto store = connect_store(endpoint, std::chrono::milliseconds(timeout_ms));
   return engine::make_sync_group(c10::make_intrusive<c10d::PrefixStore>("weight_sync", store), name,
                                  rank, size, std::chrono::milliseconds(timeout_ms));
 }

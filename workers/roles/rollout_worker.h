@@ -73,7 +73,7 @@ class RolloutWorker : public Worker {
 const char* rollout_worker_class();
 
 // A weight-sync group of `size` ranks with rendezvous at `endpoint`
-// ("host:port" of a c10d TCPStore, e.g. a worker group's), under `name`, its
+// ("host:port" of an AuthStore server, e.g. a worker group's), under `name`, its
 // forming and every operation limited to `timeout_ms` (the role's
 // ModelOptions::collective_timeout_ms). Collective and blocking
 // (engine::make_sync_group); baton::Error for a malformed endpoint.
