@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz/ (clang, ASan, UBSan) in
+# build-fuzz/ and runs them: each target first replays its committed corpus
+# (tests/fuzz/corpus/<target>/, the seeds and every past crash), then fuzzes.
+#   scripts/fuzz.sh [TARGET...]   the targets to run (default: all)
+#   FUZZ_SECONDS   seconds of fuzzing per target (default 60; 0: replay only)
+#   FUZZ_BUILD     0 to skip configuring and building (several runs at once)
+#   FUZZ_DIR       build directory (default build-fuzz)
+# Per target: the work corpus grows in FUZZ_DIR/corpus/<target>/ (seeded from
+# the committed one), crash/timeout/oom inputs land in
+# FUZZ_DIR/artifacts/<target>/, libFuzzer's output in FUZZ_DIR/logs/<target>.log.
+# Prints one JSON line per target at the end; exits 1 if any target crashed.
+# A crash's input goes, once fixed, to tests/fuzz/corpus/<target>/regression-<what>.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${FUZZ_SECONDS:-60}"
+dir="${FUZZ_DIR:-build-fuzz}"
+all_targets=(fuzz_store_frame fuzz_handshake fuzz_tokenizer_json fuzz_chat_template
+  fuzz_yaml_config)
+targets=("$@")
+((${#targets[@]})) || targets=("${all_targets[@]}")
+
+if [[ "${FUZZ_BUILD:-1}" != 0 ]]; then
+  # The compiler and the parsers' libraries (scripts/setup.sh installs the
+  # same libraries for the main build).
+  packages=(cmake ninja-build pkg-config nlohmann-json3-dev libyaml-cpp-dev libpcre2-dev)
+  missing=()
+  command -v clang++ >/dev/null || missing+=(clang)
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "fuzz: installing ${missing[*]}"
+    sudo_cmd=()
+    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo_cmd[@]}" apt-get update -q
+    "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+  CXX=clang++ cmake -S tests/fuzz -B "$dir" -G Ninja >/dev/null
+  cmake --build "$dir" --target "${targets[@]}"
+fi
+
+# `key: value` of libFuzzer's -print_final_stats, or of its last status line.
+stat() { grep -o "stat::$2: *[0-9]*" "$1" | tail -1 | grep -o '[0-9]*$' || echo 0; }
+corp() { grep -o 'corp: [0-9]*' "$1" | tail -1 | grep -o '[0-9]*$' || echo 0; }
+
+mkdir -p "$dir/logs"
+summary=()
+failed=0
+for t in "${targets[@]}"; do
+  bin="$dir/$t"
+  seeds="tests/fuzz/corpus/$t"
+  work="$dir/corpus/$t"
+  artifacts="$dir/artifacts/$t"
+  log="$dir/logs/$t.log"
+  [[ -x "$bin" ]] || { echo "fuzz: $bin is missing (build it, or drop FUZZ_BUILD=0)" >&2; exit 2; }
+  [[ -d "$seeds" ]] || { echo "fuzz: $seeds is missing: a target needs seed inputs" >&2; exit 2; }
+  mkdir -p "$work" "$artifacts"
+  common=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "-artifact_prefix=$artifacts/")
+  dict="tests/fuzz/$t.dict"
+  [[ -f "$dict" ]] && common+=("-dict=$dict")
+  crashes=0
+  start=$SECONDS
+  # The committed corpus: every seed and past crash must run clean.
+  if ! "$bin" "${common[@]}" -runs=0 "$seeds" >"$log" 2>&1; then
+    echo "fuzz: $t fails on its committed corpus ($seeds); see $log" >&2
+    crashes=1
+  fi
+  executions=$(stat "$log" number_of_executed_units)
+  if ((crashes == 0 && seconds > 0)); then
+    before=$(find "$artifacts" -type f | wc -l)
+    # New inputs go to the first folder (the work corpus); the seeds are read only.
+    if ! "$bin" "${common[@]}" -max_total_time="$seconds" "$work" "$seeds" >>"$log" 2>&1; then
+      crashes=$(($(find "$artifacts" -type f | wc -l) - before))
+      ((crashes > 0)) || crashes=1
+      echo "fuzz: $t crashed; inputs in $artifacts/, output in $log" >&2
+    fi
+    executions=$(stat "$log" number_of_executed_units)
+  fi
+  ((crashes == 0)) || failed=1
+  summary+=("$(printf '{"target": "%s", "seconds": %d, "executions": %d, "corpus": %d, "crashes": %d}' \
+    "$t" $((SECONDS - start)) "$executions" "$(corp "$log")" "$crashes")")
+done
+printf '%s\n' "${summary[@]}"
+exit "$failed"
