@@ -298,6 +298,10 @@ std::string peer_address(int fd) {
   return std::string(host) + ":" + std::to_string(port);
 }
 
+bool wait_io(int fd, bool for_write, std::chrono::steady_clock::time_point deadline) {
+  return wait_ready(fd, for_write ? POLLOUT : POLLIN, deadline);
+}
+
 bool read_exact(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline) {
   auto* p = static_cast<uint8_t*>(data);
   while (n > 0) {
@@ -336,9 +340,17 @@ void write_all(int fd, const void* data, size_t n,
   }
 }
 
-void server_handshake(int fd, std::string_view token, std::chrono::milliseconds deadline_ms) {
+bool Conn::read_exact(void* data, size_t n, std::chrono::steady_clock::time_point deadline) {
+  return auth::read_exact(fd_, data, n, deadline);
+}
+
+void Conn::write_all(const void* data, size_t n, std::chrono::steady_clock::time_point deadline) {
+  auth::write_all(fd_, data, n, deadline);
+}
+
+void server_handshake(Conn& conn, std::string_view token, std::chrono::milliseconds deadline_ms) {
   const auto deadline = std::chrono::steady_clock::now() + deadline_ms;
-  const std::string who = peer_address(fd);
+  const std::string who = peer_address(conn.fd());
   uint8_t hello[kHello];
   std::memcpy(hello, kMagic, sizeof(kMagic));
   hello[sizeof(kMagic)] = kVersion;
@@ -346,10 +358,10 @@ void server_handshake(int fd, std::string_view token, std::chrono::milliseconds 
   fill_random(server_nonce, kNonce);
   uint8_t reply[kReply];
   try {
-    write_all(fd, hello, sizeof(hello), deadline);
+    conn.write_all(hello, sizeof(hello), deadline);
     // The magic first: a client that speaks another protocol is told apart
     // from one with a wrong token.
-    if (!read_exact(fd, reply, sizeof(kMagic) + 1, deadline)) {
+    if (!conn.read_exact(reply, sizeof(kMagic) + 1, deadline)) {
       throw AuthError("connection from " + who + " closed during the handshake");
     }
     if (std::memcmp(reply, kMagic, sizeof(kMagic)) != 0) {
@@ -361,7 +373,7 @@ void server_handshake(int fd, std::string_view token, std::chrono::milliseconds 
                       std::to_string(reply[sizeof(kMagic)]) + ", this build speaks " +
                       std::to_string(kVersion));
     }
-    if (!read_exact(fd, reply + sizeof(kMagic) + 1, kReply - sizeof(kMagic) - 1, deadline)) {
+    if (!conn.read_exact(reply + sizeof(kMagic) + 1, kReply - sizeof(kMagic) - 1, deadline)) {
       throw AuthError("connection from " + who + " closed during the handshake");
     }
   } catch (const AuthError&) {
@@ -377,21 +389,22 @@ void server_handshake(int fd, std::string_view token, std::chrono::milliseconds 
   }
   const Digest mine = proof(token, "server", client_nonce, server_nonce);
   try {
-    write_all(fd, mine.data(), mine.size(), deadline);
+    conn.write_all(mine.data(), mine.size(), deadline);
   } catch (const Error& e) {
     throw AuthError("connection from " + who + ": handshake " + e.what());
   }
 }
 
-void client_handshake(int fd, std::string_view token, std::chrono::milliseconds deadline_ms,
+void client_handshake(Conn& conn, std::string_view token, std::chrono::milliseconds deadline_ms,
                       const std::string& where) {
   const auto deadline = std::chrono::steady_clock::now() + deadline_ms;
   uint8_t hello[kHello];
   uint8_t reply[kReply];
   Digest theirs;
   try {
-    if (!read_exact(fd, hello, sizeof(hello), deadline)) {
-      throw AuthError(where + " closed the connection before its handshake");
+    if (!conn.read_exact(hello, sizeof(hello), deadline)) {
+      throw AuthError(where + " closed the connection before its handshake (a server that "
+                      "requires TLS closes plain connections: is BATON_TLS_CA set here?)");
     }
     if (std::memcmp(hello, kMagic, sizeof(kMagic)) != 0 || hello[sizeof(kMagic)] != kVersion) {
       throw AuthError(where + " is not a baton listener of this version (its first bytes are " +
@@ -404,8 +417,8 @@ void client_handshake(int fd, std::string_view token, std::chrono::milliseconds 
     fill_random(client_nonce, kNonce);
     const Digest mine = proof(token, "client", server_nonce, client_nonce);
     std::memcpy(client_nonce + kNonce, mine.data(), mine.size());
-    write_all(fd, reply, sizeof(reply), deadline);
-    if (!read_exact(fd, theirs.data(), theirs.size(), deadline)) {
+    conn.write_all(reply, sizeof(reply), deadline);
+    if (!conn.read_exact(theirs.data(), theirs.size(), deadline)) {
       throw AuthError(where +
                       " closed the connection: it rejected this process's cluster token (do the "
                       "driver and this process share BATON_CLUSTER_TOKEN?)");

@@ -85,18 +85,48 @@ std::string random_token();
 // Which peer a log line or an error names, e.g. "127.0.0.1:41234".
 std::string peer_address(int fd);
 
-// Runs the server side on a connected blocking or non-blocking stream socket.
-// Returns when the client has proven it holds `token`; throws AuthError (the
-// peer's address, what was wrong) when it has not, did not answer before
-// `deadline`, or hung up. Never reads more than the handshake's bytes.
-void server_handshake(int fd, std::string_view token, std::chrono::milliseconds deadline);
+// A connected stream socket, as the handshake and the protocols behind it
+// use it: plain TCP here, TLS when made by runtime/tls.h. Does not own the fd.
+// One reader and one writer at a time.
+class Conn {
+ public:
+  explicit Conn(int fd) : fd_(fd) {}
+  virtual ~Conn() = default;
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+  int fd() const { return fd_; }
+  // As read_exact and write_all below.
+  virtual bool read_exact(void* data, size_t n, std::chrono::steady_clock::time_point deadline);
+  virtual void write_all(const void* data, size_t n,
+                         std::chrono::steady_clock::time_point deadline);
+  // "tcp", or the TLS version ("TLSv1.3").
+  virtual std::string protocol() const { return "tcp"; }
+
+ protected:
+  int fd_;
+};
+
+// Runs the server side on a connection. Returns when the client has proven it
+// holds `token`; throws AuthError (the peer's address, what was wrong) when it
+// has not, did not answer before `deadline`, or hung up. Never reads more
+// than the handshake's bytes.
+void server_handshake(Conn& conn, std::string_view token, std::chrono::milliseconds deadline);
+inline void server_handshake(int fd, std::string_view token, std::chrono::milliseconds deadline) {
+  Conn conn(fd);
+  server_handshake(conn, token, deadline);
+}
 
 // The client side; `where` names the server in errors ("the rendezvous store
 // at 10.0.0.1:29500"). Throws AuthError when the server is not a baton
 // listener, did not prove it holds `token`, closed the connection (what a
 // server does after a wrong token) or did not answer before `deadline`.
-void client_handshake(int fd, std::string_view token, std::chrono::milliseconds deadline,
+void client_handshake(Conn& conn, std::string_view token, std::chrono::milliseconds deadline,
                       const std::string& where);
+inline void client_handshake(int fd, std::string_view token, std::chrono::milliseconds deadline,
+                             const std::string& where) {
+  Conn conn(fd);
+  client_handshake(conn, token, deadline, where);
+}
 
 // I/O with a deadline on a stream socket (blocking or not), for the handshake
 // and the protocols behind it. read_exact returns false when the peer closed
@@ -105,5 +135,7 @@ void client_handshake(int fd, std::string_view token, std::chrono::milliseconds 
 bool read_exact(int fd, void* data, size_t n, std::chrono::steady_clock::time_point deadline);
 void write_all(int fd, const void* data, size_t n,
                std::chrono::steady_clock::time_point deadline);
+// Waits until `fd` is readable (or writable); false when the deadline passed.
+bool wait_io(int fd, bool for_write, std::chrono::steady_clock::time_point deadline);
 
 }  // namespace baton::auth

@@ -16,6 +16,7 @@
 #include "runtime/auth.h"
 #include "runtime/errors.h"
 #include "runtime/store_protocol.h"
+#include "runtime/tls.h"
 
 namespace baton {
 namespace {
@@ -99,9 +100,15 @@ AuthStore::AuthStore(std::string host, uint16_t port, std::string token,
                 std::to_string(connect_timeout_.count()) + " ms: " + why);
   }
   try {
-    auth::client_handshake(fd_, token_, std::min(connect_timeout_, std::chrono::milliseconds(30000)),
-                           where_);
+    const auto handshake = std::min(connect_timeout_, std::chrono::milliseconds(30000));
+    if (auto tls = tls::Context::client_from_environment()) {
+      conn_ = tls->connect(fd_, Clock::now() + handshake, host_, where_);
+    } else {
+      conn_ = std::make_unique<auth::Conn>(fd_);
+    }
+    auth::client_handshake(*conn_, token_, handshake, where_);
   } catch (...) {
+    conn_.reset();
     ::close(fd_);
     fd_ = -1;
     throw;
@@ -109,7 +116,13 @@ AuthStore::AuthStore(std::string host, uint16_t port, std::string token,
 }
 
 AuthStore::~AuthStore() {
+  conn_.reset();
   if (fd_ >= 0) ::close(fd_);
+}
+
+std::string AuthStore::protocol() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return conn_ ? conn_->protocol() : "closed";
 }
 
 c10::intrusive_ptr<c10d::Store> AuthStore::clone() {
@@ -130,15 +143,16 @@ store::Reply AuthStore::call(const store::Request& request, std::chrono::millise
                                                 : Clock::now() + kReplyMargin;
   std::string body;
   try {
-    auth::write_all(fd_, frame.data(), frame.size(), deadline);
+    conn_->write_all(frame.data(), frame.size(), deadline);
     uint8_t prefix[4];
-    bool whole = auth::read_exact(fd_, prefix, 4, deadline);
+    bool whole = conn_->read_exact(prefix, 4, deadline);
     if (whole) {
       body.resize(store::frame_length(prefix));
-      whole = auth::read_exact(fd_, body.data(), body.size(), deadline);
+      whole = conn_->read_exact(body.data(), body.size(), deadline);
     }
     if (!whole) throw Error("it closed the connection");
   } catch (const std::exception& e) {
+    conn_.reset();
     ::close(fd_);
     fd_ = -1;
     C10_THROW_ERROR(DistNetworkError, std::string(store::op_name(request.op)) + " on " + where_ +

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -29,11 +30,15 @@ namespace store {
 struct Request;
 struct Reply;
 }  // namespace store
+namespace auth {
+class Conn;
+}  // namespace auth
 
 class AuthStore : public c10d::Store {
  public:
   // Connects and authenticates, retrying a refused connection until
-  // `connect_timeout`. `token` empty: auth::cluster_token().
+  // `connect_timeout`. `token` empty: auth::cluster_token(). Over TLS when
+  // BATON_TLS_CA names the certificates to trust (runtime/tls.h).
   AuthStore(std::string host, uint16_t port, std::string token = {},
             std::chrono::milliseconds timeout = kDefaultTimeout,
             std::chrono::milliseconds connect_timeout = std::chrono::seconds(30));
@@ -62,6 +67,8 @@ class AuthStore : public c10d::Store {
 
   // "the rendezvous store at 127.0.0.1:41234".
   const std::string& where() const { return where_; }
+  // "tcp", or the TLS version ("TLSv1.3").
+  std::string protocol() const;
 
  private:
   store::Reply call(const store::Request& request, std::chrono::milliseconds waits);
@@ -71,8 +78,9 @@ class AuthStore : public c10d::Store {
   std::string token_;
   std::chrono::milliseconds connect_timeout_;
   std::string where_;
-  std::mutex mu_;
-  int fd_ = -1;  // guarded by mu_
+  mutable std::mutex mu_;
+  int fd_ = -1;                       // guarded by mu_
+  std::unique_ptr<auth::Conn> conn_;  // over fd_; guarded by mu_
 };
 
 // Connects to "host:port" (an AuthStore), for a rendezvous outside one's own

@@ -24,6 +24,7 @@
 #include "runtime/errors.h"
 #include "runtime/log.h"
 #include "runtime/store_protocol.h"
+#include "runtime/tls.h"
 
 namespace baton {
 namespace {
@@ -66,7 +67,7 @@ struct StoreServer::Impl {
   std::unordered_map<std::string, std::string> data;
 
   std::atomic<uint64_t> accepted{0}, authenticated{0}, rejected{0}, refused{0}, requests{0},
-      waiting{0};
+      waiting{0}, over_tls{0};
 
   std::mutex log_mu;
   Clock::time_point log_window{};
@@ -191,8 +192,13 @@ struct StoreServer::Impl {
   }
 
   void serve(int fd) {
+    std::unique_ptr<auth::Conn> conn;
     try {
-      auth::server_handshake(fd, options.token, options.handshake_timeout);
+      const auto deadline = Clock::now() + options.handshake_timeout;
+      conn = options.tls ? options.tls->accept(fd, deadline, auth::peer_address(fd))
+                         : std::make_unique<auth::Conn>(fd);
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      auth::server_handshake(*conn, options.token, std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception& e) {
       --pending;
       if (!stopping.load()) {
@@ -203,19 +209,20 @@ struct StoreServer::Impl {
     }
     --pending;
     ++authenticated;
+    if (options.tls) ++over_tls;
     const std::string who = auth::peer_address(fd);
     try {
       for (;;) {
         uint8_t prefix[4];
-        if (!auth::read_exact(fd, prefix, 4, Clock::time_point::max())) return;  // hung up
+        if (!conn->read_exact(prefix, 4, Clock::time_point::max())) return;  // hung up
         std::string body(store::frame_length(prefix), '\0');
-        if (!auth::read_exact(fd, body.data(), body.size(), Clock::now() + std::chrono::seconds(60))) {
+        if (!conn->read_exact(body.data(), body.size(), Clock::now() + std::chrono::seconds(60))) {
           return;
         }
         const store::Request request = store::decode_request(body);
         const std::string reply = store::encode(handle(request, fd));
         ++requests;
-        auth::write_all(fd, reply.data(), reply.size(), Clock::now() + std::chrono::seconds(60));
+        conn->write_all(reply.data(), reply.size(), Clock::now() + std::chrono::seconds(60));
       }
     } catch (const std::exception& e) {
       if (!stopping.load()) warn("connection from " + who + " dropped: " + e.what());
@@ -363,6 +370,7 @@ struct StoreServer::Impl {
 StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_shared<Impl>()) {
   impl_->options = std::move(options);
   if (impl_->options.token.empty()) impl_->options.token = auth::cluster_token();
+  if (!impl_->options.tls) impl_->options.tls = tls::Context::server_from_environment();
   impl_->listen_now();
   if (::pipe2(impl_->wake, O_CLOEXEC) != 0) {
     ::close(impl_->listen_fd);
@@ -384,6 +392,7 @@ StoreServer::Counts StoreServer::counts() const {
   c.refused = impl_->refused.load();
   c.requests = impl_->requests.load();
   c.waiting = impl_->waiting.load();
+  c.tls = impl_->over_tls.load();
   std::lock_guard<std::mutex> lock(impl_->mu);
   c.keys = impl_->data.size();
   return c;

@@ -28,6 +28,10 @@
 
 namespace baton {
 
+namespace tls {
+class Context;
+}  // namespace tls
+
 struct StoreServerOptions {
   // The address to listen on. The default keeps the store on this host; a
   // multi-host job names an interface (or "0.0.0.0").
@@ -41,6 +45,10 @@ struct StoreServerOptions {
   int max_pending = 64;
   // Names the server in log lines and errors ("WorkerGroup Actor_0").
   std::string name = "rendezvous store";
+  // TLS (runtime/tls.h): this context when set; otherwise the environment's
+  // (BATON_TLS_CERT, BATON_TLS_KEY), if any. With TLS, every connection must
+  // complete a TLS 1.3 handshake before the token's.
+  std::shared_ptr<tls::Context> tls;
 };
 
 class StoreServer {
@@ -62,6 +70,7 @@ class StoreServer {
     uint64_t requests = 0;       // requests served
     uint64_t keys = 0;           // keys held now
     uint64_t waiting = 0;        // requests waiting for keys now
+    uint64_t tls = 0;            // connections authenticated over TLS
   };
   Counts counts() const;
 

@@ -22,6 +22,8 @@ packages=(
   libyaml-cpp-dev
   # Unicode regexes of tokenizer pre-tokenizers (data/).
   libpcre2-dev
+  # TLS 1.3 for the TCP listeners (runtime/tls.h; optional: built when found).
+  libssl-dev
   nlohmann-json3-dev
   # Training curves (trainer/metrics.h: MetricsLogger::plot runs gnuplot).
   gnuplot-nox
