@@ -1,6 +1,7 @@
 #include "data/jinja_builtins.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <optional>
 #include <set>
@@ -497,7 +498,14 @@ Value attribute_path(const Value& item, const std::string& path) {
     const std::size_t dot = path.find('.', pos);
     const std::string part = path.substr(pos, dot == std::string::npos ? dot : dot - pos);
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    v = get_item(v, digits ? Value(static_cast<int64_t>(std::stoll(part))) : Value(part));
+    int64_t index = 0;
+    if (digits && std::from_chars(part.data(), part.data() + part.size(), index).ec != std::errc()) {
+      // Python's ints are unbounded: an index past int64's range is past every list's end.
+      if (v.is_undefined()) v.fail_undefined();
+      v = Value::undefined("'" + v.type_name() + " object' has no element " + part);
+    } else {
+      v = get_item(v, digits ? Value(index) : Value(part));
+    }
     if (dot == std::string::npos) return v;
     pos = dot + 1;
   }

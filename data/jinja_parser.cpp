@@ -52,6 +52,16 @@ class Parser {
     fail(line, construct + " is outside the Jinja subset baton supports");
   }
 
+  // The value of an integer or float token (ints are 64-bit here, unbounded in Python).
+  Value number(const Token& t) const {
+    try {
+      return t.type == T::kInteger ? Value(static_cast<int64_t>(std::stoll(t.value)))
+                                   : Value(std::stod(t.value));
+    } catch (const std::exception&) {
+      fail(t.line, "the number " + t.value + " is out of range");
+    }
+  }
+
   // Unknown filters and tests fail here, except where jinja2 defers the error to when the
   // expression runs: directly inside an `if` (its tests and branches, not a loop or macro
   // within it) and inside `x if c else y`.
@@ -465,12 +475,7 @@ class Parser {
       case T::kFloat: {
         ++pos_;
         auto e = make(Expr::Kind::kLiteral, t.line);
-        try {
-          e->value = t.type == T::kInteger ? Value(static_cast<int64_t>(std::stoll(t.value)))
-                                           : Value(std::stod(t.value));
-        } catch (const std::exception&) {
-          fail(t.line, "the number " + t.value + " is out of range");
-        }
+        e->value = number(t);
         return e;
       }
       case T::kOperator:
@@ -515,7 +520,7 @@ class Parser {
         const int line = next().line;
         if (cur().type == T::kInteger) {
           auto index = make(Expr::Kind::kLiteral, line);
-          index->value = Value(static_cast<int64_t>(std::stoll(next().value)));
+          index->value = number(next());
           auto g = make(Expr::Kind::kGetitem, line);
           g->args.push_back(std::move(e));
           g->args.push_back(std::move(index));

@@ -191,6 +191,17 @@ TEST(JinjaTemplate, TheSandboxRefusesChangingLists) {
   EXPECT_CONTAINS(error_of("{% set ns = namespace() %}{% set ns._x = 1 %}"), "underscore");
 }
 
+// Found by tests/fuzz/fuzz_chat_template: these crashed the process (an escaped std::out_of_range)
+// instead of failing with a JinjaError or rendering what jinja2 renders.
+TEST(JinjaTemplate, NumbersPastInt64FailOrAreUndefined) {
+  EXPECT_CONTAINS(error_of("{{ loop.99999999999999999999 }}"),
+                  "the number 99999999999999999999 is out of range");
+  // jinja2 prints [Undefined]: no list is that long.
+  EXPECT_EQ(JinjaTemplate::parse("{{ m | map(attribute='99999999999999999999') | list }}", "m")
+                .render(nlohmann::ordered_json::parse(R"({"m": [{"role": "user"}]})")),
+            "[Undefined]");
+}
+
 TEST(JinjaTemplate, StrftimeNowUsesTheGivenClock) {
   JinjaRenderOptions options;
   options.now = march_14_2025_noon();
