@@ -73,6 +73,28 @@ class Renderer {
     throw JinjaError(source_ + ":" + std::to_string(line) + ": chat_template: " + what);
   }
 
+  // One level of rendering below another (an expression in an expression, a statement in a
+  // block, a macro's body in its call): each is a recursive call here, so a bound keeps a
+  // template that recurses without end from overflowing the stack. jinja2 stops such a
+  // template with Python's RecursionError.
+  static constexpr int kMaxDepth = 400;
+  class Depth {
+   public:
+    Depth(Renderer& r, int line) : r_(r) {
+      if (r_.depth_ == kMaxDepth) {
+        r_.fail(line, "rendering nests more than " + std::to_string(kMaxDepth) +
+                          " levels deep (a macro that calls itself without end?)");
+      }
+      ++r_.depth_;
+    }
+    ~Depth() { --r_.depth_; }
+    Depth(const Depth&) = delete;
+    Depth& operator=(const Depth&) = delete;
+
+   private:
+    Renderer& r_;
+  };
+
   void define_globals(Frame& g) {
     g.vars["range"] = Value::callable("range", [](CallArgs& a) {
       if (!a.keyword.empty() || a.positional.empty() || a.positional.size() > 3) {
@@ -175,6 +197,7 @@ class Renderer {
   }
 
   Flow exec_node(const Node& n, const FramePtr& frame, std::string& out) {
+    const Depth depth(*this, n.line);
     switch (n.kind) {
       case Node::Kind::kText:
         out += n.text;
@@ -330,6 +353,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e, const FramePtr& frame) {
+    const Depth depth(*this, e.line);
     switch (e.kind) {
       case Expr::Kind::kLiteral:
         return e.value;
@@ -451,6 +475,7 @@ class Renderer {
 
   const std::string& source_;
   const JinjaRenderOptions& options_;
+  int depth_ = 0;  // the Depth levels open
 };
 
 }  // namespace

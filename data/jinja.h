@@ -21,6 +21,11 @@
 // Render errors (raise_exception('...'), a type error, an undefined value used) throw
 // JinjaError naming the source and the line, with raise_exception's message.
 //
+// Nesting is bounded where jinja2 hits Python's recursion limit: a template nested more than
+// 200 levels deep (brackets, unary operators, blocks) fails at parse, and rendering more than
+// 400 levels deep (a macro that calls itself without end) fails at render, each with a
+// JinjaError, never a stack overflow.
+//
 // Example:
 //   auto t = baton::data::JinjaTemplate::parse("{{ greeting }}, {{ name | upper }}!", "hello");
 //   std::string s = t.render({{"greeting", "Hi"}, {"name", "ada"}});  // "Hi, ADA!"

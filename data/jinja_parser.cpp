@@ -24,6 +24,9 @@ ExprPtr unary(Expr::Kind kind, ExprPtr arg, int line) {
   return e;
 }
 
+// The deepest nesting a template may have (see Parser::Nesting).
+constexpr int kMaxNesting = 200;
+
 class Parser {
  public:
   Parser(std::vector<Token> tokens, const std::string& source)
@@ -61,6 +64,26 @@ class Parser {
       fail(t.line, "the number " + t.value + " is out of range");
     }
   }
+
+  // One level of nesting (a bracket, a unary operator, an inline `else`, a block): the parser
+  // recurses at each, so a bound keeps a hostile template from overflowing the stack. jinja2
+  // refuses such templates too (Python's recursion and parenthesis limits).
+  class Nesting {
+   public:
+    Nesting(Parser& parser, int line) : parser_(parser) {
+      if (parser_.depth_ == kMaxNesting) {
+        parser_.fail(line, "the template nests more than " + std::to_string(kMaxNesting) +
+                               " levels deep (brackets, operators, blocks)");
+      }
+      ++parser_.depth_;
+    }
+    ~Nesting() { --parser_.depth_; }
+    Nesting(const Nesting&) = delete;
+    Nesting& operator=(const Nesting&) = delete;
+
+   private:
+    Parser& parser_;
+  };
 
   // Unknown filters and tests fail here, except where jinja2 defers the error to when the
   // expression runs: directly inside an `if` (its tests and branches, not a loop or macro
@@ -190,6 +213,7 @@ class Parser {
   // A statement after its `{%`, through its (last) `%}`.
   NodePtr statement() {
     const Token t = cur();
+    const Nesting nesting(*this, t.line);
     if (t.type != T::kName) fail(t.line, "expected a statement name, got " + describe(t));
     auto n = std::make_unique<Node>();
     n->line = t.line;
@@ -322,6 +346,7 @@ class Parser {
     ExprPtr e = parse_or();
     while (is_name("if")) {
       const int line = next().line;
+      const Nesting nesting(*this, line);
       auto c = make(Expr::Kind::kCondition, line);
       c->args.push_back(parse_or());
       c->args.push_back(std::move(e));
@@ -356,6 +381,7 @@ class Parser {
   ExprPtr parse_not() {
     if (is_name("not")) {
       const int line = next().line;
+      const Nesting nesting(*this, line);
       return unary(Expr::Kind::kNot, parse_not(), line);
     }
     return parse_compare();
@@ -436,6 +462,7 @@ class Parser {
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       const Token op = next();
+      const Nesting nesting(*this, op.line);
       e = unary(op.value == "-" ? Expr::Kind::kNegate : Expr::Kind::kPlus, parse_unary(false),
                 op.line);
     } else {
@@ -448,6 +475,7 @@ class Parser {
 
   ExprPtr parse_primary() {
     const Token t = cur();
+    const Nesting nesting(*this, t.line);
     switch (t.type) {
       case T::kName: {
         ++pos_;
@@ -658,6 +686,7 @@ class Parser {
   std::vector<Token> tokens_;
   const std::string& source_;
   std::size_t pos_ = 0;
+  int depth_ = 0;  // the Nesting levels open
   std::set<std::string> macros_;
   std::vector<std::pair<std::string, int>> called_;
 };

@@ -202,6 +202,28 @@ TEST(JinjaTemplate, NumbersPastInt64FailOrAreUndefined) {
             "[Undefined]");
 }
 
+// Each of these overflowed the stack (the parser and the renderer recurse once per level).
+TEST(JinjaTemplate, NestingTooDeepFailsInsteadOfOverflowingTheStack) {
+  const std::string parens = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
+  EXPECT_CONTAINS(error_of(parens), "nests more than 200 levels deep");
+  std::string blocks;
+  for (int i = 0; i < 5000; ++i) blocks += "{% if true %}";
+  EXPECT_CONTAINS(error_of(blocks), "nests more than 200 levels deep");
+  EXPECT_CONTAINS(error_of("{{ " + std::string(5000, '-') + "1 }}"), "nests more than 200");
+  // jinja2 stops these with Python's RecursionError.
+  EXPECT_CONTAINS(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
+                  "rendering nests more than 400 levels deep");
+  std::string sum = "{{ 1";
+  for (int i = 0; i < 5000; ++i) sum += " + 1";
+  EXPECT_CONTAINS(error_of(sum + " }}"), "rendering nests more than 400 levels deep");
+  // What real templates do stays well inside the bounds.
+  EXPECT_EQ(JinjaTemplate::parse("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ n }}{% endif %}"
+                                 "{% endmacro %}{{ f(20) }}|{{ ((((1 + 2)))) * -(-3) }}",
+                                 "m")
+                .render({}),
+            "1234567891011121314151617181920|9");
+}
+
 TEST(JinjaTemplate, StrftimeNowUsesTheGivenClock) {
   JinjaRenderOptions options;
   options.now = march_14_2025_noon();
