@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -237,14 +238,16 @@ void on_fatal_signal(int sig, siginfo_t* info, void* context) {
   static int own_index[kMaxFrames];
   int own_count = 0;
   for (int i = 0; i < n; ++i) {
-    const char* pc = static_cast<const char*>(frames[i]) - 1;
-    known[i] = dladdr(pc, &infos[i]) != 0;
+    // As integers: a frame may be a null pc (a call through a null pointer),
+    // and stepping back from null is not pointer arithmetic.
+    const uintptr_t pc = reinterpret_cast<uintptr_t>(frames[i]) - 1;
+    known[i] = frames[i] != nullptr && dladdr(reinterpret_cast<const void*>(pc), &infos[i]) != 0;
     own_index[i] = -1;
     if (known[i] && own_base != nullptr && infos[i].dli_fbase == own_base) {
       if (own_count == 0 && infos[i].dli_fname != nullptr)
         snprintf(own_path, sizeof own_path, "%s", infos[i].dli_fname);
       snprintf(offsets[own_count], sizeof offsets[own_count], "0x%lx",
-               static_cast<unsigned long>(pc - static_cast<const char*>(own_base)));
+               static_cast<unsigned long>(pc - reinterpret_cast<uintptr_t>(own_base)));
       own_index[i] = own_count++;
     }
   }
