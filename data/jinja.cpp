@@ -111,9 +111,10 @@ class Renderer {
       const int64_t step = v.size() > 2 ? v[2] : 1;
       if (step == 0) throw ValueError("range() arg 3 must not be zero");
       std::vector<Value> items;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         if (items.size() >= 100000) throw ValueError("range too big (the sandbox allows 100000)");
         items.emplace_back(i);
+        if (__builtin_add_overflow(i, step, &i)) break;  // past int64, so past stop
       }
       return Value::list(std::move(items));
     });
@@ -416,7 +417,7 @@ class Renderer {
         const bool negate = e.kind == Expr::Kind::kNegate;
         if (v.kind() == Value::Kind::kFloat) return Value(negate ? -v.as_float() : v.as_float());
         if (v.is_int() || v.kind() == Value::Kind::kBool) {
-          return Value(negate ? -v.as_int() : v.as_int());
+          return negate ? jinja::arithmetic('-', Value(0), v) : Value(v.as_int());
         }
         throw ValueError(std::string("bad operand type for unary ") + (negate ? "-" : "+") + ": '" +
                          v.type_name() + "'");

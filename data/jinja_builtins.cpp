@@ -543,7 +543,12 @@ Value select(const std::string& name, const Value& value, CallArgs& args) {
   return Value::generator(std::move(out));
 }
 
-int64_t python_round_half_away(double x) { return static_cast<int64_t>(std::round(x)); }
+// A float's integer part, as Python's int() gives it for one that fits 64 bits.
+std::optional<int64_t> truncated(double f) {
+  const double t = std::trunc(f);
+  if (!(t >= -0x1p63 && t < 0x1p63)) return std::nullopt;  // NaN, infinite or too large
+  return static_cast<int64_t>(t);
+}
 
 }  // namespace
 
@@ -635,12 +640,13 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
   const int64_t e = clamp(stop, st > 0 ? n : -1);
   std::vector<Value> items;
   std::string s;
-  for (int64_t i = b; st > 0 ? i < e : i > e; i += st) {
+  for (int64_t i = b; st > 0 ? i < e : i > e;) {
     if (list) {
       items.push_back(obj.items()[static_cast<std::size_t>(i)]);
     } else {
       s += cps[static_cast<std::size_t>(i)];
     }
+    if (__builtin_add_overflow(i, st, &i)) break;  // a step past int64 leaves the sequence
   }
   return list ? Value::list(std::move(items), obj.is_tuple()) : Value(std::move(s));
 }
@@ -904,7 +910,7 @@ Value apply_filter(const std::string& name, const Value& value, CallArgs& args) 
     no_args(name, args);
     if (value.kind() == Value::Kind::kFloat) return Value(std::fabs(value.as_float()));
     if (value.is_int() || value.kind() == Value::Kind::kBool) {
-      return Value(value.as_int() < 0 ? -value.as_int() : value.as_int());
+      return value.as_int() < 0 ? arithmetic('-', Value(0), value) : Value(value.as_int());
     }
     throw ValueError("bad operand type for abs(): '" + value.type_name() + "'");
   }
@@ -914,9 +920,13 @@ Value apply_filter(const std::string& name, const Value& value, CallArgs& args) 
     if (value.kind() == Value::Kind::kInt || value.kind() == Value::Kind::kBool) {
       return Value(value.as_int());
     }
-    if (value.kind() == Value::Kind::kFloat) {
-      return Value(static_cast<int64_t>(std::trunc(value.as_float())));
-    }
+    // jinja2 gives the default for NaN; Python's int() of a larger float is past 64 bits.
+    const auto from_float = [&](double f) {
+      if (std::isnan(f)) return fallback;
+      if (const auto i = truncated(f)) return Value(*i);
+      throw ValueError("int: " + Value(f).repr() + " does not fit in 64 bits");
+    };
+    if (value.kind() == Value::Kind::kFloat) return from_float(value.as_float());
     if (value.is_string()) {
       const std::string s = strip(value.str(), Value::none(), true, true);
       try {
@@ -926,12 +936,14 @@ Value apply_filter(const std::string& name, const Value& value, CallArgs& args) 
         if (used == s.size()) return Value(i);
       } catch (const std::exception&) {
       }
+      std::optional<double> f;
       try {
         std::size_t used = 0;
-        const double f = std::stod(s, &used);
-        if (used == s.size() && std::isfinite(f)) return Value(static_cast<int64_t>(std::trunc(f)));
+        const double d = std::stod(s, &used);
+        if (used == s.size()) f = d;
       } catch (const std::exception&) {
       }
+      if (f) return from_float(*f);
     }
     return fallback;
   }
@@ -957,7 +969,7 @@ Value apply_filter(const std::string& name, const Value& value, CallArgs& args) 
     const double x = value.as_float() * scale;
     double r = 0;
     if (method == "common") {
-      r = static_cast<double>(python_round_half_away(x));
+      r = std::round(x);  // half away from zero
     } else if (method == "ceil") {
       r = std::ceil(x);
     } else if (method == "floor") {
@@ -972,7 +984,9 @@ Value apply_filter(const std::string& name, const Value& value, CallArgs& args) 
     const Value width = b.get(0, Value(4));
     const std::string pad = width.is_string()
                                 ? width.str()
-                                : std::string(static_cast<std::size_t>(int_arg(width, name)), ' ');
+                                : std::string(static_cast<std::size_t>(std::max<int64_t>(
+                                                  int_arg(width, name), 0)),
+                                              ' ');  // ' ' * -1 is '' in Python
     std::vector<std::string> lines = splitlines(value.to_str() + "\n");
     std::string out;
     if (b.flag(2, false)) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "data/utf8.h"
@@ -195,13 +196,46 @@ bool integral(const Value& v) {
   return v.kind() == Value::Kind::kInt || v.kind() == Value::Kind::kBool;
 }
 
+// Python's ints have no bound; these are 64-bit, so a result past that range fails (where
+// C++ would wrap or, for signed ints, be undefined).
+[[noreturn]] void overflow(const std::string& op, const Value& a, const Value& b) {
+  throw ValueError("integer overflow: " + a.repr() + " " + op + " " + b.repr() +
+                   " does not fit in 64 bits");
+}
+
+// a ** b for b >= 0, by squaring: a squared base that overflows means the result does too
+// (it is at least that large whenever |a| > 1 and bits of b remain).
+Value int_power(const Value& a, const Value& b) {
+  int64_t result = 1, base = a.as_int(), e = b.as_int();
+  while (true) {
+    if ((e & 1) && __builtin_mul_overflow(result, base, &result)) overflow("**", a, b);
+    e >>= 1;
+    if (e == 0) return Value(result);
+    if (__builtin_mul_overflow(base, base, &base)) overflow("**", a, b);
+  }
+}
+
 Value repeat(const Value& seq, int64_t n) {
-  if (seq.is_string()) {
+  const bool string = seq.is_string();
+  const std::size_t size = string ? seq.str().size() : seq.items().size();
+  // An empty sequence stays empty however often it repeats (without looping n times), and a
+  // length no string or vector can have fails as Python's OverflowError does.
+  if (n <= 0 || size == 0) n = 0;
+  std::size_t total = 0;
+  const std::size_t most =
+      string ? std::string().max_size() : std::vector<Value>().max_size();
+  if (__builtin_mul_overflow(size, static_cast<uint64_t>(n), &total) || total > most) {
+    throw ValueError("repeated " + seq.type_name() + " is too long (" + std::to_string(size) +
+                     " * " + std::to_string(n) + ")");
+  }
+  if (string) {
     std::string out;
+    out.reserve(total);
     for (int64_t i = 0; i < n; ++i) out += seq.str();
     return Value(std::move(out));
   }
   std::vector<Value> out;
+  out.reserve(total);
   for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq.items().begin(), seq.items().end());
   return Value::list(std::move(out), seq.is_tuple());
 }
@@ -540,7 +574,11 @@ bool contains(const Value& container, const Value& item) {
 Value add(const Value& a, const Value& b) {
   if (a.is_undefined()) a.fail_undefined();
   if (b.is_undefined()) b.fail_undefined();
-  if (integral(a) && integral(b)) return Value(a.as_int() + b.as_int());
+  if (integral(a) && integral(b)) {
+    int64_t sum = 0;
+    if (__builtin_add_overflow(a.as_int(), b.as_int(), &sum)) overflow("+", a, b);
+    return Value(sum);
+  }
   if ((a.is_number() || integral(a)) && (b.is_number() || integral(b))) {
     return Value(a.as_float() + b.as_float());
   }
@@ -574,16 +612,22 @@ Value arithmetic(char op, const Value& a, const Value& b) {
   if (!nums) unsupported(name.c_str(), a, b);
   const bool zero = ints ? b.as_int() == 0 : b.as_float() == 0;
   if (zero && (op == '/' || op == 'f' || op == '%')) throw ValueError("division by zero");
+  int64_t result = 0;
   switch (op) {
     case '-':
-      return ints ? Value(a.as_int() - b.as_int()) : Value(a.as_float() - b.as_float());
+      if (!ints) return Value(a.as_float() - b.as_float());
+      if (__builtin_sub_overflow(a.as_int(), b.as_int(), &result)) overflow(name, a, b);
+      return Value(result);
     case '*':
-      return ints ? Value(a.as_int() * b.as_int()) : Value(a.as_float() * b.as_float());
+      if (!ints) return Value(a.as_float() * b.as_float());
+      if (__builtin_mul_overflow(a.as_int(), b.as_int(), &result)) overflow(name, a, b);
+      return Value(result);
     case '/':
       return Value(a.as_float() / b.as_float());
     case 'f':
       if (ints) {
         const int64_t x = a.as_int(), y = b.as_int();
+        if (x == std::numeric_limits<int64_t>::min() && y == -1) overflow(name, a, b);
         int64_t q = x / y;
         if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
         return Value(q);
@@ -592,6 +636,7 @@ Value arithmetic(char op, const Value& a, const Value& b) {
     case '%':
       if (ints) {
         const int64_t x = a.as_int(), y = b.as_int();
+        if (y == -1) return Value(int64_t{0});  // x % -1 is undefined in C++ for the least x
         int64_t r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) r += y;
         return Value(r);
@@ -602,11 +647,7 @@ Value arithmetic(char op, const Value& a, const Value& b) {
         return Value(r);
       }
     case 'p':
-      if (ints && b.as_int() >= 0) {
-        int64_t r = 1;
-        for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
-        return Value(r);
-      }
+      if (ints && b.as_int() >= 0) return int_power(a, b);
       return Value(std::pow(a.as_float(), b.as_float()));
     default:
       unsupported(name.c_str(), a, b);

@@ -10,6 +10,8 @@
 //
 // Operations that Python would refuse (1 + 'a', an undefined value used in arithmetic) throw
 // ValueError; the interpreter adds the template's name and line.
+// Ints are 64-bit where Python's have no bound: arithmetic whose result does not fit throws
+// ValueError rather than wrapping.
 #pragma once
 
 #include <cstdint>

@@ -202,6 +202,31 @@ TEST(JinjaTemplate, NumbersPastInt64FailOrAreUndefined) {
             "[Undefined]");
 }
 
+// Found by fuzz_chat_template (round) and then by reading the arithmetic: each of these was
+// undefined behaviour (signed overflow, INT64_MIN / -1, a float cast past int64's range), a
+// std::length_error, or a loop of 10^18 steps.
+TEST(JinjaTemplate, IntegersPast64BitsFailInsteadOfWrapping) {
+  for (const char* text : {"{{ 9223372036854775807 + 1 }}", "{{ 3037000500 * 3037000500 }}",
+                           "{{ -9223372036854775807 - 2 }}",
+                           "{{ (-9223372036854775807 - 1) // -1 }}",
+                           "{{ -(-9223372036854775807 - 1) }}", "{{ 3 ** 99999999999999 }}"}) {
+    EXPECT_CONTAINS(error_of(text), "integer overflow");
+  }
+  EXPECT_CONTAINS(error_of("{{ 1e30 | int }}"), "does not fit in 64 bits");
+  EXPECT_CONTAINS(error_of("{{ 'ab' * 9223372036854775807 }}"), "repeated str is too long");
+  // The rest renders what jinja2 renders.
+  EXPECT_EQ(JinjaTemplate::parse("{{ (-9223372036854775807 - 1) % -1 }}|{{ '' * 10 ** 18 }}"
+                                 "{{ [] * 10 ** 18 }}|{{ 'a\nb' | indent(-1) }}|"
+                                 "{{ 'abc'[2::9223372036854775807] }}|"
+                                 "{{ range(9223372036854775800, 9223372036854775807, 5) | list }}|"
+                                 "{{ 2.567 | round(24) }}|{{ 2 ** 62 }}|{{ (-2) ** 63 }}|"
+                                 "{{ 'nan' | int(7) }}|{{ -7 | abs }}",
+                                 "m")
+                .render({}),
+            "0|[]|a\nb|c|[9223372036854775800, 9223372036854775805]|2.567|4611686018427387904|"
+            "-9223372036854775808|7|7");
+}
+
 // Each of these overflowed the stack (the parser and the renderer recurse once per level).
 TEST(JinjaTemplate, NestingTooDeepFailsInsteadOfOverflowingTheStack) {
   const std::string parens = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
