@@ -144,7 +144,8 @@ std::vector<std::string> split_key(std::string_view key, const std::string& orig
     const size_t dot = key.find('.', start);
     const std::string_view part =
         key.substr(start, dot == std::string_view::npos ? dot : dot - start);
-    if (part.empty())
+    // A leading '+' marks the whole key as added (+a.b, ++a.b); a name never starts with one.
+    if (part.empty() || part[0] == '+')
       throw ConfigError(cat("malformed config key '", key, "' (", origin,
                             "): expected names separated by single dots, like a.b.c"));
     parts.emplace_back(part);
@@ -281,8 +282,17 @@ ConfigNode resolve_key(const ConfigNode& root, std::string_view key) {
 // without a base (it defines the keys), a new key's value, a value for an
 // untyped (null) key.
 void strip_add_markers(ConfigNode& node) {
-  if (node.kind == Kind::kMap)
-    for (auto& name : node.names) name.erase(0, name.find_first_not_of('+'));
+  if (node.kind == Kind::kMap) {
+    for (size_t i = 0; i < node.names.size(); ++i) {
+      const std::string written = node.names[i];
+      node.names[i].erase(0, written.find_first_not_of('+'));
+      // `a` and `+a` in one mapping would be one key twice.
+      for (size_t j = 0; j < i; ++j)
+        if (node.names[j] == node.names[i])
+          throw ConfigError(cat(node.children[i].origin, ": key '", written, "' is '",
+                                node.names[i], "' again, which this mapping already has"));
+    }
+  }
   for (auto& child : node.children) strip_add_markers(child);
 }
 
@@ -415,6 +425,10 @@ void merge_map(const ConfigNode& root_for_errors, ConfigNode& root, ConfigNode& 
       name = name.substr(1);
     }
     const ConfigNode& value = src.children[i];
+    if (!name.empty() && name[0] == '+')
+      throw ConfigError(cat(value.origin, ": key '", src.names[i],
+                            "': a name never starts with '+' (+name adds a key, ++name adds or "
+                            "sets it)"));
     const std::string key = join_key(prefix, name);
     ConfigNode* existing = dst.child(name);
     if (!existing) {

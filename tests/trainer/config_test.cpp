@@ -246,6 +246,20 @@ TEST(Config, MalformedOverridesAreRejected) {
   EXPECT_CONTAINS(error_of([&] { c.apply_override("=3"); }), "malformed config key ''");
 }
 
+// Found by tests/fuzz/fuzz_yaml_config: `+++a=1` made a key named '+a', which to_yaml wrote and
+// from_yaml read back as 'a' (a second 'a' beside the first).
+TEST(Config, APlusMarksAKeyAndNeverStartsAName) {
+  EXPECT_CONTAINS(error_of([] { Config::from_yaml("a: 1\n+a: 2\n", "f.yaml"); }),
+                  "f.yaml:2: key '+a' is 'a' again");
+  Config c = Config::from_yaml("a: {b: 1}\n");
+  EXPECT_CONTAINS(error_of([&] { c.apply_override("+++a.c=1"); }), "malformed config key '+a.c'");
+  EXPECT_CONTAINS(error_of([&] { c.apply_override("++a.+c=1"); }), "malformed config key 'a.+c'");
+  c.apply_overrides({"++a.c=2", "+d={+e: 3}"});
+  EXPECT_EQ(c.get<int64_t>("d.e"), 3);
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).to_yaml(), c.to_yaml());
+  EXPECT_EQ(c.to_yaml(), "a:\n  b: 1\n  c: 2\nd:\n  e: 3\n");
+}
+
 TEST(Config, PlainOverrideValuesAreNotParsedAsYaml) {
   Config c = Config::load(kBase);
   c.apply_overrides({"trainer.experiment_name=run: 1 #a",
