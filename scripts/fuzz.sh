@@ -8,8 +8,11 @@
 #   FUZZ_DIR       build directory (default build-fuzz)
 # Per target: the work corpus grows in FUZZ_DIR/corpus/<target>/ (seeded from
 # the committed one), crash/timeout/oom inputs land in
-# FUZZ_DIR/artifacts/<target>/, libFuzzer's output in FUZZ_DIR/logs/<target>.log.
-# Prints one JSON line per target at the end; exits 1 if any target crashed.
+# FUZZ_DIR/artifacts/<target>/, libFuzzer's output in FUZZ_DIR/logs/<target>.log,
+# and tests/fuzz/<target>.options, when present, adds libFuzzer flags to the
+# fuzzing (not to the replay). Prints one JSON line per target at the end
+# (executions, corpus size, new crash/timeout/oom inputs); exits 1 if any target
+# failed: a crash, or a timeout or OOM that its options do not ignore.
 # A crash's input goes, once fixed, to tests/fuzz/corpus/<target>/regression-<what>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,9 +45,12 @@ if [[ "${FUZZ_BUILD:-1}" != 0 ]]; then
   cmake --build "$dir" --target "${targets[@]}"
 fi
 
-# `key: value` of libFuzzer's -print_final_stats, or of its last status line.
-stat() { grep -o "stat::$2: *[0-9]*" "$1" | tail -1 | grep -o '[0-9]*$' || echo 0; }
+# From libFuzzer's output: the executions and the corpus size of its last status line
+# ("#N DONE ... corp: C/..." or, with -fork, "#N: ... corp: C ...").
+executions() { grep -o '^#[0-9]*' "$1" | tail -1 | tr -d '#' | grep . || echo 0; }
 corp() { grep -o 'corp: [0-9]*' "$1" | tail -1 | grep -o '[0-9]*$' || echo 0; }
+# How many inputs of a kind (crash, timeout, oom, leak) $2 lists that $1 does not.
+new_artifacts() { comm -13 <(echo "$1") <(echo "$2") | grep -c "^$3-" || true; }
 
 mkdir -p "$dir/logs"
 summary=()
@@ -59,29 +65,32 @@ for t in "${targets[@]}"; do
   [[ -d "$seeds" ]] || { echo "fuzz: $seeds is missing: a target needs seed inputs" >&2; exit 2; }
   mkdir -p "$work" "$artifacts"
   common=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "-artifact_prefix=$artifacts/")
-  dict="tests/fuzz/$t.dict"
-  [[ -f "$dict" ]] && common+=("-dict=$dict")
-  crashes=0
+  # A target's own fuzzing flags (tests/fuzz/<target>.options: flags separated by blanks;
+  # # starts a comment), e.g. -fork=1 -ignore_timeouts=1 for one whose hangs are known.
+  options=()
+  if [[ -f "tests/fuzz/$t.options" ]]; then
+    read -r -a options <<<"$(sed 's/#.*//' "tests/fuzz/$t.options" | tr '\n' ' ')"
+  fi
+  before=$(ls "$artifacts")
+  status=0
   start=$SECONDS
   # The committed corpus: every seed and past crash must run clean.
-  if ! "$bin" "${common[@]}" -runs=0 "$seeds" >"$log" 2>&1; then
+  "$bin" "${common[@]}" -runs=0 "$seeds" >"$log" 2>&1 || status=$?
+  if ((status != 0)); then
     echo "fuzz: $t fails on its committed corpus ($seeds); see $log" >&2
-    crashes=1
-  fi
-  executions=$(stat "$log" number_of_executed_units)
-  if ((crashes == 0 && seconds > 0)); then
-    before=$(find "$artifacts" -type f | wc -l)
+  elif ((seconds > 0)); then
     # New inputs go to the first folder (the work corpus); the seeds are read only.
-    if ! "$bin" "${common[@]}" -max_total_time="$seconds" "$work" "$seeds" >>"$log" 2>&1; then
-      crashes=$(($(find "$artifacts" -type f | wc -l) - before))
-      ((crashes > 0)) || crashes=1
-      echo "fuzz: $t crashed; inputs in $artifacts/, output in $log" >&2
-    fi
-    executions=$(stat "$log" number_of_executed_units)
+    "$bin" "${common[@]}" "${options[@]}" -max_total_time="$seconds" "$work" "$seeds" \
+      >>"$log" 2>&1 || status=$?
+    ((status == 0)) || echo "fuzz: $t failed; inputs in $artifacts/, output in $log" >&2
   fi
-  ((crashes == 0)) || failed=1
-  summary+=("$(printf '{"target": "%s", "seconds": %d, "executions": %d, "corpus": %d, "crashes": %d}' \
-    "$t" $((SECONDS - start)) "$executions" "$(corp "$log")" "$crashes")")
+  after=$(ls "$artifacts")
+  crashes=$(($(new_artifacts "$before" "$after" crash) + $(new_artifacts "$before" "$after" leak)))
+  ((status == 0 || crashes > 0)) || crashes=1  # a timeout or OOM that stopped the run
+  ((status == 0)) || failed=1
+  summary+=("$(printf '{"target": "%s", "seconds": %d, "executions": %d, "corpus": %d, "crashes": %d, "timeouts": %d, "ooms": %d}' \
+    "$t" $((SECONDS - start)) "$(executions "$log")" "$(corp "$log")" "$crashes" \
+    "$(new_artifacts "$before" "$after" timeout)" "$(new_artifacts "$before" "$after" oom)")")
 done
 printf '%s\n' "${summary[@]}"
 exit "$failed"
