@@ -548,8 +548,11 @@ void emit(YAML::Emitter& out, const ConfigNode& node) {
       out << (classify_plain(node.text) == Kind::kFloat ? node.text : node.text + ".0");
       return;
     case Kind::kString:
-      // A string that would read back as another type is quoted.
-      if (classify_plain(node.text) != Kind::kString)
+      // A string that would read back as another type is quoted, and so is one with a control
+      // character (yaml-cpp writes a '\r' as it is, which reads back as a line break).
+      if (classify_plain(node.text) != Kind::kString ||
+          std::any_of(node.text.begin(), node.text.end(),
+                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
         out << YAML::DoubleQuoted << node.text;
       else
         out << node.text;

@@ -260,6 +260,14 @@ TEST(Config, APlusMarksAKeyAndNeverStartsAName) {
   EXPECT_EQ(c.to_yaml(), "a:\n  b: 1\n  c: 2\nd:\n  e: 3\n");
 }
 
+// Found by tests/fuzz/fuzz_yaml_config: yaml-cpp wrote "$\r" unquoted, which read back as "$".
+TEST(Config, ToYamlQuotesControlCharacters) {
+  const Config c = Config::from_yaml("a: \"$\\r\"\nb: \"tab\\there\"\nc: \"\\x01\"\n");
+  EXPECT_EQ(c.get<std::string>("a"), "$\r");
+  EXPECT_EQ(c.to_yaml(), "a: \"$\\r\"\nb: \"tab\\there\"\nc: \"\\x01\"\n");
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).get<std::string>("b"), "tab\there");
+}
+
 TEST(Config, PlainOverrideValuesAreNotParsedAsYaml) {
   Config c = Config::load(kBase);
   c.apply_overrides({"trainer.experiment_name=run: 1 #a",
