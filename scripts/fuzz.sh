@@ -45,9 +45,12 @@ if [[ "${FUZZ_BUILD:-1}" != 0 ]]; then
   cmake --build "$dir" --target "${targets[@]}"
 fi
 
-# From libFuzzer's output: the executions and the corpus size of its last status line
-# ("#N DONE ... corp: C/..." or, with -fork, "#N: ... corp: C ...").
-executions() { grep -o '^#[0-9]*' "$1" | tail -1 | tr -d '#' | grep . || echo 0; }
+# From libFuzzer's output: the executions (its final stats or, with -fork, its
+# last "#N: ..." status line) and the corpus size of its last status line.
+executions() {
+  grep -oE '^stat::number_of_executed_units: *[0-9]+|^#[0-9]+:' "$1" | tail -1 | tr -d ':' |
+    grep -o '[0-9]*$' || echo 0
+}
 corp() { grep -o 'corp: [0-9]*' "$1" | tail -1 | grep -o '[0-9]*$' || echo 0; }
 # How many inputs of a kind (crash, timeout, oom, leak) $2 lists that $1 does not.
 new_artifacts() { comm -13 <(echo "$1") <(echo "$2") | grep -c "^$3-" || true; }
@@ -65,6 +68,8 @@ for t in "${targets[@]}"; do
   [[ -d "$seeds" ]] || { echo "fuzz: $seeds is missing: a target needs seed inputs" >&2; exit 2; }
   mkdir -p "$work" "$artifacts"
   common=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "-artifact_prefix=$artifacts/")
+  # Tokens of the input's language (tests/fuzz/<target>.dict), which mutations splice in.
+  [[ -f "tests/fuzz/$t.dict" ]] && common+=("-dict=tests/fuzz/$t.dict")
   # A target's own fuzzing flags (tests/fuzz/<target>.options: flags separated by blanks;
   # # starts a comment), e.g. -fork=1 -ignore_timeouts=1 for one whose hangs are known.
   options=()
