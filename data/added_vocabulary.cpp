@@ -45,7 +45,10 @@ AddedVocabulary::AddedVocabulary(const nlohmann::json& tokens, const Normalizer*
     AddedToken token;
     token.content = json_string(t, "content", here);
     const int64_t id = json_int(t, "id", here);
-    if (id < 0 || id > INT32_MAX) throw TokenizerError(here + ".id: expected an id >= 0");
+    // One past the largest id (vocab_size) must be an int32 too.
+    if (id < 0 || id >= INT32_MAX) {
+      throw TokenizerError(here + ".id: expected an id from 0 to " + std::to_string(INT32_MAX - 1));
+    }
     token.id = static_cast<int32_t>(id);
     token.single_word = json_bool(t, "single_word", false, here);
     token.lstrip = json_bool(t, "lstrip", false, here);

@@ -129,7 +129,8 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
         impl->chat_template = it->get<std::string>();
       } else if (it->is_array()) {  // [{"name": ..., "template": ...}]: the default one
         for (const auto& entry : *it) {
-          if (entry.is_object() && entry.value("name", "") == "default") {
+          if (entry.is_object() && entry.contains("name") &&
+              json_string(entry, "name", config_file + ".chat_template[]") == "default") {
             impl->chat_template = json_string(entry, "template", config_file + ".chat_template");
           }
         }

@@ -19,9 +19,11 @@ Vocabulary Vocabulary::from_json(const nlohmann::json& vocab, const std::string&
   if (!vocab.is_object()) throw TokenizerError(where + ": expected an object of token -> id");
   Vocabulary v;
   for (const auto& [token, id_json] : vocab.items()) {
+    // One past the largest id (end_id, vocab_size) must be an int32 too.
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
-        id_json.get<int64_t>() > INT32_MAX) {
-      throw TokenizerError(where + "[\"" + token + "\"]: expected an id >= 0");
+        id_json.get<int64_t>() >= INT32_MAX) {
+      throw TokenizerError(where + "[\"" + token + "\"]: expected an id from 0 to " +
+                           std::to_string(INT32_MAX - 1));
     }
     const auto id = static_cast<int32_t>(id_json.get<int64_t>());
     if (static_cast<std::size_t>(id) >= v.tokens_.size()) {

@@ -135,5 +135,22 @@ TEST(TokenizerErrors, WordLevelWithoutUnkNamesTheUnknownPiece) {
                   "'\xE2\x88\x91' is not in the vocabulary");
 }
 
+// Found while writing tests/fuzz/fuzz_tokenizer_json (by reading the parsers it covers): the
+// first escaped as nlohmann's type_error, the others made vocab_size() overflow an int32.
+TEST(TokenizerErrors, NonStringChatTemplateNameIsNamed) {
+  EXPECT_CONTAINS(load_error(fixture_json("wordlevel"),
+                             R"({"chat_template": [{"name": 1, "template": "x"}]})"),
+                  "models/m/tokenizer_config.json.chat_template[].name: expected a string");
+}
+
+TEST(TokenizerErrors, IdsWhoseSuccessorIsPastInt32AreRejected) {
+  auto json = fixture_json("wordlevel");
+  json["added_tokens"] = {{{"id", 2147483647}, {"content", "<x>"}, {"special", true}}};
+  EXPECT_CONTAINS(load_error(json), "added_tokens[0].id: expected an id from 0 to 2147483646");
+  json = fixture_json("wordlevel");
+  json["model"]["vocab"]["<x>"] = 2147483647;
+  EXPECT_CONTAINS(load_error(json), "model.vocab[\"<x>\"]: expected an id from 0 to 2147483646");
+}
+
 }  // namespace
 }  // namespace baton::data
