@@ -499,7 +499,8 @@ Value attribute_path(const Value& item, const std::string& path) {
     const std::string part = path.substr(pos, dot == std::string::npos ? dot : dot - pos);
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
     int64_t index = 0;
-    if (digits && std::from_chars(part.data(), part.data() + part.size(), index).ec != std::errc()) {
+    if (digits &&
+        std::from_chars(part.data(), part.data() + part.size(), index).ec != std::errc()) {
       // Python's ints are unbounded: an index past int64's range is past every list's end.
       if (v.is_undefined()) v.fail_undefined();
       v = Value::undefined("'" + v.type_name() + " object' has no element " + part);
@@ -982,11 +983,11 @@ Value apply_filter(const std::string& name, const Value& value, CallArgs& args) 
   if (name == "indent") {
     Bound b(name, args, {"width", "first", "blank"});
     const Value width = b.get(0, Value(4));
-    const std::string pad = width.is_string()
-                                ? width.str()
-                                : std::string(static_cast<std::size_t>(std::max<int64_t>(
-                                                  int_arg(width, name), 0)),
-                                              ' ');  // ' ' * -1 is '' in Python
+    const std::string pad =
+        width.is_string()
+            ? width.str()
+            : std::string(static_cast<std::size_t>(std::max<int64_t>(int_arg(width, name), 0)),
+                          ' ');  // ' ' * -1 is '' in Python
     std::vector<std::string> lines = splitlines(value.to_str() + "\n");
     std::string out;
     if (b.flag(2, false)) {

@@ -222,8 +222,7 @@ Value repeat(const Value& seq, int64_t n) {
   // length no string or vector can have fails as Python's OverflowError does.
   if (n <= 0 || size == 0) n = 0;
   std::size_t total = 0;
-  const std::size_t most =
-      string ? std::string().max_size() : std::vector<Value>().max_size();
+  const std::size_t most = string ? std::string().max_size() : std::vector<Value>().max_size();
   if (__builtin_mul_overflow(size, static_cast<uint64_t>(n), &total) || total > most) {
     throw ValueError("repeated " + seq.type_name() + " is too long (" + std::to_string(size) +
                      " * " + std::to_string(n) + ")");

@@ -206,10 +206,10 @@ TEST(JinjaTemplate, NumbersPastInt64FailOrAreUndefined) {
 // undefined behaviour (signed overflow, INT64_MIN / -1, a float cast past int64's range), a
 // std::length_error, or a loop of 10^18 steps.
 TEST(JinjaTemplate, IntegersPast64BitsFailInsteadOfWrapping) {
-  for (const char* text : {"{{ 9223372036854775807 + 1 }}", "{{ 3037000500 * 3037000500 }}",
-                           "{{ -9223372036854775807 - 2 }}",
-                           "{{ (-9223372036854775807 - 1) // -1 }}",
-                           "{{ -(-9223372036854775807 - 1) }}", "{{ 3 ** 99999999999999 }}"}) {
+  for (const char* text :
+       {"{{ 9223372036854775807 + 1 }}", "{{ 3037000500 * 3037000500 }}",
+        "{{ -9223372036854775807 - 2 }}", "{{ (-9223372036854775807 - 1) // -1 }}",
+        "{{ -(-9223372036854775807 - 1) }}", "{{ 3 ** 99999999999999 }}"}) {
     EXPECT_CONTAINS(error_of(text), "integer overflow");
   }
   EXPECT_CONTAINS(error_of("{{ 1e30 | int }}"), "does not fit in 64 bits");

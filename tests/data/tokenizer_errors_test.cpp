@@ -138,9 +138,9 @@ TEST(TokenizerErrors, WordLevelWithoutUnkNamesTheUnknownPiece) {
 // Found while writing tests/fuzz/fuzz_tokenizer_json (by reading the parsers it covers): the
 // first escaped as nlohmann's type_error, the others made vocab_size() overflow an int32.
 TEST(TokenizerErrors, NonStringChatTemplateNameIsNamed) {
-  EXPECT_CONTAINS(load_error(fixture_json("wordlevel"),
-                             R"({"chat_template": [{"name": 1, "template": "x"}]})"),
-                  "models/m/tokenizer_config.json.chat_template[].name: expected a string");
+  EXPECT_CONTAINS(
+      load_error(fixture_json("wordlevel"), R"({"chat_template": [{"name": 1, "template": "x"}]})"),
+      "models/m/tokenizer_config.json.chat_template[].name: expected a string");
 }
 
 TEST(TokenizerErrors, IdsWhoseSuccessorIsPastInt32AreRejected) {

@@ -14,7 +14,8 @@ namespace {
 
 // ASCII, digits, spaces, a newline and multi-byte UTF-8: the paths of the
 // pre-tokenizers and the byte-level model.
-constexpr std::string_view kText = "Hello world, 12345 tokens!\n  caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd";
+constexpr std::string_view kText =
+    "Hello world, 12345 tokens!\n  caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd";
 
 }  // namespace
 
