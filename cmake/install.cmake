@@ -49,6 +49,8 @@ install(TARGETS ${_baton_exported} EXPORT batonTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT batonTargets NAMESPACE baton:: DESTINATION ${BATON_INSTALL_CMAKEDIR})
+# The node agent every node of a multi-node job runs (runtime/cluster.h).
+install(TARGETS baton-agent RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 if(EXISTS ${PROJECT_SOURCE_DIR}/configs)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/configs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/baton/configs)
 endif()

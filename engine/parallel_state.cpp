@@ -203,6 +203,9 @@ at::Device current_cuda_device() {
 std::shared_ptr<::gloo::transport::Device> gloo_device() {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  // A worker a node agent started: the address its node reached the driver at.
+  if (const char* addr = std::getenv("BATON_NODE_ADDR"); addr && *addr)
+    return c10d::ProcessGroupGloo::createDeviceForHostname(addr);
   return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
 }
 

@@ -127,7 +127,8 @@ struct Group {
 void barrier(const Group& group);
 
 // A Gloo process group of `size` ranks over `store`, bound like a
-// ParallelState's groups (GLOO_SOCKET_IFNAME, else loopback): for groups
+// ParallelState's groups (GLOO_SOCKET_IFNAME, else BATON_NODE_ADDR, else
+// loopback): for groups
 // outside a ParallelState, such as weight sync to separate rollout workers.
 // A DeadlineGroup called `name` in its messages, every operation and the
 // forming itself limited to `timeout`. Collective and blocking: every member
@@ -151,7 +152,8 @@ class ParallelState {
   // Throws EngineError for an invalid config, a rank outside it, or a config
   // that differs from rank 0's (checked through the store).
   // Gloo binds to the interface named by GLOO_SOCKET_IFNAME when it is set,
-  // else to loopback (one host). `timeout` is the collective deadline: every
+  // else to BATON_NODE_ADDR (set by a node agent, runtime/cluster.h: the
+  // address its node reached the driver at), else to loopback (one host). `timeout` is the collective deadline: every
   // operation on the groups, and the groups' forming, throws EngineError
   // naming the group, the operation and the ranks that did not arrive once it
   // has waited that long (deadline_group.h).

@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <algorithm>
 
 namespace baton::auth {
 namespace {
@@ -296,6 +299,111 @@ std::string peer_address(int fd) {
     return "a local peer";
   }
   return std::string(host) + ":" + std::to_string(port);
+}
+
+int tcp_connect(const std::string& host, uint16_t port,
+                std::chrono::steady_clock::time_point deadline, std::string& why) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0) {
+    why = std::string("cannot resolve ") + host + ": " + ::gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      why = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+      continue;
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left, 1))) != 1 ||
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      why = err != 0 ? std::strerror(err) : "connect timed out";
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd >= 0) {
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  return fd;
+}
+
+int tcp_listen(const std::string& host, uint16_t port, uint16_t* bound_port, std::string& why) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0) {
+    why = std::string("cannot resolve ") + host + ": " + ::gai_strerror(rc);
+    return -1;
+  }
+  why = "no address";
+  int listen_fd = -1;
+  for (addrinfo* a = found; a != nullptr && listen_fd < 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+      why = std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    listen_fd = fd;
+  }
+  ::freeaddrinfo(found);
+  if (listen_fd < 0) return -1;
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  if (bound_port != nullptr)
+    *bound_port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                                 : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  return listen_fd;
+}
+
+std::pair<std::string, uint16_t> split_host_port(const std::string& endpoint,
+                                                 const std::string& what) {
+  const size_t colon = endpoint.rfind(':');
+  long port = -1;
+  if (colon != std::string::npos && colon + 1 < endpoint.size() && colon + 6 >= endpoint.size()) {
+    port = 0;
+    for (size_t i = colon + 1; i < endpoint.size() && port >= 0; ++i) {
+      const char c = endpoint[i];
+      port = (c >= '0' && c <= '9') ? port * 10 + (c - '0') : -1;
+    }
+  }
+  std::string host = colon == std::string::npos ? "" : endpoint.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host.empty() || port < 0 || port > 65535)
+    throw Error(what + " '" + endpoint + "' is not host:port");
+  return {host, static_cast<uint16_t>(port)};
 }
 
 bool wait_io(int fd, bool for_write, std::chrono::steady_clock::time_point deadline) {

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "runtime/errors.h"
 
@@ -137,5 +138,17 @@ void write_all(int fd, const void* data, size_t n,
                std::chrono::steady_clock::time_point deadline);
 // Waits until `fd` is readable (or writable); false when the deadline passed.
 bool wait_io(int fd, bool for_write, std::chrono::steady_clock::time_point deadline);
+
+// A TCP connection to host:port (TCP_NODELAY, close-on-exec, non-blocking),
+// or -1 with `why` set.
+int tcp_connect(const std::string& host, uint16_t port,
+                std::chrono::steady_clock::time_point deadline, std::string& why);
+// A listening TCP socket on host:port (0: any free port; the port it got in
+// `*bound_port`), or -1 with `why` set.
+int tcp_listen(const std::string& host, uint16_t port, uint16_t* bound_port, std::string& why);
+// "host:port" split at its last ':' (brackets around an IPv6 host dropped).
+// Throws Error naming `what` when there is no port or it is not a number.
+std::pair<std::string, uint16_t> split_host_port(const std::string& endpoint,
+                                                 const std::string& what);
 
 }  // namespace baton::auth

@@ -30,52 +30,6 @@ constexpr std::chrono::seconds kReplyMargin{60};
 std::string bytes_to_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> string_to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-// One TCP connection to host:port, or -1 with `why` set.
-int connect_once(const std::string& host, uint16_t port, Clock::time_point deadline,
-                 std::string& why) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-  if (rc != 0) {
-    why = std::string("cannot resolve ") + host + ": " + ::gai_strerror(rc);
-    return -1;
-  }
-  int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
-      why = std::strerror(errno);
-      ::close(fd);
-      fd = -1;
-      continue;
-    }
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    pollfd p{fd, POLLOUT, 0};
-    int err = 0;
-    socklen_t len = sizeof(err);
-    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left, 1))) != 1 ||
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
-      why = err != 0 ? std::strerror(err) : "connect timed out";
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ::freeaddrinfo(found);
-  if (fd >= 0) {
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  }
-  return fd;
-}
 
 }  // namespace
 
@@ -90,7 +44,7 @@ AuthStore::AuthStore(std::string host, uint16_t port, std::string token,
   const auto deadline = Clock::now() + connect_timeout_;
   std::string why;
   for (;;) {
-    fd_ = connect_once(host_, port_, deadline, why);
+    fd_ = auth::tcp_connect(host_, port_, deadline, why);
     if (fd_ >= 0 || Clock::now() >= deadline) break;
     // Refused: the server may not listen yet (another host starting).
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -236,17 +190,9 @@ void AuthStore::multiSet(const std::vector<std::string>& keys,
 
 c10::intrusive_ptr<AuthStore> connect_store(const std::string& endpoint,
                                             std::chrono::milliseconds timeout) {
-  const size_t colon = endpoint.rfind(':');
-  int port = 0;
-  try {
-    if (colon != std::string::npos) port = std::stoi(endpoint.substr(colon + 1));
-  } catch (const std::exception&) {
-    port = 0;
-  }
-  if (colon == std::string::npos || colon == 0 || port <= 0 || port > 65535) {
-    throw Error("rendezvous endpoint '" + endpoint + "' is not host:port");
-  }
-  return c10::make_intrusive<AuthStore>(endpoint.substr(0, colon), static_cast<uint16_t>(port),
+  auto [host, port] = auth::split_host_port(endpoint, "rendezvous endpoint");
+  if (port == 0) throw Error("rendezvous endpoint '" + endpoint + "' is not host:port");
+  return c10::make_intrusive<AuthStore>(host, port,
                                         std::string(), timeout);
 }
 

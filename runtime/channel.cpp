@@ -181,6 +181,11 @@ Channel::ReadStatus Channel::read_blocking() {
 }
 
 void Channel::drain(const Handler& handle) {
+  drain_raw([&handle](kj::ArrayPtr<const capnp::word>, wire::Envelope::Reader env,
+                      std::vector<int> fds) { handle(env, std::move(fds)); });
+}
+
+void Channel::drain_raw(const RawHandler& handle) {
   capnp::ReaderOptions options;
   options.traversalLimitInWords = uint64_t{1} << 32;
   options.nestingLimit = 128;
@@ -200,7 +205,7 @@ void Channel::drain(const Handler& handle) {
     std::vector<int> fds(fds_.begin(), fds_.begin() + nfds);
     fds_.erase(fds_.begin(), fds_.begin() + nfds);
     begin_ += need * sizeof(capnp::word);
-    handle(env, std::move(fds));
+    handle(avail.slice(0, need), env, std::move(fds));
   }
   if (begin_ == end_) begin_ = end_ = 0;
 }

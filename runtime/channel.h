@@ -99,6 +99,11 @@ class Channel {
   // malformed message.
   using Handler = std::function<void(wire::Envelope::Reader, std::vector<int> fds)>;
   void drain(const Handler& handle);
+  // As drain, and the handler also gets the message's words as they arrived
+  // (valid during the call): what a relay forwards (runtime/relay.h).
+  using RawHandler = std::function<void(kj::ArrayPtr<const capnp::word> words,
+                                        wire::Envelope::Reader, std::vector<int> fds)>;
+  void drain_raw(const RawHandler& handle);
 
  private:
   enum class WriteStatus { kWrote, kWouldBlock, kClosed };

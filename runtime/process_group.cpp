@@ -1,5 +1,7 @@
 #include "runtime/process_group.h"
 
+#include <cstdlib>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "runtime/auth_store.h"
@@ -18,7 +20,15 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo_group(const WorkerInfo& inf
                                                            const std::string& tag,
                                                            std::chrono::milliseconds timeout) {
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(info.master_addr));
+  // Bound where this node reaches the others: GLOO_SOCKET_IFNAME, else the
+  // address a node agent gave it (BATON_NODE_ADDR), else the store's (one host).
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  const char* node_addr = std::getenv("BATON_NODE_ADDR");
+  options->devices.push_back(
+      ifname != nullptr && *ifname != '\0'
+          ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+          : c10d::ProcessGroupGloo::createDeviceForHostname(
+                node_addr != nullptr && *node_addr != '\0' ? node_addr : info.master_addr));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(rendezvous_store(info, tag), info.rank,
                                                      info.world_size, options);
 }

@@ -22,10 +22,15 @@ ResourcePool::ResourcePool(ResourcePoolOptions options) : s_(std::make_shared<St
                   std::to_string(options.processes_on_nodes[i]) + " processes; need at least 1");
     }
   }
-  if (options.processes_on_nodes.size() > 1) {
+  if (options.processes_on_nodes.size() > 1 && !options.cluster) {
     throw Error("ResourcePool: " + std::to_string(options.processes_on_nodes.size()) +
-                " nodes requested, but this runtime places workers on the local node only "
-                "(multi-node placement needs node agents, not built yet)");
+                " nodes requested without a cluster: workers beyond this machine need node "
+                "agents (ResourcePool::from_cluster, runtime/cluster.h)");
+  }
+  if (options.cluster &&
+      static_cast<int>(options.processes_on_nodes.size()) > options.cluster->size()) {
+    throw Error("ResourcePool: " + std::to_string(options.processes_on_nodes.size()) +
+                " nodes requested, the cluster has " + std::to_string(options.cluster->size()));
   }
   if (options.max_colocate_count < 1) throw Error("ResourcePool: max_colocate_count must be >= 1");
   s_->options = std::move(options);
@@ -33,6 +38,32 @@ ResourcePool::ResourcePool(ResourcePoolOptions options) : s_(std::make_shared<St
 
 ResourcePool ResourcePool::cpu(int n) {
   return ResourcePool(ResourcePoolOptions().set_processes_on_nodes({n}));
+}
+
+ResourcePool ResourcePool::from_cluster(std::shared_ptr<Cluster> cluster, int per_node,
+                                        bool use_gpu) {
+  if (!cluster) throw Error("ResourcePool::from_cluster: no cluster given");
+  cluster->wait_for_nodes();
+  ResourcePoolOptions o;
+  o.processes_on_nodes.clear();
+  for (const NodeInfo& n : cluster->nodes()) {
+    const int slots = per_node > 0 ? per_node : (use_gpu ? n.gpus : n.cpu_slots);
+    if (slots < 1)
+      throw Error("ResourcePool::from_cluster: " + n.describe() + " has no " +
+                  (use_gpu ? "GPU" : "core") + " to place a worker on");
+    o.processes_on_nodes.push_back(slots);
+  }
+  o.use_gpu = use_gpu;
+  o.cluster = std::move(cluster);
+  return ResourcePool(std::move(o));
+}
+
+int ResourcePool::node_cores(int node) const {
+  if (s_->options.cluster) {
+    for (const NodeInfo& n : s_->options.cluster->nodes())
+      if (n.index == node) return n.cpu_slots;
+  }
+  return usable_cores();
 }
 
 int ResourcePool::world_size() const {

@@ -12,6 +12,8 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/cluster.h"
+
 #include "runtime/threads.h"
 
 namespace baton {
@@ -25,6 +27,10 @@ struct ResourcePoolOptions {
   int intra_op_threads = 0;
   // How the workers' OpenMP threads wait between parallel regions.
   WaitPolicy wait_policy = WaitPolicy::kPassive;
+  // The node agents that run the workers (runtime/cluster.h): node i of
+  // processes_on_nodes is the cluster's node i. Null: every worker runs on
+  // this machine, and only one node may be given.
+  std::shared_ptr<Cluster> cluster;
 
   ResourcePoolOptions& set_processes_on_nodes(std::vector<int> n) {
     processes_on_nodes = std::move(n);
@@ -46,6 +52,10 @@ struct ResourcePoolOptions {
     wait_policy = policy;
     return *this;
   }
+  ResourcePoolOptions& set_cluster(std::shared_ptr<Cluster> c) {
+    cluster = std::move(c);
+    return *this;
+  }
 };
 
 struct Placement {
@@ -57,15 +67,22 @@ struct Placement {
 
 class ResourcePool {
  public:
-  // Throws baton::Error for empty or non-positive sizes. Only one node is
-  // supported until node agents exist; more is an error that says so.
+  // Throws baton::Error for empty or non-positive sizes, and for more than
+  // one node without a cluster or more nodes than the cluster has.
   explicit ResourcePool(ResourcePoolOptions options);
   // `n` CPU workers on this node.
   static ResourcePool cpu(int n);
+  // `per_node` workers on every node of `cluster` (0: as many as each node
+  // has slots: its GPUs with `use_gpu`, else its cores). Waits for the
+  // cluster's nodes first (Cluster::wait_for_nodes).
+  static ResourcePool from_cluster(std::shared_ptr<Cluster> cluster, int per_node = 0,
+                                   bool use_gpu = false);
 
   int world_size() const;
   const ResourcePoolOptions& options() const;
   std::vector<Placement> placements() const;
+  // The usable cores of `node` (this machine's without a cluster).
+  int node_cores(int node) const;
 
   // Claims one colocation share of every slot; throws baton::Error when
   // max_colocate_count groups already use the pool. release() returns it.

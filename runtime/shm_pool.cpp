@@ -140,15 +140,21 @@ ShmRegion::~ShmRegion() {
 }
 
 std::shared_ptr<ShmRegion> ShmRegionCache::map(SegmentId id, int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) throw Error("shared memory: cannot stat a received segment: " + errno_text());
   std::lock_guard<std::mutex> lock(mu_);
   ++clock_;
   auto it = entries_.find(id);
   if (it != entries_.end()) {
-    it->second.last_used = clock_;
-    return it->second.region;
+    if (it->second.dev == st.st_dev && it->second.ino == st.st_ino) {
+      it->second.last_used = clock_;
+      return it->second.region;
+    }
+    entries_.erase(it);  // new memory under a known id
   }
   auto region = std::make_shared<ShmRegion>(fd);
-  entries_[id] = Entry{region, clock_};
+  entries_[id] = Entry{region, clock_, static_cast<uint64_t>(st.st_dev),
+                       static_cast<uint64_t>(st.st_ino)};
   size_t total = 0;
   for (const auto& [k, e] : entries_) total += e.region->size();
   while (total > max_bytes_ && entries_.size() > 1) {

@@ -93,7 +93,9 @@ class ShmRegion {
 
 // A receiver's cache of the regions of one sender, by segment id. A sender
 // reuses its segments, so mapping each one once saves a page-table walk of
-// the whole payload per message. Least recently used regions beyond
+// the whole payload per message. A hit is checked against the passed fd's
+// inode: a relay between nodes (runtime/relay.h) passes a new memfd under an
+// old id, and that maps the new memory. Least recently used regions beyond
 // `max_bytes` are dropped (tensors still viewing them keep them mapped).
 // Thread-safe.
 class ShmRegionCache {
@@ -105,6 +107,8 @@ class ShmRegionCache {
   struct Entry {
     std::shared_ptr<ShmRegion> region;
     uint64_t last_used;
+    uint64_t dev;
+    uint64_t ino;
   };
   size_t max_bytes_;
   std::mutex mu_;

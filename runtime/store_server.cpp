@@ -95,43 +95,12 @@ struct StoreServer::Impl {
   }
 
   void listen_now() {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    addrinfo* found = nullptr;
-    const std::string service = std::to_string(options.port);
-    const int rc = ::getaddrinfo(options.bind_address.c_str(), service.c_str(), &hints, &found);
-    if (rc != 0) {
-      throw Error(options.name + ": cannot resolve the listen address " + options.bind_address +
-                  ": " + ::gai_strerror(rc));
-    }
-    std::string why = "no address";
-    for (addrinfo* a = found; a != nullptr && listen_fd < 0; a = a->ai_next) {
-      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0) {
-        why = std::strerror(errno);
-        continue;
-      }
-      const int one = 1;
-      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-        why = std::strerror(errno);
-        ::close(fd);
-        continue;
-      }
-      listen_fd = fd;
-    }
-    ::freeaddrinfo(found);
+    std::string why;
+    listen_fd = auth::tcp_listen(options.bind_address, options.port, &port, why);
     if (listen_fd < 0) {
-      throw Error(options.name + ": cannot listen on " + options.bind_address + ":" + service +
-                  ": " + why);
+      throw Error(options.name + ": cannot listen on " + options.bind_address + ":" +
+                  std::to_string(options.port) + ": " + why);
     }
-    sockaddr_storage ss{};
-    socklen_t len = sizeof(ss);
-    ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len);
-    port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                          : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
     address = options.bind_address;
   }
 

@@ -99,3 +99,72 @@ struct Envelope {
     release @7 :Void;   # carries only `released`
   }
 }
+
+# Between the driver and a node agent (baton-agent) on another machine, over
+# an authenticated TCP connection (runtime/cluster.h). The agent opens it and
+# sends `hello` on one connection (which only the agent writes) and `control`
+# on a second (which only the driver writes: a TLS connection may not be
+# written and read from two threads at once); the driver asks it to spawn and
+# kill workers; the agent reports their pids, their output and their exit
+# statuses. Each worker's own
+# messages (the Envelopes above) then travel over a TCP connection of their
+# own, which the agent opens with `attach` (runtime/relay.h).
+struct AgentMessage {
+  union {
+    hello @0 :AgentHello;
+    spawn @1 :AgentSpawn;
+    spawned @2 :AgentSpawned;
+    spawnFailed @3 :AgentSpawnFailed;
+    output @4 :AgentOutput;
+    exited @5 :AgentExited;
+    kill @6 :UInt64;        # a worker id
+    attach @7 :AgentAttach; # first message of a worker's data connection
+    shutdown @8 :Void;      # the driver is done: kill what is left and exit
+    control @9 :UInt64;     # first message of the agent's second control
+                            # connection (the driver writes it): its hello's session
+  }
+}
+
+struct AgentHello {
+  version @0 :UInt32;
+  hostname @1 :Text;
+  nodeRank @2 :Int32;     # -1: the driver numbers nodes in order of arrival
+  cpuSlots @3 :Int32;     # usable cores
+  gpus @4 :Int32;         # GPUs the agent may hand out (its CUDA_VISIBLE_DEVICES)
+  pid @5 :Int32;
+  session @6 :UInt64;     # random: names this agent's second control connection
+}
+
+struct AgentSpawn {
+  workerId @0 :UInt64;
+  exe @1 :Text;           # the driver's executable: the same path on every node
+  argv @2 :List(Text);
+  env @3 :List(Text);     # "KEY=value": the runtime's variables, over the agent's own
+  label @4 :Text;         # "worker Adder rank 2", for the agent's messages
+}
+
+struct AgentAttach {
+  workerId @0 :UInt64;
+  toWorker @1 :Bool;      # each direction has a connection of its own
+}
+
+struct AgentSpawned {
+  workerId @0 :UInt64;
+  pid @1 :Int32;
+}
+
+struct AgentSpawnFailed {
+  workerId @0 :UInt64;
+  message @1 :Text;
+}
+
+struct AgentOutput {
+  workerId @0 :UInt64;
+  stderr @1 :Bool;
+  data @2 :Data;
+}
+
+struct AgentExited {
+  workerId @0 :UInt64;
+  waitStatus @1 :Int32;   # as waitpid reports it
+}

@@ -637,17 +637,33 @@ WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& 
   s->claimed = true;
   WorkerGroup group(s, -1, true);  // from here on, a throw shuts the partial group down
 
-  // The rendezvous store: on the loopback interface only, and every
-  // connection must prove it holds the cluster token (runtime/store_server.h).
+  const ResourcePoolOptions& po = pool.options();
+  std::vector<NodeInfo> nodes;
+  if (po.cluster) {
+    nodes = po.cluster->nodes();
+    // A tensor-parallel group exchanges activations in every layer: it stays
+    // within a node. Ranks are placed node by node, tp the fastest.
+    for (size_t n = 0; n < po.processes_on_nodes.size(); ++n) {
+      if (po.processes_on_nodes[n] % s->layout.tp != 0)
+        throw CallError("WorkerGroup " + s->name + ": node " + std::to_string(n) + " has " +
+                        std::to_string(po.processes_on_nodes[n]) + " workers, not a multiple of " +
+                        "tp=" + std::to_string(s->layout.tp) +
+                        ": a tensor-parallel group would span two nodes");
+    }
+  }
+
+  // The rendezvous store: every connection must prove it holds the cluster
+  // token (runtime/store_server.h). On the loopback interface only, unless
+  // node agents run workers: then on the cluster's address.
   StoreServerOptions store_options;
   store_options.name = "WorkerGroup " + s->name + "'s rendezvous store";
+  if (po.cluster) store_options.bind_address = po.cluster->bind_host();
   s->store = std::make_unique<StoreServer>(store_options);
 
   std::weak_ptr<State> weak = s;
   auto on_death = [weak](WorkerProcess& w, const std::string& what) {
     if (auto state = weak.lock()) state->on_death(w, what);
   };
-  const ResourcePoolOptions& po = pool.options();
   for (const Placement& p : pool.placements()) {
     WorkerInfo info;
     info.class_name = class_name;
@@ -662,13 +678,16 @@ WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& 
     info.slot = p.local_rank;
     info.intra_op_threads = po.intra_op_threads > 0
                                 ? po.intra_op_threads
-                                : std::max(1, usable_cores() / p.local_world_size);
+                                : std::max(1, pool.node_cores(p.node) / p.local_world_size);
     info.wait_policy = po.wait_policy;
+    // A remote worker reaches the store where its agent reached the driver.
     info.master_addr = "127.0.0.1";
+    for (const NodeInfo& n : nodes)
+      if (n.index == p.node) info.master_addr = n.driver_address;
     info.master_port = s->store->port();
     info.layout = s->layout;
     info.coords = s->layout.coords(p.rank);
-    s->workers.push_back(WorkerProcess::spawn(std::move(info), on_death));
+    s->workers.push_back(WorkerProcess::spawn(std::move(info), on_death, po.cluster));
   }
 
   std::vector<Future<Value>> inits;

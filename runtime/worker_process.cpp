@@ -22,6 +22,7 @@
 
 #include "runtime/auth.h"
 #include "runtime/channel.h"
+#include "runtime/cluster.h"
 #include "runtime/driver.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
@@ -42,7 +43,16 @@ std::mutex& console_mu() {
   return mu;
 }
 
-// An fd number above the ones a child gets by dup2 (0..3), close-on-exec.
+std::string errno_text() { return std::strerror(errno); }
+
+// The error of a call that a dead worker never ran.
+std::string refusal(const std::string& class_name, const std::string& method,
+                    const std::string& death) {
+  return class_name + "." + method + " refused: " + death;
+}
+
+}  // namespace
+
 int high_fd(int fd) {
   if (fd > 3) return fd;
   int h = fcntl(fd, F_DUPFD_CLOEXEC, 10);
@@ -50,11 +60,7 @@ int high_fd(int fd) {
   return h;
 }
 
-// The CUDA_VISIBLE_DEVICES entry of GPU slot `slot`: the slot-th GPU the
-// driver itself may use (its own CUDA_VISIBLE_DEVICES, an index, UUID or MIG
-// id each; all GPUs when unset), so that a driver restricted to "2,3" places
-// slot 0 on GPU 2. Throws when the driver's list has no such entry.
-std::string visible_device_of_slot(int slot) {
+std::string gpu_of_slot(int slot, const char* whose) {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   if (visible == nullptr) return std::to_string(slot);
   std::vector<std::string> entries;
@@ -70,29 +76,22 @@ std::string visible_device_of_slot(int slot) {
   }
   if (slot < 0 || slot >= static_cast<int>(entries.size()))
     throw Error("GPU slot " + std::to_string(slot) +
-                " has no GPU: the driver's CUDA_VISIBLE_DEVICES=\"" + visible + "\" lists " +
+                " has no GPU: " + whose + " CUDA_VISIBLE_DEVICES=\"" + visible + "\" lists " +
                 std::to_string(entries.size()) +
                 " (give the driver more GPUs, or a pool with fewer workers per node)");
   return entries[static_cast<size_t>(slot)];
 }
 
-std::vector<std::string> worker_environment(const WorkerInfo& info) {
-  static const char* const kOurs[] = {
-      "BATON_WORKER_FD=", "BATON_DRIVER_PID=", "BATON_CLASS=", "BATON_GROUP=",
-      "BATON_NODE=", "BATON_SLOT=", "BATON_USE_GPU=", "BATON_THREADS=", "RANK=",
-      "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-      "OMP_NUM_THREADS=", "BATON_LAYOUT=", "BATON_CLUSTER_TOKEN=", "BATON_CLUSTER_TOKEN_FILE="};
+namespace {
+
+// The runtime's variables for a worker. A remote worker's cluster token,
+// driver pid and GPU are its node agent's to set (runtime/cluster.h): the
+// token does not cross the network.
+std::vector<std::string> runtime_variables(const WorkerInfo& info, bool remote) {
   std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv(*e);
-    bool ours = false;
-    for (const char* k : kOurs) ours = ours || kv.rfind(k, 0) == 0;
-    if (info.use_gpu && kv.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0) ours = true;
-    if (!ours) env.push_back(std::move(kv));
-  }
   auto add = [&](const char* k, const std::string& v) { env.push_back(std::string(k) + "=" + v); };
   add("BATON_WORKER_FD", "3");
-  add("BATON_DRIVER_PID", std::to_string(getpid()));
+  if (!remote) add("BATON_DRIVER_PID", std::to_string(getpid()));
   add("BATON_CLASS", info.class_name);
   add("BATON_GROUP", info.group_name);
   add("BATON_NODE", std::to_string(info.node));
@@ -107,23 +106,36 @@ std::vector<std::string> worker_environment(const WorkerInfo& info) {
   add("LOCAL_WORLD_SIZE", std::to_string(info.local_world_size));
   add("MASTER_ADDR", info.master_addr);
   add("MASTER_PORT", std::to_string(info.master_port));
-  // The rendezvous store's secret (runtime/auth.h): the worker reads it at
-  // start and removes it from its environment.
-  add("BATON_CLUSTER_TOKEN", auth::cluster_token());
-  // One GPU per worker: inside the worker it is device 0 (WorkerInfo::device).
-  if (info.use_gpu) add("CUDA_VISIBLE_DEVICES", visible_device_of_slot(info.slot));
+  if (!remote) {
+    // The rendezvous store's secret (runtime/auth.h): the worker reads it at
+    // start and removes it from its environment.
+    add("BATON_CLUSTER_TOKEN", auth::cluster_token());
+    // One GPU per worker: inside the worker it is device 0 (WorkerInfo::device).
+    if (info.use_gpu) add("CUDA_VISIBLE_DEVICES", gpu_of_slot(info.slot));
+  }
   const ParallelLayout& l = info.layout;
   add("BATON_LAYOUT", std::to_string(l.tp) + "," + std::to_string(l.cp) + "," +
                           std::to_string(l.dp) + "," + std::to_string(l.pp));
   return env;
 }
 
-std::string errno_text() { return std::strerror(errno); }
-
-// The error of a call that a dead worker never ran.
-std::string refusal(const std::string& class_name, const std::string& method,
-                    const std::string& death) {
-  return class_name + "." + method + " refused: " + death;
+// A local worker's environment: the driver's, with the runtime's variables
+// over it.
+std::vector<std::string> worker_environment(const WorkerInfo& info) {
+  std::vector<std::string> ours = runtime_variables(info, false);
+  std::vector<std::string> keys = {"BATON_CLUSTER_TOKEN_FILE=", "BATON_NODE_ADDR="};
+  for (const std::string& kv : ours) keys.push_back(kv.substr(0, kv.find('=') + 1));
+  // The other knobs of the wait policy that runtime_variables overrides.
+  if (info.wait_policy != WaitPolicy::kInherit) keys.insert(keys.end(), {"GOMP_SPINCOUNT=", "KMP_BLOCKTIME="});
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    bool replaced = false;
+    for (const std::string& k : keys) replaced = replaced || kv.rfind(k, 0) == 0;
+    if (!replaced) env.push_back(std::move(kv));
+  }
+  env.insert(env.end(), ours.begin(), ours.end());
+  return env;
 }
 
 }  // namespace
@@ -201,7 +213,7 @@ WorkerProcess::~WorkerProcess() {
 
 std::string WorkerProcess::label() const {
   return "worker " + info_.class_name + " rank " + std::to_string(info_.rank) + " (pid " +
-         std::to_string(pid_) + ")";
+         std::to_string(pid_) + (remote_ ? " on " + remote_->node().describe() : "") + ")";
 }
 
 bool WorkerProcess::alive() const {
@@ -209,9 +221,41 @@ bool WorkerProcess::alive() const {
   return death_.empty();
 }
 
-std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook on_death) {
+std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook on_death,
+                                                   std::shared_ptr<Cluster> cluster) {
   std::shared_ptr<WorkerProcess> w(new WorkerProcess(std::move(info), std::move(on_death)));
   Driver& driver = Driver::get();
+  if (cluster) {
+    // The agent starts it; the driver's end of its socket is relayed to the
+    // agent over TCP, its output arrives through the pipes.
+    int sv[2], out[2], err[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      throw Error("cannot create a socket pair for " + w->label() + ": " + errno_text());
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+      throw Error("cannot create pipes for " + w->label() + ": " + errno_text());
+    const std::string what = "worker " + w->info_.class_name + " rank " +
+                             std::to_string(w->info_.rank);
+    try {
+      w->remote_ = cluster->spawn(w->info_.node, what, driver.exe(), driver.args(),
+                                  runtime_variables(w->info_, true), sv[1], out[1], err[1]);
+    } catch (...) {
+      close(sv[0]);
+      close(out[0]);
+      close(err[0]);
+      throw;
+    }
+    w->pid_ = w->remote_->pid();
+    driver.run_on_io([&] {
+      w->channel_ = std::make_unique<Channel>(sv[0]);
+      w->io_ = std::make_unique<Io>(driver.io());
+      w->io_->socket.assign(sv[0]);
+      w->start_reading();
+      w->start_log_pipe(out[0], false);
+      w->start_log_pipe(err[0], true);
+    });
+    log(LogLevel::kDebug, "baton: started " + w->label());
+    return w;
+  }
   // Before any fd is made: it throws for a GPU slot the driver has no GPU for.
   std::vector<std::string> env = worker_environment(w->info_);
   driver.run_on_io([&] {
@@ -362,7 +406,37 @@ void WorkerProcess::start_log_pipe(int fd, bool is_stderr) {
 void WorkerProcess::on_closed() {
   boost::system::error_code ignored;
   io_->socket.cancel(ignored);
-  reap(2000);
+  if (remote_) {
+    reap_remote(2000, false);
+  } else {
+    reap(2000);
+  }
+}
+
+// As reap, with the status from the node agent: it reports the exit a
+// moment after the socket closed (or the agent is gone, and so is the worker).
+void WorkerProcess::reap_remote(int attempts_left, bool killed) {
+  int status = 0;
+  std::string why;
+  switch (remote_->state(&status, &why)) {
+    case RemoteWorker::State::kExited: finish_death(status, true); return;
+    case RemoteWorker::State::kLost: finish_lost(why); return;
+    case RemoteWorker::State::kRunning: break;
+  }
+  if (attempts_left == 0) {
+    if (killed) {
+      finish_death(0, false);
+      return;
+    }
+    remote_->kill();
+    attempts_left = 2000;
+    killed = true;
+  }
+  io_->reaper.expires_after(std::chrono::milliseconds(1));
+  auto self = shared_from_this();
+  io_->reaper.async_wait([self, attempts_left, killed](const boost::system::error_code&) {
+    self->reap_remote(attempts_left - 1, killed);
+  });
 }
 
 // The socket closes as the process exits; its status may take a moment to
@@ -396,15 +470,20 @@ void WorkerProcess::reap(int attempts_left) {
 }
 
 void WorkerProcess::finish_death(int wait_status, bool have_status) {
+  finish(have_status ? describe_exit_status(wait_status)
+                     : "closed its connection (exit status unknown)");
+}
+
+void WorkerProcess::finish_lost(const std::string& why) { finish(why); }
+
+void WorkerProcess::finish(const std::string& how) {
   bool expected;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Asked to exit, or stopped by the runtime (and already reported).
     expected = exit_requested_ || !kill_reason_.empty();
   }
-  std::string what = declare_dead(have_status ? describe_exit_status(wait_status)
-                                              : "closed its connection (exit status unknown)",
-                                  "");
+  std::string what = declare_dead(how, "");
   if (what.empty()) {  // kill() declared it dead and failed its calls then
     std::lock_guard<std::mutex> lock(mu_);
     what = death_;
@@ -612,7 +691,11 @@ void WorkerProcess::kill(const std::string& reason) {
     if (exited_) return;
     if (kill_reason_.empty()) kill_reason_ = reason;
   }
-  ::kill(pid_, SIGKILL);
+  if (remote_) {
+    remote_->kill();
+  } else {
+    ::kill(pid_, SIGKILL);
+  }
   channel_->drop_queue();
   declare_dead("was stopped", " because " + reason);
 }

@@ -35,6 +35,17 @@
 namespace baton {
 
 class Channel;
+class Cluster;
+class RemoteWorker;
+
+// `fd` moved above the numbers a child gets by dup2 (0..3), close-on-exec
+// (dup2 onto itself would leave close-on-exec set).
+int high_fd(int fd);
+// The CUDA_VISIBLE_DEVICES entry of GPU slot `slot`: the slot-th GPU this
+// process may use (its own CUDA_VISIBLE_DEVICES, an index, UUID or MIG id
+// each; all GPUs when unset), so that a driver restricted to "2,3" places
+// slot 0 on GPU 2. Throws naming `whose` list when it has no such entry.
+std::string gpu_of_slot(int slot, const char* whose = "the driver's");
 
 // A message encoded once and sendable to several workers.
 struct OutgoingCall {
@@ -53,14 +64,17 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   // Adder.add", naming the call it was running, if any).
   using DeathHook = std::function<void(WorkerProcess&, const std::string& what)>;
 
-  // Spawns the process (on the I/O thread). Throws baton::Error on failure.
-  static std::shared_ptr<WorkerProcess> spawn(WorkerInfo info, DeathHook on_death);
+  // Spawns the process: on this machine (from the I/O thread), or through
+  // the node agent of `cluster` node info.node when a cluster is given.
+  // Throws baton::Error on failure.
+  static std::shared_ptr<WorkerProcess> spawn(WorkerInfo info, DeathHook on_death,
+                                              std::shared_ptr<Cluster> cluster = nullptr);
   ~WorkerProcess();
 
   const WorkerInfo& info() const { return info_; }
   pid_t pid() const { return pid_; }
   bool alive() const;
-  // "worker Adder rank 2 (pid 123)"
+  // "worker Adder rank 2 (pid 123)", "... (pid 123 on node 1 (gpu-b, 10.0.0.2))"
   std::string label() const;
   // The process's pid in profiles: stable within a run (the order in which
   // the driver started its workers, from 2; the driver is 1).
@@ -101,7 +115,10 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   void start_log_pipe(int fd, bool is_stderr);
   void on_closed();
   void reap(int attempts_left);
+  void reap_remote(int attempts_left, bool killed);
   void finish_death(int wait_status, bool have_status);
+  void finish_lost(const std::string& why);  // its node agent is gone
+  void finish(const std::string& how);
   // Marks the worker dead, "<label> <how> during <the running call><cause>",
   // fails every pending call (the running one with that description, the
   // others as refused) and returns the description; "" if it already was.
@@ -119,6 +136,7 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   DeathHook on_death_;
   PeerId peer_;
   pid_t pid_ = -1;
+  std::shared_ptr<RemoteWorker> remote_;  // set when a node agent runs it
   std::unique_ptr<Channel> channel_;
   ShmRegionCache regions_;  // the worker's segments
   struct Io;  // Asio objects, touched only on the I/O thread

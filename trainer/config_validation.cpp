@@ -181,6 +181,13 @@ void validate_ppo_config(const Config& config) {
   const auto per_node = c.at_least("trainer.n_gpus_per_node", 1);
   const std::optional<int64_t> world =
       nnodes && per_node ? std::optional<int64_t>(*nnodes * *per_node) : std::nullopt;
+  if (nnodes && *nnodes > 1 && config.is_null("trainer.cluster_listen"))
+    c.problem(cat("trainer.nnodes = ", *nnodes,
+                  " needs node agents: set trainer.cluster_listen to the host:port where the "
+                  "driver waits for them (`baton-agent --driver HOST:PORT` on every node)"));
+  if (!config.is_null("trainer.cluster_listen") && config.get_optional<bool>("async_training.enable").value_or(false))
+    c.problem("trainer.cluster_listen: the fully-async trainer runs on one machine only "
+              "(set async_training.enable = false to use node agents)");
   const auto actor_dp =
       check_layout(c, world, "actor", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
                    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size");

@@ -104,6 +104,18 @@ void spawn_workers(PpoTrainer::State& st) {
   const Settings& s = st.s;
   ResourcePoolOptions popts;
   popts.processes_on_nodes = {static_cast<int>(s.world)};
+  if (!s.cluster_listen.empty()) {
+    // Workers on node agents: per_node on each of the nnodes machines.
+    if (!st.cluster) {
+      ClusterOptions co;
+      co.listen = s.cluster_listen;
+      co.nodes = static_cast<int>(s.nnodes);
+      st.cluster = Cluster::listen(co);
+    }
+    st.cluster->wait_for_nodes();
+    popts.processes_on_nodes.assign(static_cast<size_t>(s.nnodes), static_cast<int>(s.per_node));
+    popts.cluster = st.cluster;
+  }
   popts.use_gpu = s.use_gpu;
   popts.max_colocate_count = 2;
   if (s.async.enable)

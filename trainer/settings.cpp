@@ -252,7 +252,10 @@ TrainerSettings read_trainer_settings(const Config& c) {
   s.custom_reward_fn = c.get_optional<std::string>("custom_reward_function.name");
   s.zero_on_reward_error = c.get<bool>("reward_model.zero_on_error");
 
-  s.world = c.get<int64_t>("trainer.nnodes") * c.get<int64_t>("trainer.n_gpus_per_node");
+  s.nnodes = c.get<int64_t>("trainer.nnodes");
+  s.per_node = c.get<int64_t>("trainer.n_gpus_per_node");
+  s.world = s.nnodes * s.per_node;
+  s.cluster_listen = c.get_optional<std::string>("trainer.cluster_listen").value_or("");
   s.use_gpu = c.get<std::string>("trainer.device") != "cpu";
   s.train_batch = c.get<int64_t>("data.train_batch_size");
   s.n = c.get<int64_t>("actor_rollout_ref.rollout.n");

@@ -66,7 +66,11 @@ struct TrainerSettings {
   bool zero_on_reward_error = false;  // reward_model.zero_on_error
 
   // Workers and the step.
-  int64_t world = 1;
+  int64_t world = 1;  // nnodes x per_node
+  int64_t nnodes = 1, per_node = 1;
+  // trainer.cluster_listen: where the driver waits for nnodes node agents
+  // (runtime/cluster.h); empty: every worker on this machine.
+  std::string cluster_listen;
   bool use_gpu = false;
   int64_t train_batch = 1, n = 1, response_length = 1;
   bool use_critic = false, use_kl_in_reward = false, use_kl_loss = false, use_ref = false;

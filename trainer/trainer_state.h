@@ -32,6 +32,9 @@ struct PpoTrainer::State {
   std::unique_ptr<data::PromptLoader> loader;
   std::unique_ptr<rewards::RewardManager> reward, val_reward;
   std::unique_ptr<algos::KLController> kl_ctrl;
+  // trainer.cluster_listen: the node agents every pool places workers on
+  // (kept across restarts; the pools hold it too).
+  std::shared_ptr<Cluster> cluster;
   std::optional<ResourcePool> pool;
   std::optional<WorkerGroup> group;         // the actor's (and colocated critic's) processes
   std::optional<WorkerGroup> critic_group;  // a critic with a layout of its own

@@ -1,0 +1,1012 @@
+#include "runtime/cluster.h"
+
+#include <arpa/inet.h>
+#include <capnp/serialize.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "runtime/auth.h"
+#include "runtime/channel.h"
+#include "runtime/errors.h"
+#include "runtime/log.h"
+#include "runtime/relay.h"
+#include "runtime/threads.h"
+#include "runtime/tls.h"
+#include "runtime/wire.capnp.h"
+#include "runtime/worker_process.h"
+
+extern char** environ;
+
+namespace baton {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kAgentProtocol = 1;
+constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
+constexpr auto kWriteTimeout = std::chrono::seconds(30);
+
+std::string errno_text() { return std::strerror(errno); }
+
+// The IP address of one end of a connected socket.
+std::string socket_host(int fd, bool local) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  const int rc = local ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len)
+                       : ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (rc != 0) return host;
+  if (ss.ss_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, host, sizeof(host));
+  else if (ss.ss_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr, host,
+                sizeof(host));
+  return host;
+}
+
+// Notices a peer that vanished without closing (its machine down, the
+// network cut) within about 20 s, where TCP alone would wait for hours.
+void keep_alive(int fd) {
+  const int on = 1, idle = 5, interval = 5, count = 3;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+}
+
+bool token_configured() {
+  for (const char* v : {"BATON_CLUSTER_TOKEN", "BATON_CLUSTER_TOKEN_FILE"}) {
+    const char* s = std::getenv(v);
+    if (s != nullptr && *s != '\0') return true;
+  }
+  return false;
+}
+
+capnp::ReaderOptions reader_options() {
+  capnp::ReaderOptions o;
+  o.traversalLimitInWords = relay::kMaxControlBytes / sizeof(capnp::word);
+  o.nestingLimit = 16;
+  return o;
+}
+
+void write_with_deadline(auth::Conn& conn, capnp::MessageBuilder& builder) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
+  conn.write_all(words.begin(), words.size() * sizeof(capnp::word), Clock::now() + kWriteTimeout);
+}
+
+void write_fully(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t put = ::write(fd, p, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) return;  // the reader is gone: the output has nowhere to go
+    p += put;
+    n -= static_cast<size_t>(put);
+  }
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+}  // namespace
+
+std::string NodeInfo::describe() const {
+  return "node " + std::to_string(index) + " (" + hostname + ", " + address + ")";
+}
+
+// ---------------------------------------------------------------------------
+// The driver's side.
+
+namespace {
+
+struct Node {
+  NodeInfo info;
+  uint64_t session = 0;
+  std::mutex write_mu;               // one writer at a time on `down`
+  std::unique_ptr<auth::Conn> down;  // driver -> agent; set when the agent opened it
+  int down_fd = -1;
+  int up_fd = -1;                    // agent -> driver (read by the node's thread)
+  bool lost = false;                 // guarded by Cluster::Impl::mu
+  std::string lost_reason;
+};
+
+struct WorkerLink;
+
+}  // namespace
+
+struct Cluster::Impl : std::enable_shared_from_this<Cluster::Impl> {
+  ClusterOptions options;
+  std::string host;
+  uint16_t port = 0;
+  std::string token;
+  std::shared_ptr<tls::Context> tls;
+  int listen_fd = -1;
+  int wake[2] = {-1, -1};
+  std::thread accept_thread;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<Node>> nodes;  // by index; null until that node came
+  std::map<uint64_t, std::shared_ptr<WorkerLink>> workers;
+  uint64_t next_worker = 1;
+  bool stopping = false;
+
+  ~Impl() {
+    close_fd(listen_fd);
+    close_fd(wake[0]);
+    close_fd(wake[1]);
+  }
+
+  int connected_locked() const {
+    int n = 0;
+    for (const auto& node : nodes) n += (node && node->down && !node->lost) ? 1 : 0;
+    return n;
+  }
+
+  void accept_loop();
+  void serve(int fd);
+  void serve_node(std::shared_ptr<Node> node, auth::Conn& up, const wire::AgentHello::Reader& hello);
+  void on_agent_message(Node& node, wire::AgentMessage::Reader m);
+  void node_lost(const std::shared_ptr<Node>& node, const std::string& why);
+  void send(Node& node, capnp::MessageBuilder& builder);
+};
+
+namespace {
+
+struct WorkerLink : RemoteWorker {
+  std::weak_ptr<Cluster::Impl> cluster;
+  std::shared_ptr<Node> node_;
+  uint64_t id = 0;
+  std::string label;
+  std::shared_ptr<Channel> channel;  // the driver's end of the worker's socket pair
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  pid_t pid_ = -1;
+  bool answered = false;  // spawned or failed
+  std::string spawn_error;
+  State state_ = State::kRunning;
+  int status_ = 0;
+  std::string why_;
+  int out_fd = -1, err_fd = -1;
+  int data_fds[2] = {-1, -1};  // [from worker, to worker] while their pumps run
+  bool from_attached = false;
+
+  ~WorkerLink() override {
+    close_fd(out_fd);
+    close_fd(err_fd);
+  }
+  pid_t pid() const override {
+    std::lock_guard<std::mutex> lock(mu);
+    return pid_;
+  }
+  const NodeInfo& node() const override { return node_->info; }
+  State state(int* wait_status, std::string* why) const override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (wait_status != nullptr) *wait_status = status_;
+    if (why != nullptr) *why = why_;
+    return state_;
+  }
+  void kill() override {
+    auto impl = cluster.lock();
+    if (!impl) return;
+    capnp::MallocMessageBuilder b;
+    b.initRoot<wire::AgentMessage>().setKill(id);
+    try {
+      impl->send(*node_, b);
+    } catch (const std::exception&) {
+      // The agent is gone: its workers went with it.
+    }
+  }
+
+  // The worker is gone (exited, or its agent lost): no more output, and the
+  // relay's end of its socket closes once nothing more can arrive.
+  void finish(State s, int status, const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (state_ == State::kRunning) {
+      state_ = s;
+      status_ = status;
+      why_ = why;
+    }
+    answered = true;
+    if (spawn_error.empty() && pid_ < 0) spawn_error = why.empty() ? "it exited" : why;
+    close_fd(out_fd);
+    close_fd(err_fd);
+    // A result sent just before the exit may still be on its way over the
+    // data connection; that connection's end closes the socket then.
+    if (s == State::kLost || !from_attached) {
+      for (int fd : data_fds)
+        if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+      ::shutdown(channel->fd(), SHUT_RDWR);
+    }
+    cv.notify_all();
+  }
+};
+
+}  // namespace
+
+void Cluster::Impl::send(Node& node, capnp::MessageBuilder& builder) {
+  std::lock_guard<std::mutex> lock(node.write_mu);
+  if (!node.down) throw Error(node.info.describe() + ": its agent is not connected");
+  write_with_deadline(*node.down, builder);
+}
+
+void Cluster::Impl::accept_loop() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents != 0) return;
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    keep_alive(fd);
+    std::thread([self = shared_from_this(), fd] { self->serve(fd); }).detach();
+  }
+}
+
+// One connection from an agent: its control connection (hello; then this
+// thread reads it), its second control connection (the driver writes it), or
+// one direction of a worker's data.
+void Cluster::Impl::serve(int fd) {
+  const std::string who = auth::peer_address(fd);
+  std::unique_ptr<auth::Conn> conn;
+  try {
+    const auto deadline = Clock::now() + kHandshakeTimeout;
+    conn = tls ? tls->accept(fd, deadline, who) : std::make_unique<auth::Conn>(fd);
+    auth::server_handshake(*conn, token, kHandshakeTimeout);
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarn, "baton: cluster listener: refused " + who + ": " + e.what());
+    ::close(fd);
+    return;
+  }
+  std::shared_ptr<Node> keep_down;  // a control connection the driver writes stays open
+  try {
+    kj::Array<capnp::word> words;
+    if (!relay::read_message(*conn, words, "agent " + who)) {
+      ::close(fd);
+      return;
+    }
+    capnp::FlatArrayMessageReader reader(words, reader_options());
+    auto m = reader.getRoot<wire::AgentMessage>();
+    switch (m.which()) {
+      case wire::AgentMessage::HELLO: {
+        auto node = std::make_shared<Node>();
+        node->up_fd = fd;
+        serve_node(node, *conn, m.getHello());
+        break;
+      }
+      case wire::AgentMessage::CONTROL: {
+        std::lock_guard<std::mutex> lock(mu);
+        for (auto& node : nodes) {
+          if (node && node->session == m.getControl() && !node->down) {
+            {
+              std::lock_guard<std::mutex> w(node->write_mu);
+              node->down = std::move(conn);
+              node->down_fd = fd;
+            }
+            log(LogLevel::kInfo, "baton: " + node->info.describe() + " joined (" +
+                                     std::to_string(node->info.cpu_slots) + " cores, " +
+                                     std::to_string(node->info.gpus) + " GPUs)");
+            cv.notify_all();
+            return;  // the node owns the connection now
+          }
+        }
+        log(LogLevel::kWarn, "baton: cluster listener: " + who + " named an unknown agent session");
+        break;
+      }
+      case wire::AgentMessage::ATTACH: {
+        auto a = m.getAttach();
+        std::shared_ptr<WorkerLink> link;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (auto it = workers.find(a.getWorkerId()); it != workers.end()) link = it->second;
+        }
+        if (!link) break;
+        const int dir = a.getToWorker() ? 1 : 0;
+        {
+          std::lock_guard<std::mutex> lock(link->mu);
+          if (link->state_ != RemoteWorker::State::kRunning || link->data_fds[dir] >= 0) break;
+          link->data_fds[dir] = fd;
+          if (dir == 0) link->from_attached = true;
+        }
+        std::string why = dir == 1 ? relay::pump_to_tcp(*link->channel, *conn)
+                                   : relay::pump_to_unix(*conn, *link->channel, link->label);
+        {
+          std::lock_guard<std::mutex> lock(link->mu);
+          link->data_fds[dir] = -1;
+        }
+        ::shutdown(fd, SHUT_RDWR);
+        // The worker's messages end here: the driver's side sees its socket close.
+        if (dir == 0) ::shutdown(link->channel->fd(), SHUT_RDWR);
+        if (!why.empty()) log(LogLevel::kDebug, "baton: relay of " + link->label + ": " + why);
+        break;
+      }
+      default:
+        log(LogLevel::kWarn, "baton: cluster listener: " + who + " sent an unexpected message");
+    }
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarn, "baton: cluster listener: connection from " + who + ": " + e.what());
+  }
+  conn.reset();
+  ::close(fd);
+}
+
+void Cluster::Impl::serve_node(std::shared_ptr<Node> node, auth::Conn& up,
+                               const wire::AgentHello::Reader& hello) {
+  const int fd = up.fd();
+  node->info.hostname = hello.getHostname().cStr();
+  node->info.address = socket_host(fd, false);
+  node->info.driver_address = socket_host(fd, true);
+  node->info.cpu_slots = std::max(1, hello.getCpuSlots());
+  node->info.gpus = std::max(0, hello.getGpus());
+  node->info.agent_pid = hello.getPid();
+  node->session = hello.getSession();
+  std::string refused;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const int want = hello.getNodeRank();
+    int index = -1;
+    if (hello.getVersion() != kAgentProtocol) {
+      refused = "it speaks protocol " + std::to_string(hello.getVersion()) + ", the driver " +
+                std::to_string(kAgentProtocol) + " (run the same baton build everywhere)";
+    } else if (stopping) {
+      refused = "the driver is stopping";
+    } else if (want >= 0) {
+      if (want >= options.nodes)
+        refused = "it asked for node " + std::to_string(want) + " of a cluster of " +
+                  std::to_string(options.nodes);
+      else if (nodes[static_cast<size_t>(want)] && !nodes[static_cast<size_t>(want)]->lost)
+        refused = "node " + std::to_string(want) + " is already " +
+                  nodes[static_cast<size_t>(want)]->info.hostname;
+      else
+        index = want;
+    } else {
+      for (int i = 0; i < options.nodes && index < 0; ++i)
+        if (!nodes[static_cast<size_t>(i)]) index = i;
+      if (index < 0) refused = "the cluster's " + std::to_string(options.nodes) + " nodes are all there";
+    }
+    if (refused.empty()) {
+      node->info.index = index;
+      nodes[static_cast<size_t>(index)] = node;
+    }
+  }
+  if (!refused.empty()) {
+    log(LogLevel::kWarn, "baton: refused the node agent of " + node->info.hostname + " (" +
+                             node->info.address + "): " + refused);
+    return;
+  }
+  std::string why = "it closed the connection";
+  try {
+    kj::Array<capnp::word> words;
+    while (relay::read_message(up, words, node->info.describe())) {
+      capnp::FlatArrayMessageReader reader(words, reader_options());
+      on_agent_message(*node, reader.getRoot<wire::AgentMessage>());
+    }
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  node_lost(node, why);
+}
+
+void Cluster::Impl::on_agent_message(Node& node, wire::AgentMessage::Reader m) {
+  auto find = [this](uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = workers.find(id);
+    return it == workers.end() ? nullptr : it->second;
+  };
+  switch (m.which()) {
+    case wire::AgentMessage::SPAWNED: {
+      auto s = m.getSpawned();
+      if (auto link = find(s.getWorkerId())) {
+        std::lock_guard<std::mutex> lock(link->mu);
+        link->pid_ = s.getPid();
+        link->answered = true;
+        link->cv.notify_all();
+      }
+      break;
+    }
+    case wire::AgentMessage::SPAWN_FAILED: {
+      auto s = m.getSpawnFailed();
+      if (auto link = find(s.getWorkerId())) {
+        std::lock_guard<std::mutex> lock(link->mu);
+        link->spawn_error = s.getMessage().cStr();
+        link->answered = true;
+        link->cv.notify_all();
+      }
+      break;
+    }
+    case wire::AgentMessage::OUTPUT: {
+      auto o = m.getOutput();
+      if (auto link = find(o.getWorkerId())) {
+        std::lock_guard<std::mutex> lock(link->mu);
+        const int fd = o.getStderr() ? link->err_fd : link->out_fd;
+        if (fd >= 0) write_fully(fd, o.getData().begin(), o.getData().size());
+      }
+      break;
+    }
+    case wire::AgentMessage::EXITED: {
+      auto e = m.getExited();
+      std::shared_ptr<WorkerLink> link;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (auto it = workers.find(e.getWorkerId()); it != workers.end()) {
+          link = it->second;
+          workers.erase(it);
+        }
+      }
+      if (link) link->finish(RemoteWorker::State::kExited, e.getWaitStatus(), "");
+      break;
+    }
+    default:
+      throw Error(node.info.describe() + ": its agent sent an unexpected message");
+  }
+}
+
+void Cluster::Impl::node_lost(const std::shared_ptr<Node>& node, const std::string& why) {
+  std::vector<std::shared_ptr<WorkerLink>> links;
+  bool was_stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (node->lost) return;
+    node->lost = true;
+    node->lost_reason = why;
+    was_stopping = stopping;
+    for (auto it = workers.begin(); it != workers.end();) {
+      if (it->second->node_ == node) {
+        links.push_back(it->second);
+        it = workers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    cv.notify_all();
+  }
+  const std::string what = "lost with its node: the node agent of " + node->info.describe() +
+                           " disconnected (" + why + ")";
+  if (!was_stopping) log(LogLevel::kError, "baton: the node agent of " + node->info.describe() +
+                                               " disconnected: " + why);
+  for (auto& link : links) link->finish(RemoteWorker::State::kLost, 0, what);
+  {
+    std::lock_guard<std::mutex> w(node->write_mu);
+    if (node->down_fd >= 0) ::shutdown(node->down_fd, SHUT_RDWR);
+  }
+}
+
+std::shared_ptr<Cluster> Cluster::listen(ClusterOptions options) {
+  if (options.nodes < 1) throw Error("Cluster: nodes must be at least 1");
+  auto impl = std::make_shared<Impl>();
+  auto [host, port] = auth::split_host_port(options.listen, "Cluster: the listen address");
+  impl->host = host;
+  if (!options.token.empty()) {
+    impl->token = options.token;
+  } else if (!token_configured()) {
+    throw Error("Cluster: no cluster token is configured: set BATON_CLUSTER_TOKEN_FILE (a file "
+                "of at least 16 random bytes, mode 0600) or BATON_CLUSTER_TOKEN, the same on "
+                "the driver and on every node agent");
+  } else {
+    impl->token = auth::cluster_token();
+  }
+  impl->tls = options.tls ? options.tls : tls::Context::server_from_environment();
+  impl->nodes.resize(static_cast<size_t>(options.nodes));
+  std::string why;
+  impl->listen_fd = auth::tcp_listen(host, port, &impl->port, why);
+  if (impl->listen_fd < 0)
+    throw Error("Cluster: cannot listen for node agents on " + options.listen + ": " + why);
+  if (::pipe2(impl->wake, O_CLOEXEC) != 0) throw Error("Cluster: pipe2: " + errno_text());
+  impl->options = std::move(options);
+  impl->accept_thread = std::thread([raw = impl.get()] { raw->accept_loop(); });
+  log(LogLevel::kInfo, "baton: waiting for " + std::to_string(impl->options.nodes) +
+                           " node agent(s) on " + impl->host + ":" + std::to_string(impl->port));
+  return std::shared_ptr<Cluster>(new Cluster(impl));
+}
+
+Cluster::Cluster(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Cluster::~Cluster() {
+  std::vector<std::shared_ptr<Node>> nodes;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+    nodes = impl_->nodes;
+  }
+  const char one = 1;
+  if (::write(impl_->wake[1], &one, 1) < 0) {
+    // The accept loop is gone already.
+  }
+  if (impl_->accept_thread.joinable()) impl_->accept_thread.join();
+  for (auto& node : nodes) {
+    if (!node) continue;
+    capnp::MallocMessageBuilder b;
+    b.initRoot<wire::AgentMessage>().setShutdown();
+    try {
+      impl_->send(*node, b);
+    } catch (const std::exception&) {
+      // Gone already.
+    }
+  }
+}
+
+uint16_t Cluster::port() const { return impl_->port; }
+const std::string& Cluster::bind_host() const { return impl_->host; }
+
+void Cluster::wait_for_nodes() {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  const int want = impl_->options.nodes;
+  if (impl_->cv.wait_for(lock, impl_->options.wait_timeout,
+                         [&] { return impl_->connected_locked() == want; }))
+    return;
+  std::string came;
+  for (const auto& node : impl_->nodes)
+    if (node && node->down && !node->lost) came += "\n  " + node->info.describe();
+  throw Error("Cluster: " + std::to_string(impl_->connected_locked()) + " of " +
+              std::to_string(want) + " node agent(s) connected to " + impl_->host + ":" +
+              std::to_string(impl_->port) + " within " +
+              std::to_string(impl_->options.wait_timeout.count()) + " ms" +
+              (came.empty() ? std::string(" (none)") : ":" + came) +
+              "\n(start `baton-agent --driver <this host>:" + std::to_string(impl_->port) +
+              "` on every node, with the same cluster token)");
+}
+
+std::vector<NodeInfo> Cluster::nodes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<NodeInfo> out;
+  for (const auto& node : impl_->nodes)
+    if (node) out.push_back(node->info);
+  return out;
+}
+
+int Cluster::size() const { return impl_->options.nodes; }
+
+std::shared_ptr<RemoteWorker> Cluster::spawn(int node_index, const std::string& label,
+                                             const std::string& exe,
+                                             const std::vector<std::string>& argv,
+                                             const std::vector<std::string>& env, int relay_fd,
+                                             int out_fd, int err_fd) {
+  auto link = std::make_shared<WorkerLink>();
+  link->cluster = impl_;
+  link->label = label;
+  link->channel = std::make_shared<Channel>(relay_fd);
+  link->out_fd = out_fd;
+  link->err_fd = err_fd;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (node_index < 0 || node_index >= static_cast<int>(impl_->nodes.size()) ||
+        !impl_->nodes[static_cast<size_t>(node_index)])
+      throw Error("cannot start " + label + " on node " + std::to_string(node_index) +
+                  ": no such node in the cluster");
+    link->node_ = impl_->nodes[static_cast<size_t>(node_index)];
+    if (link->node_->lost)
+      throw Error("cannot start " + label + " on " + link->node_->info.describe() +
+                  ": its agent disconnected (" + link->node_->lost_reason + ")");
+    link->id = impl_->next_worker++;
+    impl_->workers[link->id] = link;
+  }
+  auto forget = [&] {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->workers.erase(link->id);
+  };
+  capnp::MallocMessageBuilder b;
+  auto s = b.initRoot<wire::AgentMessage>().initSpawn();
+  s.setWorkerId(link->id);
+  s.setExe(exe);
+  s.setLabel(label);
+  auto a = s.initArgv(static_cast<unsigned>(argv.size()));
+  for (size_t i = 0; i < argv.size(); ++i) a.set(static_cast<unsigned>(i), argv[i]);
+  auto e = s.initEnv(static_cast<unsigned>(env.size()));
+  for (size_t i = 0; i < env.size(); ++i) e.set(static_cast<unsigned>(i), env[i]);
+  try {
+    impl_->send(*link->node_, b);
+  } catch (const std::exception& ex) {
+    forget();
+    throw Error("cannot start " + label + " on " + link->node_->info.describe() + ": " + ex.what());
+  }
+  std::unique_lock<std::mutex> lock(link->mu);
+  if (!link->cv.wait_for(lock, impl_->options.spawn_timeout, [&] { return link->answered; })) {
+    lock.unlock();
+    forget();
+    link->kill();
+    throw Error("cannot start " + label + " on " + link->node_->info.describe() +
+                ": its agent did not answer within " +
+                std::to_string(impl_->options.spawn_timeout.count()) + " ms");
+  }
+  if (link->pid_ < 0) {
+    const std::string why = link->spawn_error;
+    lock.unlock();
+    forget();
+    throw Error("cannot start " + label + " on " + link->node_->info.describe() + ": " + why);
+  }
+  return link;
+}
+
+// ---------------------------------------------------------------------------
+// The agent's side.
+
+namespace {
+
+struct AgentWorker {
+  uint64_t id = 0;
+  pid_t pid = -1;
+  std::string label;
+  std::shared_ptr<Channel> channel;  // the agent's end of the worker's socket pair
+  int outputs_open = 2;              // its stdout and stderr pumps still running
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions o) : o_(std::move(o)) {}
+
+  int run() {
+    auto [host, port] = auth::split_host_port(o_.driver, "baton-agent: --driver");
+    host_ = host;
+    port_ = port;
+    if (port_ == 0) throw Error("baton-agent: --driver " + o_.driver + " names no port");
+    if (!token_configured())
+      throw Error("baton-agent: no cluster token is configured: set BATON_CLUSTER_TOKEN_FILE "
+                  "(or BATON_CLUSTER_TOKEN) to the driver's");
+    token_ = auth::cluster_token();
+    tls_ = tls::Context::client_from_environment();
+    if (o_.hostname.empty()) {
+      char name[256] = {};
+      ::gethostname(name, sizeof(name) - 1);
+      o_.hostname = name;
+    }
+    const auto deadline = Clock::now() + o_.connect_timeout;
+    up_ = dial(deadline, &up_fd_);
+    local_address_ = socket_host(up_fd_, true);
+    uint64_t session = 0;
+    const std::string r = auth::random_token();
+    std::memcpy(&session, r.data(), sizeof(session));
+    {
+      capnp::MallocMessageBuilder b;
+      auto h = b.initRoot<wire::AgentMessage>().initHello();
+      h.setVersion(kAgentProtocol);
+      h.setHostname(o_.hostname);
+      h.setNodeRank(o_.node_rank);
+      h.setCpuSlots(o_.cpu_slots > 0 ? o_.cpu_slots : usable_cores());
+      h.setGpus(gpu_count());
+      h.setPid(static_cast<int32_t>(::getpid()));
+      h.setSession(session);
+      send_up(b);
+    }
+    int down_fd = -1;
+    std::unique_ptr<auth::Conn> down = dial(deadline, &down_fd);
+    {
+      capnp::MallocMessageBuilder b;
+      b.initRoot<wire::AgentMessage>().setControl(session);
+      write_with_deadline(*down, b);
+    }
+    log(LogLevel::kInfo, "baton-agent: " + o_.hostname + " joined the driver at " + o_.driver);
+    std::thread reaper([this] { reap_loop(); });
+    std::string why = "the driver closed the connection";
+    try {
+      kj::Array<capnp::word> words;
+      for (;;) {
+        if (!relay::read_message(*down, words, "the driver at " + o_.driver)) break;
+        capnp::FlatArrayMessageReader reader(words, reader_options());
+        auto m = reader.getRoot<wire::AgentMessage>();
+        if (m.isShutdown()) {
+          why = "the driver is done";
+          break;
+        }
+        if (m.isSpawn()) {
+          spawn(m.getSpawn());
+        } else if (m.isKill()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (auto it = workers_.find(m.getKill()); it != workers_.end() && it->second->pid > 0)
+            ::kill(it->second->pid, SIGKILL);
+        }
+      }
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    log(LogLevel::kInfo, "baton-agent: stopping (" + why + ")");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      for (auto& [id, w] : workers_)
+        if (w->pid > 0) ::kill(w->pid, SIGKILL);
+      cv_.notify_all();
+    }
+    reaper.join();
+    ::shutdown(up_fd_, SHUT_RDWR);
+    ::shutdown(down_fd, SHUT_RDWR);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(5), [&] { return threads_ == 0; });
+    }
+    return 0;
+  }
+
+ private:
+  std::unique_ptr<auth::Conn> dial(Clock::time_point deadline, int* fd_out) {
+    std::string why;
+    for (;;) {
+      const int fd = auth::tcp_connect(host_, port_, std::min(deadline, Clock::now() + std::chrono::seconds(5)), why);
+      if (fd >= 0) {
+        keep_alive(fd);
+        const std::string where = "the driver at " + o_.driver;
+        std::unique_ptr<auth::Conn> conn;
+        try {
+          conn = tls_ ? tls_->connect(fd, Clock::now() + kHandshakeTimeout, host_, where)
+                      : std::make_unique<auth::Conn>(fd);
+          auth::client_handshake(*conn, token_, kHandshakeTimeout, where);
+        } catch (...) {
+          conn.reset();
+          ::close(fd);
+          throw;
+        }
+        *fd_out = fd;
+        return conn;
+      }
+      if (Clock::now() >= deadline)
+        throw Error("baton-agent: cannot reach the driver at " + o_.driver + ": " + why);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+
+  void send_up(capnp::MessageBuilder& b) {
+    std::lock_guard<std::mutex> lock(up_mu_);
+    write_with_deadline(*up_, b);
+  }
+  void send_up_quietly(capnp::MessageBuilder& b) {
+    try {
+      send_up(b);
+    } catch (const std::exception& e) {
+      // The driver is gone; the main loop notices and stops.
+      ::shutdown(up_fd_, SHUT_RDWR);
+    }
+  }
+
+  static int gpu_count() {
+    const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (v == nullptr || *v == '\0') return 0;
+    int n = 1;
+    for (const char* c = v; *c; ++c) n += *c == ',' ? 1 : 0;
+    return n;
+  }
+
+  void spawn(wire::AgentSpawn::Reader s) {
+    auto w = std::make_shared<AgentWorker>();
+    w->id = s.getWorkerId();
+    w->label = s.getLabel().cStr();
+    auto fail = [&](const std::string& why) {
+      capnp::MallocMessageBuilder b;
+      auto f = b.initRoot<wire::AgentMessage>().initSpawnFailed();
+      f.setWorkerId(w->id);
+      f.setMessage(why);
+      send_up_quietly(b);
+    };
+    std::vector<std::string> env;
+    try {
+      env = environment(s);
+    } catch (const std::exception& e) {
+      fail(e.what());
+      return;
+    }
+    int sv[2], out[2], err[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      fail("socketpair: " + errno_text());
+      return;
+    }
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      ::close(sv[0]);
+      ::close(sv[1]);
+      fail("pipe2: " + errno_text());
+      return;
+    }
+    sv[1] = high_fd(sv[1]);
+    out[1] = high_fd(out[1]);
+    err[1] = high_fd(err[1]);
+    std::vector<std::string> args;
+    for (auto a : s.getArgv()) args.emplace_back(a.cStr());
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
+    pid_t pid = -1;
+    const std::string exe = s.getExe().cStr();
+    // From this (the main) thread, which lives as long as the agent: a
+    // worker's parent-death signal fires when its spawning thread ends.
+    const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(sv[1]);
+    ::close(out[1]);
+    ::close(err[1]);
+    if (rc != 0) {
+      ::close(sv[0]);
+      ::close(out[0]);
+      ::close(err[0]);
+      fail("cannot run " + exe + " on " + o_.hostname + ": " + std::strerror(rc));
+      return;
+    }
+    w->pid = pid;
+    w->channel = std::make_shared<Channel>(sv[0]);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      workers_[w->id] = w;
+      threads_ += 4;
+      cv_.notify_all();
+    }
+    {
+      capnp::MallocMessageBuilder b;
+      auto ok = b.initRoot<wire::AgentMessage>().initSpawned();
+      ok.setWorkerId(w->id);
+      ok.setPid(pid);
+      send_up_quietly(b);
+    }
+    log(LogLevel::kDebug, "baton-agent: started " + w->label + " (pid " + std::to_string(pid) + ")");
+    std::thread([this, w, fd = out[0]] { pump_output(w, fd, false); }).detach();
+    std::thread([this, w, fd = err[0]] { pump_output(w, fd, true); }).detach();
+    std::thread([this, w] { pump_data(w, false); }).detach();
+    std::thread([this, w] { pump_data(w, true); }).detach();
+  }
+
+  // The worker's environment: the agent's own, with the runtime's variables
+  // from the driver over it; the token and the GPU are this node's.
+  std::vector<std::string> environment(wire::AgentSpawn::Reader s) const {
+    std::set<std::string> theirs = {"BATON_CLUSTER_TOKEN", "BATON_CLUSTER_TOKEN_FILE",
+                                    "BATON_DRIVER_PID", "BATON_NODE_ADDR"};
+    bool gpu = false;
+    int slot = 0;
+    for (auto kv : s.getEnv()) {
+      std::string e = kv.cStr();
+      const size_t eq = e.find('=');
+      if (eq == std::string::npos) continue;
+      const std::string key = e.substr(0, eq);
+      theirs.insert(key);
+      if (key == "BATON_USE_GPU") gpu = e.substr(eq + 1) == "1";
+      if (key == "BATON_SLOT") slot = std::atoi(e.c_str() + eq + 1);
+    }
+    if (gpu) theirs.insert("CUDA_VISIBLE_DEVICES");
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string kv(*e);
+      if (!theirs.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+    }
+    for (auto kv : s.getEnv()) env.emplace_back(kv.cStr());
+    env.push_back("BATON_DRIVER_PID=" + std::to_string(::getpid()));
+    env.push_back("BATON_CLUSTER_TOKEN=" + token_);
+    env.push_back("BATON_NODE_ADDR=" + local_address_);
+    if (gpu) env.push_back("CUDA_VISIBLE_DEVICES=" + gpu_of_slot(slot, "the node agent's"));
+    return env;
+  }
+
+  void pump_output(std::shared_ptr<AgentWorker> w, int fd, bool is_stderr) {
+    std::vector<char> buf(64 * 1024);
+    for (;;) {
+      const ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      capnp::MallocMessageBuilder b;
+      auto o = b.initRoot<wire::AgentMessage>().initOutput();
+      o.setWorkerId(w->id);
+      o.setStderr(is_stderr);
+      o.setData(kj::arrayPtr(reinterpret_cast<const kj::byte*>(buf.data()), static_cast<size_t>(n)));
+      send_up_quietly(b);
+    }
+    ::close(fd);
+    std::lock_guard<std::mutex> lock(mu_);
+    --w->outputs_open;
+    --threads_;
+    cv_.notify_all();
+  }
+
+  void pump_data(std::shared_ptr<AgentWorker> w, bool to_worker) {
+    std::string why;
+    try {
+      int fd = -1;
+      std::unique_ptr<auth::Conn> conn = dial(Clock::now() + std::chrono::seconds(30), &fd);
+      capnp::MallocMessageBuilder b;
+      auto a = b.initRoot<wire::AgentMessage>().initAttach();
+      a.setWorkerId(w->id);
+      a.setToWorker(to_worker);
+      write_with_deadline(*conn, b);
+      why = to_worker ? relay::pump_to_unix(*conn, *w->channel, w->label)
+                      : relay::pump_to_tcp(*w->channel, *conn);
+      ::shutdown(fd, SHUT_RDWR);
+      conn.reset();
+      ::close(fd);
+    } catch (const std::exception& e) {
+      why = e.what();
+      ::kill(w->pid, SIGKILL);  // a worker the driver cannot reach is of no use
+    }
+    // The driver closed its side: the worker reads the end of its socket and
+    // exits, as a local worker does when its driver goes.
+    if (to_worker) ::shutdown(w->channel->fd(), SHUT_RDWR);
+    if (!why.empty()) log(LogLevel::kDebug, "baton-agent: relay of " + w->label + ": " + why);
+    std::lock_guard<std::mutex> lock(mu_);
+    --threads_;
+    cv_.notify_all();
+  }
+
+  void reap_loop() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !workers_.empty() || stopping_; });
+        if (workers_.empty() && stopping_) return;
+      }
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, 0);
+      if (pid < 0) {
+        if (errno == ECHILD) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+      std::shared_ptr<AgentWorker> w;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (auto& [id, x] : workers_)
+          if (x->pid == pid) w = x;
+        if (!w) continue;
+        // Its last output first: the driver closes its log when it hears of the exit.
+        cv_.wait_for(lock, std::chrono::seconds(2), [&] { return w->outputs_open == 0; });
+        workers_.erase(w->id);
+      }
+      capnp::MallocMessageBuilder b;
+      auto e = b.initRoot<wire::AgentMessage>().initExited();
+      e.setWorkerId(w->id);
+      e.setWaitStatus(status);
+      send_up_quietly(b);
+      log(LogLevel::kDebug, "baton-agent: " + w->label + " " + describe_exit_status(status));
+    }
+  }
+
+  AgentOptions o_;
+  std::string host_;
+  uint16_t port_ = 0;
+  std::string token_;
+  std::shared_ptr<tls::Context> tls_;
+  std::string local_address_;
+  std::mutex up_mu_;
+  std::unique_ptr<auth::Conn> up_;
+  int up_fd_ = -1;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, std::shared_ptr<AgentWorker>> workers_;
+  bool stopping_ = false;
+  int threads_ = 0;
+};
+
+}  // namespace
+
+int run_agent(const AgentOptions& options) {
+  ::signal(SIGPIPE, SIG_IGN);
+  try {
+    Agent agent(options);
+    return agent.run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,199 @@
+#include "runtime/relay.h"
+
+#include <capnp/serialize.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "runtime/channel.h"
+#include "runtime/errors.h"
+
+namespace baton::relay {
+
+namespace {
+
+constexpr auto kForever = std::chrono::steady_clock::time_point::max();
+constexpr uint32_t kMagic = 0x31465442;  // "BTF1", little-endian
+constexpr uint32_t kMaxFds = 253;        // SCM_MAX_FD: what one message may pass
+constexpr uint64_t kMaxWords = uint64_t{1} << 27;     // 1 GiB of message
+constexpr uint64_t kMaxPayload = uint64_t{1} << 40;   // 1 TiB behind one fd
+
+struct FrameHeader {
+  uint32_t magic;
+  uint32_t fd_count;
+  uint64_t words;
+};
+static_assert(sizeof(FrameHeader) == 16);
+
+// A read-only mapping of the first `bytes` of an fd (nothing for 0 bytes).
+struct Mapping {
+  Mapping(int fd, size_t n) : bytes(n) {
+    if (n == 0) return;
+    void* p = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) throw Error(std::string("cannot map a payload: ") + std::strerror(errno));
+    data = p;
+  }
+  ~Mapping() {
+    if (data != nullptr) munmap(data, bytes);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  void* data = nullptr;
+  size_t bytes;
+};
+
+size_t fd_size(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) throw Error(std::string("cannot stat a payload: ") + std::strerror(errno));
+  return static_cast<size_t>(st.st_size);
+}
+
+// A memfd of `bytes` filled from `from`. Returns -1 when the peer closed.
+int receive_payload(auth::Conn& from, uint64_t bytes) {
+  int fd = memfd_create("baton-relay", MFD_CLOEXEC);
+  if (fd < 0) throw Error(std::string("memfd_create failed: ") + std::strerror(errno));
+  try {
+    if (bytes == 0) return fd;
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+      throw Error("cannot size a payload of " + std::to_string(bytes) + " bytes: " +
+                  std::strerror(errno));
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+      throw Error("cannot map a payload of " + std::to_string(bytes) + " bytes: " +
+                  std::strerror(errno));
+    bool whole = false;
+    try {
+      whole = from.read_exact(p, bytes, kForever);
+    } catch (...) {
+      munmap(p, bytes);
+      throw;
+    }
+    munmap(p, bytes);
+    if (!whole) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+}
+
+}  // namespace
+
+void write_message(auth::Conn& conn, capnp::MessageBuilder& builder) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
+  conn.write_all(words.begin(), words.size() * sizeof(capnp::word), kForever);
+}
+
+bool read_message(auth::Conn& conn, kj::Array<capnp::word>& out, const std::string& where,
+                  size_t max_bytes) {
+  // The stream framing: u32 segment count - 1, u32 sizes, padding to a word.
+  uint32_t first[2];
+  if (!conn.read_exact(first, sizeof(first), kForever)) return false;
+  const uint64_t segments = uint64_t{first[0]} + 1;
+  if (segments > 512) throw Error(where + ": a message of " + std::to_string(segments) + " segments");
+  const uint64_t table_words = (segments + 2) / 2;  // the table, padded, in words
+  std::vector<capnp::word> table(table_words);
+  std::memcpy(table.data(), first, sizeof(first));
+  if (table_words > 1 &&
+      !conn.read_exact(table.data() + 1, (table_words - 1) * sizeof(capnp::word), kForever))
+    throw Error(where + ": the connection closed inside a message");
+  const auto* sizes = reinterpret_cast<const uint32_t*>(table.data()) + 1;
+  uint64_t total = table_words;
+  for (uint64_t i = 0; i < segments; ++i) total += sizes[i];
+  if (total * sizeof(capnp::word) > max_bytes)
+    throw Error(where + ": a message of " + std::to_string(total * sizeof(capnp::word)) +
+                " bytes, past the limit of " + std::to_string(max_bytes));
+  out = kj::heapArray<capnp::word>(total);
+  std::memcpy(out.begin(), table.data(), table_words * sizeof(capnp::word));
+  if (!conn.read_exact(out.begin() + table_words, (total - table_words) * sizeof(capnp::word),
+                       kForever))
+    throw Error(where + ": the connection closed inside a message");
+  return true;
+}
+
+std::string pump_to_tcp(Channel& from, auth::Conn& to) {
+  try {
+    for (;;) {
+      Channel::ReadStatus status = from.read_blocking();
+      from.drain_raw([&](kj::ArrayPtr<const capnp::word> words, wire::Envelope::Reader env,
+                         std::vector<int> fds) {
+        struct Closer {
+          std::vector<int>& fds;
+          ~Closer() {
+            for (int fd : fds) close(fd);
+          }
+        } closer{fds};
+        const uint64_t shared = env.getSharedBytes();
+        std::vector<uint64_t> sizes(fds.size());
+        for (size_t i = 0; i < fds.size(); ++i) {
+          const size_t whole = fd_size(fds[i]);
+          sizes[i] = (i == 0 && shared > 0) ? shared : whole;
+          if (sizes[i] > whole)
+            throw Error("a message uses " + std::to_string(shared) + " bytes of a segment of " +
+                        std::to_string(whole));
+        }
+        FrameHeader h{kMagic, static_cast<uint32_t>(fds.size()), words.size()};
+        to.write_all(&h, sizeof(h), kForever);
+        if (!sizes.empty()) to.write_all(sizes.data(), sizes.size() * sizeof(uint64_t), kForever);
+        to.write_all(words.begin(), words.size() * sizeof(capnp::word), kForever);
+        for (size_t i = 0; i < fds.size(); ++i) {
+          Mapping m(fds[i], sizes[i]);
+          if (m.bytes > 0) to.write_all(m.data, m.bytes, kForever);
+        }
+      });
+      if (status == Channel::ReadStatus::kClosed) return "";
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::string pump_to_unix(auth::Conn& from, Channel& to, const std::string& where) {
+  try {
+    for (;;) {
+      FrameHeader h{};
+      if (!from.read_exact(&h, sizeof(h), kForever)) return "";
+      if (h.magic != kMagic) return where + ": not a relay frame (bad magic)";
+      if (h.fd_count > kMaxFds)
+        return where + ": a frame with " + std::to_string(h.fd_count) + " payloads (at most " +
+               std::to_string(kMaxFds) + ")";
+      if (h.words == 0 || h.words > kMaxWords)
+        return where + ": a frame of " + std::to_string(h.words) + " words";
+      std::vector<uint64_t> sizes(h.fd_count);
+      if (!sizes.empty() &&
+          !from.read_exact(sizes.data(), sizes.size() * sizeof(uint64_t), kForever))
+        return where + ": the connection closed inside a frame";
+      for (uint64_t s : sizes)
+        if (s > kMaxPayload) return where + ": a payload of " + std::to_string(s) + " bytes";
+      std::vector<capnp::word> words(h.words);
+      if (!from.read_exact(words.data(), words.size() * sizeof(capnp::word), kForever))
+        return where + ": the connection closed inside a frame";
+      std::vector<int> fds;
+      struct Closer {
+        std::vector<int>& fds;
+        ~Closer() {
+          for (int fd : fds) close(fd);
+        }
+      } closer{fds};
+      for (uint64_t s : sizes) {
+        int fd = receive_payload(from, s);
+        if (fd < 0) return where + ": the connection closed inside a frame";
+        fds.push_back(fd);
+      }
+      if (!to.send(kj::arrayPtr(words.data(), words.size()), fds)) return "";
+    }
+  } catch (const std::exception& e) {
+    return where + ": " + e.what();
+  }
+}
+
+}  // namespace baton::relay
