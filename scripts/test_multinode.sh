@@ -58,7 +58,6 @@ for i in 0 1 2; do
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
 done
-ip netns exec "${hosts[1]}" ping -c 1 -W 5 "${addrs[0]}" >/dev/null
 
 # The job's token, as a cluster would share it: a file only its owner reads.
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$tmp/token"
@@ -71,8 +70,10 @@ common=(--config configs/grpo_toy.yaml
   "data.train_files=[$tmp/toy/data/train.jsonl]" "data.val_files=[$tmp/toy/data/val.jsonl]"
   "actor_rollout_ref.model.path=$tmp/toy/model" data.train_batch_size=8
   actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.rollout.n=4
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
   actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
   actor_rollout_ref.rollout.tensor_model_parallel_size=2
+  actor_rollout_ref.actor.entropy_coeff=0.01 actor_rollout_ref.actor.use_kl_loss=true
   trainer.val_before_train=false trainer.test_freq=-1 'trainer.logger=[file]')
 
 start_agents() {  # the two agent hosts, node 0 and node 1
@@ -99,13 +100,13 @@ EOF
 
 echo "test_multinode: one machine, 4 workers"
 ip netns exec "${hosts[0]}" "$grpo" "${common[@]}" trainer.nnodes=1 trainer.n_gpus_per_node=4 \
-  trainer.total_training_steps=2 "trainer.default_local_dir=$tmp/one" >"$tmp/one.log" 2>&1 ||
+  trainer.total_training_steps=3 "trainer.default_local_dir=$tmp/one" >"$tmp/one.log" 2>&1 ||
   { tail -30 "$tmp/one.log"; exit 1; }
 
 echo "test_multinode: two agent hosts, 2 workers each"
 start_agents two
 ip netns exec "${hosts[0]}" "$grpo" "${common[@]}" trainer.nnodes=2 trainer.n_gpus_per_node=2 \
-  "trainer.cluster_listen=${addrs[0]}:29400" trainer.total_training_steps=2 \
+  "trainer.cluster_listen=${addrs[0]}:29400" trainer.total_training_steps=3 \
   "trainer.default_local_dir=$tmp/two" >"$tmp/two.log" 2>&1 ||
   { tail -30 "$tmp/two.log"; tail -5 "$tmp"/agent*.two.log; exit 1; }
 for p in "${agent_pids[@]}"; do wait "$p"; done  # they exit with the driver
@@ -118,7 +119,11 @@ if ! diff -u "$tmp/one.json" "$tmp/two.json"; then
   echo "test_multinode: FAILED: the two-host run's metrics differ from the one-host run's" >&2
   exit 1
 fi
-echo "test_multinode: the same $(grep -c : "$tmp/one.json") metrics on one host and on two"
+echo "test_multinode: the same $(grep -c : "$tmp/one.json") metrics on one host and on two:"
+grep -E '"(actor/entropy|actor/grad_norm|actor/kl_loss|response_length/mean)"' "$tmp/one.json"
+# Training moved the policy, so that the comparison means something.
+python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); sys.exit(0 if m["actor/grad_norm"] > 0 and m["actor/kl_loss"] != 0 else 1)' "$tmp/one.json" ||
+  { echo "test_multinode: FAILED: the runs did not train (zero gradient or KL)" >&2; exit 1; }
 
 echo "test_multinode: an agent killed in the middle of a run"
 start_agents kill
@@ -140,7 +145,8 @@ if ((status == 0)); then
   echo "test_multinode: FAILED: the run went on without node 1" >&2
   exit 1
 fi
-if ! grep -q "node 1 (host2, ${addrs[2]})" "$tmp/kill.log"; then
+failure="the node agent of node 1 (host2, ${addrs[2]}) disconnected"
+if ! grep -qF "$failure" "$tmp/kill.log"; then
   echo "test_multinode: FAILED: the failure does not name node 1:" >&2
   tail -20 "$tmp/kill.log" >&2
   exit 1
@@ -150,7 +156,7 @@ if ((took > 30)); then
   exit 1
 fi
 echo "test_multinode: the run failed ${took}s after the kill, naming the node:"
-grep -m1 "node 1 (host2" "$tmp/kill.log" | cut -c1-300
+grep -m1 -F "$failure" "$tmp/kill.log" | cut -c1-400
 wait "${agent_pids[0]}" || true  # the surviving agent exits with the driver
 agent_pids=()
 
