@@ -35,7 +35,7 @@ static_assert(sizeof(FrameHeader) == 16);
 struct Mapping {
   Mapping(int fd, size_t n) : bytes(n) {
     if (n == 0) return;
-    void* p = mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
+    void* p = mmap(nullptr, n, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) throw Error(std::string("cannot map a payload: ") + std::strerror(errno));
     data = p;
   }
