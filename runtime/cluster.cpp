@@ -147,6 +147,7 @@ struct Cluster::Impl : std::enable_shared_from_this<Cluster::Impl> {
   std::condition_variable cv;
   std::vector<std::shared_ptr<Node>> nodes;  // by index; null until that node came
   std::map<uint64_t, std::shared_ptr<WorkerLink>> workers;
+  std::map<uint64_t, std::string> refused;  // agent sessions turned away, and why
   uint64_t next_worker = 1;
   bool stopping = false;
 
@@ -314,7 +315,12 @@ void Cluster::Impl::serve(int fd) {
             return;  // the node owns the connection now
           }
         }
-        log(LogLevel::kWarn, "baton: cluster listener: " + who + " named an unknown agent session");
+        auto it = refused.find(m.getControl());
+        const std::string why = it != refused.end() ? it->second : "an unknown agent session";
+        if (it != refused.end()) refused.erase(it);
+        capnp::MallocMessageBuilder b;
+        b.initRoot<wire::AgentMessage>().setRefused(why);
+        write_with_deadline(*conn, b);
         break;
       }
       case wire::AgentMessage::ATTACH: {
@@ -364,38 +370,40 @@ void Cluster::Impl::serve_node(std::shared_ptr<Node> node, auth::Conn& up,
   node->info.gpus = std::max(0, hello.getGpus());
   node->info.agent_pid = hello.getPid();
   node->session = hello.getSession();
-  std::string refused;
+  std::string refusal;
   {
     std::lock_guard<std::mutex> lock(mu);
     const int want = hello.getNodeRank();
     int index = -1;
     if (hello.getVersion() != kAgentProtocol) {
-      refused = "it speaks protocol " + std::to_string(hello.getVersion()) + ", the driver " +
+      refusal = "it speaks protocol " + std::to_string(hello.getVersion()) + ", the driver " +
                 std::to_string(kAgentProtocol) + " (run the same baton build everywhere)";
     } else if (stopping) {
-      refused = "the driver is stopping";
+      refusal = "the driver is stopping";
     } else if (want >= 0) {
       if (want >= options.nodes)
-        refused = "it asked for node " + std::to_string(want) + " of a cluster of " +
+        refusal = "it asked for node " + std::to_string(want) + " of a cluster of " +
                   std::to_string(options.nodes);
       else if (nodes[static_cast<size_t>(want)] && !nodes[static_cast<size_t>(want)]->lost)
-        refused = "node " + std::to_string(want) + " is already " +
+        refusal = "node " + std::to_string(want) + " is already " +
                   nodes[static_cast<size_t>(want)]->info.hostname;
       else
         index = want;
     } else {
       for (int i = 0; i < options.nodes && index < 0; ++i)
         if (!nodes[static_cast<size_t>(i)]) index = i;
-      if (index < 0) refused = "the cluster's " + std::to_string(options.nodes) + " nodes are all there";
+      if (index < 0) refusal = "the cluster's " + std::to_string(options.nodes) + " nodes are all there";
     }
-    if (refused.empty()) {
+    if (refusal.empty()) {
       node->info.index = index;
       nodes[static_cast<size_t>(index)] = node;
     }
   }
-  if (!refused.empty()) {
+  if (!refusal.empty()) {
     log(LogLevel::kWarn, "baton: refused the node agent of " + node->info.hostname + " (" +
-                             node->info.address + "): " + refused);
+                             node->info.address + "): " + refusal);
+    std::lock_guard<std::mutex> lock(mu);
+    if (refused.size() < 1024) refused[node->session] = refusal;
     return;
   }
   std::string why = "it closed the connection";
@@ -701,6 +709,7 @@ class Agent {
     log(LogLevel::kInfo, "baton-agent: " + o_.hostname + " joined the driver at " + o_.driver);
     std::thread reaper([this] { reap_loop(); });
     std::string why = "the driver closed the connection";
+    int exit_code = 0;
     try {
       kj::Array<capnp::word> words;
       for (;;) {
@@ -709,6 +718,12 @@ class Agent {
         auto m = reader.getRoot<wire::AgentMessage>();
         if (m.isShutdown()) {
           why = "the driver is done";
+          break;
+        }
+        if (m.isRefused()) {
+          log(LogLevel::kError, "baton-agent: the driver at " + o_.driver + " refused this node: " +
+                                    m.getRefused().cStr());
+          exit_code = 3;
           break;
         }
         if (m.isSpawn()) {
@@ -736,8 +751,10 @@ class Agent {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::seconds(5), [&] { return threads_ == 0; });
+      // A relay still blocked somewhere must not outlive this object.
+      if (threads_ != 0) ::_exit(exit_code);
     }
-    return 0;
+    return exit_code;
   }
 
  private:

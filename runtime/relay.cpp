@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "runtime/channel.h"
@@ -20,6 +21,8 @@ namespace {
 
 constexpr auto kForever = std::chrono::steady_clock::time_point::max();
 constexpr uint32_t kMagic = 0x31465442;  // "BTF1", little-endian
+constexpr size_t kKeptSegments = 16;     // a receiving relay's reused memfds
+constexpr uint64_t kGranule = uint64_t{1} << 20;
 constexpr uint32_t kMaxFds = 253;        // SCM_MAX_FD: what one message may pass
 constexpr uint64_t kMaxWords = uint64_t{1} << 27;     // 1 GiB of message
 constexpr uint64_t kMaxPayload = uint64_t{1} << 40;   // 1 TiB behind one fd
@@ -54,37 +57,82 @@ size_t fd_size(int fd) {
   return static_cast<size_t>(st.st_size);
 }
 
-// A memfd of `bytes` filled from `from`. Returns -1 when the peer closed.
-int receive_payload(auth::Conn& from, uint64_t bytes) {
+// A memfd of `bytes` (mapped read-write at `*data` when `map` is set).
+int new_memfd(uint64_t bytes, std::byte** data) {
   int fd = memfd_create("baton-relay", MFD_CLOEXEC);
   if (fd < 0) throw Error(std::string("memfd_create failed: ") + std::strerror(errno));
-  try {
-    if (bytes == 0) return fd;
-    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)
-      throw Error("cannot size a payload of " + std::to_string(bytes) + " bytes: " +
-                  std::strerror(errno));
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-      throw Error("cannot map a payload of " + std::to_string(bytes) + " bytes: " +
-                  std::strerror(errno));
-    bool whole = false;
-    try {
-      whole = from.read_exact(p, bytes, kForever);
-    } catch (...) {
-      munmap(p, bytes);
-      throw;
-    }
-    munmap(p, bytes);
-    if (!whole) {
-      close(fd);
-      return -1;
-    }
-    return fd;
-  } catch (...) {
+  if (bytes == 0) return fd;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const std::string why = std::strerror(errno);
     close(fd);
-    throw;
+    throw Error("cannot size a payload of " + std::to_string(bytes) + " bytes: " + why);
   }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    throw Error("cannot map a payload of " + std::to_string(bytes) + " bytes: " + why);
+  }
+  *data = static_cast<std::byte*>(p);
+  return fd;
 }
+
+// The memfds a receiving relay keeps, one per sender segment (its id): the
+// sender reuses a segment only once the receiver released it, so the next
+// message in it can be written over the last, into pages that are already
+// there (a fresh memfd costs the kernel a zeroed page per 4 KiB). A message
+// that needs more than a kept memfd has gets a new one (a new inode: the
+// receiver maps it anew, shm_pool.h). Least recently used beyond
+// kKeptSegments are dropped.
+class KeptSegments {
+ public:
+  ~KeptSegments() {
+    for (auto& [id, k] : kept_) drop(k);
+  }
+  // The memfd to receive `bytes` of segment `id` into, and its mapping.
+  int get(uint64_t id, uint64_t bytes, std::byte** data) {
+    ++clock_;
+    auto it = kept_.find(id);
+    if (it != kept_.end() && it->second.capacity >= bytes) {
+      it->second.last_used = clock_;
+      *data = it->second.data;
+      return it->second.fd;
+    }
+    if (it != kept_.end()) {
+      drop(it->second);
+      kept_.erase(it);
+    }
+    if (kept_.size() >= kKeptSegments) {
+      auto victim = kept_.begin();
+      for (auto k = kept_.begin(); k != kept_.end(); ++k)
+        if (k->second.last_used < victim->second.last_used) victim = k;
+      drop(victim->second);
+      kept_.erase(victim);
+    }
+    const uint64_t capacity = (bytes + kGranule - 1) / kGranule * kGranule;
+    Kept k;
+    k.fd = new_memfd(capacity, &k.data);
+    k.capacity = capacity;
+    k.last_used = clock_;
+    kept_[id] = k;
+    *data = k.data;
+    return k.fd;
+  }
+
+ private:
+  struct Kept {
+    int fd = -1;
+    std::byte* data = nullptr;
+    uint64_t capacity = 0;
+    uint64_t last_used = 0;
+  };
+  static void drop(Kept& k) {
+    if (k.data != nullptr) munmap(k.data, k.capacity);
+    if (k.fd >= 0) close(k.fd);
+  }
+  std::map<uint64_t, Kept> kept_;
+  uint64_t clock_ = 0;
+};
 
 }  // namespace
 
@@ -133,20 +181,24 @@ std::string pump_to_tcp(Channel& from, auth::Conn& to) {
           }
         } closer{fds};
         const uint64_t shared = env.getSharedBytes();
-        std::vector<uint64_t> sizes(fds.size());
+        // Per payload: its size, and the sender's segment id it may be kept
+        // under (the message's segment; 0 for a shared tensor's memory).
+        std::vector<uint64_t> table(2 * fds.size());
         for (size_t i = 0; i < fds.size(); ++i) {
           const size_t whole = fd_size(fds[i]);
-          sizes[i] = (i == 0 && shared > 0) ? shared : whole;
-          if (sizes[i] > whole)
+          const bool segment = i == 0 && shared > 0;
+          table[2 * i] = segment ? shared : whole;
+          table[2 * i + 1] = segment ? env.getSegment() : 0;
+          if (table[2 * i] > whole)
             throw Error("a message uses " + std::to_string(shared) + " bytes of a segment of " +
                         std::to_string(whole));
         }
         FrameHeader h{kMagic, static_cast<uint32_t>(fds.size()), words.size()};
         to.write_all(&h, sizeof(h), kForever);
-        if (!sizes.empty()) to.write_all(sizes.data(), sizes.size() * sizeof(uint64_t), kForever);
+        if (!table.empty()) to.write_all(table.data(), table.size() * sizeof(uint64_t), kForever);
         to.write_all(words.begin(), words.size() * sizeof(capnp::word), kForever);
         for (size_t i = 0; i < fds.size(); ++i) {
-          Mapping m(fds[i], sizes[i]);
+          Mapping m(fds[i], table[2 * i]);
           if (m.bytes > 0) to.write_all(m.data, m.bytes, kForever);
         }
       });
@@ -158,6 +210,7 @@ std::string pump_to_tcp(Channel& from, auth::Conn& to) {
 }
 
 std::string pump_to_unix(auth::Conn& from, Channel& to, const std::string& where) {
+  KeptSegments kept;
   try {
     for (;;) {
       FrameHeader h{};
@@ -168,25 +221,39 @@ std::string pump_to_unix(auth::Conn& from, Channel& to, const std::string& where
                std::to_string(kMaxFds) + ")";
       if (h.words == 0 || h.words > kMaxWords)
         return where + ": a frame of " + std::to_string(h.words) + " words";
-      std::vector<uint64_t> sizes(h.fd_count);
-      if (!sizes.empty() &&
-          !from.read_exact(sizes.data(), sizes.size() * sizeof(uint64_t), kForever))
+      std::vector<uint64_t> table(2 * size_t{h.fd_count});
+      if (!table.empty() &&
+          !from.read_exact(table.data(), table.size() * sizeof(uint64_t), kForever))
         return where + ": the connection closed inside a frame";
-      for (uint64_t s : sizes)
-        if (s > kMaxPayload) return where + ": a payload of " + std::to_string(s) + " bytes";
+      for (size_t i = 0; i < h.fd_count; ++i)
+        if (table[2 * i] > kMaxPayload)
+          return where + ": a payload of " + std::to_string(table[2 * i]) + " bytes";
       std::vector<capnp::word> words(h.words);
       if (!from.read_exact(words.data(), words.size() * sizeof(capnp::word), kForever))
         return where + ": the connection closed inside a frame";
-      std::vector<int> fds;
+      std::vector<int> fds, fresh;  // what goes with the message; what is closed after it
       struct Closer {
         std::vector<int>& fds;
         ~Closer() {
           for (int fd : fds) close(fd);
         }
-      } closer{fds};
-      for (uint64_t s : sizes) {
-        int fd = receive_payload(from, s);
-        if (fd < 0) return where + ": the connection closed inside a frame";
+      } closer{fresh};
+      for (size_t i = 0; i < h.fd_count; ++i) {
+        const uint64_t bytes = table[2 * i], key = table[2 * i + 1];
+        std::byte* data = nullptr;
+        int fd;
+        if (key != 0) {
+          fd = kept.get(key, bytes, &data);
+        } else {
+          fd = new_memfd(bytes, &data);
+          fresh.push_back(fd);
+        }
+        bool whole = true;
+        if (bytes > 0) {
+          whole = from.read_exact(data, bytes, kForever);
+          if (key == 0) munmap(data, bytes);
+        }
+        if (!whole) return where + ": the connection closed inside a frame";
         fds.push_back(fd);
       }
       if (!to.send(kj::arrayPtr(words.data(), words.size()), fds)) return "";

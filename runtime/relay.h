@@ -11,12 +11,16 @@
 // the mapped memfd); the message itself is forwarded unchanged, so neither the
 // driver nor the worker knows that a network is in between.
 //
-//   frame: "BTF1" u32 fd_count, u64 words, u64 payload_bytes[fd_count],
+//   frame: "BTF1" u32 fd_count, u64 words, {u64 bytes, u64 segment}[fd_count],
 //          the message's words, then each payload in order
 //
 // A message's own segment (fd 0 when the envelope says sharedBytes > 0) sends
-// only the bytes the message uses; a shared tensor's memfd is sent whole and
-// arrives as a copy: across machines, shared tensors have copy semantics.
+// only the bytes the message uses, with the sender's id of it: the receiving
+// relay keeps one memfd per such id and writes the next message in that
+// segment over it (the sender reuses a segment only after the receiver
+// released it), so a steady stream of calls touches no fresh pages. A shared
+// tensor's memfd (segment 0 in the frame) is sent whole and arrives as a new
+// copy: across machines, shared tensors have copy semantics.
 //
 // The control messages between the driver and a node agent (wire.capnp,
 // AgentMessage) travel as plain Cap'n Proto stream framing (write_message,

@@ -231,6 +231,7 @@ std::vector<int> ValueEncoder::finish(wire::Envelope::Builder env) const {
     if (!seg_) throw Error("ValueEncoder: finish() before the planned tensors were encoded");
     fds.push_back(seg_->fd);
     env.setSharedBytes(used_);
+    env.setSegment(seg_->id);
   }
   for (const auto& m : passed_) fds.push_back(m->fd);
   env.setFdCount(static_cast<uint32_t>(fds.size()));

@@ -91,6 +91,9 @@ struct Envelope {
   fdCount @1 :UInt32;
   # Bytes of that segment the message uses; the receiver maps just these.
   sharedBytes @2 :UInt64;
+  # That segment's id (0: no segment). A relay between machines keeps its
+  # copy of a segment under this id and reuses it (runtime/relay.h).
+  segment @8 :UInt64;
   union {
     init @3 :Init;
     call @4 :Call;
@@ -122,6 +125,7 @@ struct AgentMessage {
     shutdown @8 :Void;      # the driver is done: kill what is left and exit
     control @9 :UInt64;     # first message of the agent's second control
                             # connection (the driver writes it): its hello's session
+    refused @10 :Text;      # the driver's answer there to an agent it refused
   }
 }
 

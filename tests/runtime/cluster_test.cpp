@@ -160,10 +160,11 @@ TEST_F(ClusterTest, AGroupOnTwoNodeAgentsWorksAsOnOneMachine) {
     at::Tensor big = at::arange(1 << 20, at::kFloat);
     const Value echoed = g.call("echo", {big}).get();
     for (const Value& v : echoed.as_list()) EXPECT_TRUE(v.as_tensor().equal(big));
-    for (int round = 0; round < 3; ++round) {  // segments reused under the same ids
-      const Value made = g.call("make", {int64_t{300000 + round}}).get();
+    // Segments reused under the same ids, growing past what the far relay kept.
+    for (int64_t n : {300000, 300001, 3000000, 300002}) {
+      const Value made = g.call("make", {n}).get();
       for (const Value& v : made.as_list())
-        EXPECT_TRUE(v.as_tensor().equal(at::arange(300000 + round, at::kFloat)));
+        EXPECT_TRUE(v.as_tensor().equal(at::arange(n, at::kFloat)));
     }
     // A Gloo group across the nodes, meeting at the driver's store.
     const Value reduced = g.call("all_reduce", {at::full({4}, 1.5)}).get();
@@ -268,6 +269,18 @@ TEST_F(ClusterTest, AnAgentWithAnotherTokenIsRefusedAndTheWaitSaysWhoCame) {
               std::string::npos)
         << what;
   }
+}
+
+TEST_F(ClusterTest, AnAgentForANodeTheClusterDoesNotHaveIsToldSoAndExits) {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.token = auth::cluster_token();
+  auto cluster = Cluster::listen(o);
+  const std::string driver = "127.0.0.1:" + std::to_string(cluster->port());
+  agents_.push_back(start_agent({"--driver", driver, "--node-rank", "5"}, o.token));
+  const int status = wait_exit(agents_.back(), std::chrono::seconds(20));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;  // refused
+  EXPECT_TRUE(cluster->nodes().empty());
 }
 
 TEST(ClusterOptionsTest, BadSetupsFailNamingWhatIsWrong) {
