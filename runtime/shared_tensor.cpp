@@ -86,9 +86,13 @@ at::Tensor shared_empty(at::IntArrayRef sizes, at::ScalarType dtype) {
   int64_t numel = 1;
   for (int64_t s : sizes) {
     if (s < 0) throw Error("shared_empty: negative size in " + c10::str(sizes));
-    numel *= s;
+    if (__builtin_mul_overflow(numel, s, &numel))
+      throw Error("shared_empty: sizes " + c10::str(sizes) + " have more than 2^63 elements");
   }
-  auto memory = detail::create(static_cast<size_t>(numel) * c10::elementSize(dtype));
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(numel), c10::elementSize(dtype), &bytes))
+    throw Error("shared_empty: sizes " + c10::str(sizes) + " need more than 2^64 bytes");
+  auto memory = detail::create(bytes);
   return detail::tensor_over(std::move(memory), 0, sizes, dtype);
 }
 

@@ -302,14 +302,24 @@ Value ValueDecoder::decode(wire::Value::Reader in) {
         throw Error("malformed message: unknown tensor dtype code " + std::to_string(dtype));
       }
       std::vector<int64_t> shape;
+      // Sizes from the wire: a product past int64 (or a byte count past
+      // size_t) is refused, not wrapped into a small one.
       int64_t numel = 1;
       for (int64_t s : wt.getShape()) {
         if (s < 0) throw Error("malformed message: negative tensor dimension");
         shape.push_back(s);
-        numel *= s;
+        if (__builtin_mul_overflow(numel, s, &numel))
+          throw Error("malformed message: a tensor of more than 2^63 elements");
       }
       auto options = at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype));
-      size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(static_cast<at::ScalarType>(dtype));
+      size_t nbytes = 0;
+      if (__builtin_mul_overflow(static_cast<size_t>(numel),
+                                 c10::elementSize(static_cast<at::ScalarType>(dtype)), &nbytes))
+        throw Error("malformed message: a tensor of more than 2^64 bytes");
+      // Whether [offset, offset + nbytes) lies within `limit` bytes (no wrap).
+      auto within = [nbytes](uint64_t offset, uint64_t limit) {
+        return offset <= limit && nbytes <= limit - offset;
+      };
       if (wt.isInline()) {
         auto data = wt.getInline();
         if (data.size() != nbytes) {
@@ -328,12 +338,12 @@ Value ValueDecoder::decode(wire::Value::Reader in) {
           throw Error("malformed message: a shared tensor names fd " + std::to_string(idx) +
                       " of " + std::to_string(fds_.size()));
         auto mem = received_shared_memory(shared.getSegment(), fds_[static_cast<size_t>(idx)]);
-        if (shared.getOffset() + nbytes > mem->bytes)
+        if (!within(shared.getOffset(), mem->bytes))
           throw Error("malformed message: shared tensor bytes out of range");
         return Value(detail::tensor_over(std::move(mem), shared.getOffset(), shape,
                                          static_cast<at::ScalarType>(dtype)));
       }
-      if (shared.getLength() != nbytes || shared.getOffset() + nbytes > shared_bytes_) {
+      if (shared.getLength() != nbytes || !within(shared.getOffset(), shared_bytes_)) {
         throw Error("malformed message: shared tensor bytes out of range");
       }
       std::shared_ptr<ShmLease> l = lease(shared.getSegment());

@@ -8,6 +8,8 @@
 #include <ATen/TensorOperators.h>
 #include <capnp/message.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "runtime/errors.h"
 #include "runtime/shared_tensor.h"
@@ -113,6 +115,50 @@ TEST(ValueCodec, RoundTripsNestedValuesAndTensorsOfEveryDtype) {
     EXPECT_EQ(got[i].as_tensor().scalar_type(), tensors[i].as_tensor().scalar_type()) << i;
     EXPECT_EQ(got[i].as_tensor().sizes(), tensors[i].as_tensor().sizes()) << i;
   }
+}
+
+// A tensor header from the wire whose sizes multiply past int64 or whose
+// bytes would lie past the segment (an offset that wraps around) is refused
+// by name, never turned into a tensor over someone else's memory.
+TEST(ValueCodec, TensorsWhoseSizesOverflowOrWhoseBytesWrapAroundAreRefused) {
+  RoundTrip rt;
+  auto decode = [&](int64_t dim0, int64_t dim1, uint64_t offset, uint64_t length,
+                    bool shared) -> std::string {
+    capnp::MallocMessageBuilder b;
+    auto t = b.initRoot<wire::Value>().initTensor();
+    t.setDtype(static_cast<int8_t>(at::kFloat));
+    auto shape = t.initShape(2);
+    shape.set(0, dim0);
+    shape.set(1, dim1);
+    if (shared) {
+      auto sb = t.initShared();
+      sb.setSegment(1);
+      sb.setFdIndex(0);
+      sb.setOffset(offset);
+      sb.setLength(length);
+    } else {
+      t.initInline(16);
+    }
+    int fd = memfd_create("value-test", MFD_CLOEXEC);
+    EXPECT_EQ(ftruncate(fd, 1 << 20), 0);
+    ValueDecoder dec({fd}, 1 << 20, rt.regions, [](SegmentId) {});
+    try {
+      dec.decode(b.getRoot<wire::Value>().asReader());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(decode(int64_t{1} << 40, int64_t{1} << 40, 0, 0, false),
+            "malformed message: a tensor of more than 2^63 elements");
+  EXPECT_EQ(decode(int64_t{1} << 31, int64_t{1} << 31, 0, 0, false),
+            "malformed message: a tensor of more than 2^64 bytes");
+  // 16 bytes at offset 2^64 - 8: the end wraps to 8, inside the segment.
+  EXPECT_EQ(decode(2, 2, ~uint64_t{0} - 7, 16, true),
+            "malformed message: shared tensor bytes out of range");
+  EXPECT_EQ(decode(2, 2, (1 << 20) - 8, 16, true),
+            "malformed message: shared tensor bytes out of range");
+  EXPECT_EQ(decode(2, 2, (1 << 20) - 16, 16, true), "");  // the last 16 bytes: fine
 }
 
 // Device tensors travel through host memory (value_codec.h): the receiver
