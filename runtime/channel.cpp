@@ -192,7 +192,9 @@ void Channel::drain_raw(const RawHandler& handle) {
   for (;;) {
     size_t avail_words = (end_ - begin_) / sizeof(capnp::word);
     if (avail_words == 0) break;
-    kj::ArrayPtr<const capnp::word> avail(buf_.data() + begin_ / sizeof(capnp::word), avail_words);
+    kj::ArrayPtr<const capnp::word> avail(
+        reinterpret_cast<const capnp::word*>(buf_.data()) + begin_ / sizeof(capnp::word),
+        avail_words);
     size_t need = capnp::expectedSizeInWordsFromPrefix(avail);
     if (need > avail_words) break;
     capnp::FlatArrayMessageReader reader(avail.slice(0, need), options);

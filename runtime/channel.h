@@ -21,6 +21,7 @@
 #include <kj/array.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -121,7 +122,9 @@ class Channel {
   size_t out_offset_ = 0;     // bytes of out_.front() already written
   bool flushing_ = false;     // a flush() is expected (the owner waits for POLLOUT)
   bool dropped_ = false;      // the peer is gone: sending is a no-op
-  std::vector<capnp::word> buf_;  // words: messages stay 8-byte aligned
+  // Words (8-byte aligned messages), held as uint64_t: capnp::word cannot be
+  // moved, which a growing vector needs under some standard libraries.
+  std::vector<uint64_t> buf_;
   size_t begin_ = 0;              // first unconsumed byte
   size_t end_ = 0;                // one past the last received byte
   std::deque<int> fds_;           // received, not yet claimed by a message

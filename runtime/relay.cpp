@@ -149,7 +149,7 @@ bool read_message(auth::Conn& conn, kj::Array<capnp::word>& out, const std::stri
   const uint64_t segments = uint64_t{first[0]} + 1;
   if (segments > 512) throw Error(where + ": a message of " + std::to_string(segments) + " segments");
   const uint64_t table_words = (segments + 2) / 2;  // the table, padded, in words
-  std::vector<capnp::word> table(table_words);
+  std::vector<uint64_t> table(table_words);  // capnp::word cannot be moved
   std::memcpy(table.data(), first, sizeof(first));
   if (table_words > 1 &&
       !conn.read_exact(table.data() + 1, (table_words - 1) * sizeof(capnp::word), kForever))
@@ -161,7 +161,7 @@ bool read_message(auth::Conn& conn, kj::Array<capnp::word>& out, const std::stri
     throw Error(where + ": a message of " + std::to_string(total * sizeof(capnp::word)) +
                 " bytes, past the limit of " + std::to_string(max_bytes));
   out = kj::heapArray<capnp::word>(total);
-  std::memcpy(out.begin(), table.data(), table_words * sizeof(capnp::word));
+  std::memcpy(static_cast<void*>(out.begin()), table.data(), table_words * sizeof(capnp::word));
   if (!conn.read_exact(out.begin() + table_words, (total - table_words) * sizeof(capnp::word),
                        kForever))
     throw Error(where + ": the connection closed inside a message");
@@ -228,8 +228,8 @@ std::string pump_to_unix(auth::Conn& from, Channel& to, const std::string& where
       for (size_t i = 0; i < h.fd_count; ++i)
         if (table[2 * i] > kMaxPayload)
           return where + ": a payload of " + std::to_string(table[2 * i]) + " bytes";
-      std::vector<capnp::word> words(h.words);
-      if (!from.read_exact(words.data(), words.size() * sizeof(capnp::word), kForever))
+      std::vector<uint64_t> words(h.words);
+      if (!from.read_exact(words.data(), words.size() * sizeof(uint64_t), kForever))
         return where + ": the connection closed inside a frame";
       std::vector<int> fds, fresh;  // what goes with the message; what is closed after it
       struct Closer {
@@ -256,7 +256,9 @@ std::string pump_to_unix(auth::Conn& from, Channel& to, const std::string& where
         if (!whole) return where + ": the connection closed inside a frame";
         fds.push_back(fd);
       }
-      if (!to.send(kj::arrayPtr(words.data(), words.size()), fds)) return "";
+      if (!to.send(kj::arrayPtr(reinterpret_cast<const capnp::word*>(words.data()), words.size()),
+                   fds))
+        return "";
     }
   } catch (const std::exception& e) {
     return where + ": " + e.what();
