@@ -20,7 +20,9 @@ cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-60}"
 dir="${FUZZ_DIR:-build-fuzz}"
 all_targets=(fuzz_store_frame fuzz_handshake fuzz_tokenizer_json fuzz_chat_template
-  fuzz_yaml_config)
+  fuzz_yaml_config fuzz_wire_message fuzz_safetensors fuzz_model_config)
+# These three link the venv's LibTorch (tests/fuzz/CMakeLists.txt); without
+# it they are skipped, saying so.
 targets=("$@")
 ((${#targets[@]})) || targets=("${all_targets[@]}")
 
@@ -42,6 +44,12 @@ if [[ "${FUZZ_BUILD:-1}" != 0 ]]; then
     "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
   fi
   CXX=clang++ cmake -S tests/fuzz -B "$dir" -G Ninja >/dev/null
+  available=$(ninja -C "$dir" -t targets all | sed -n 's/^\(fuzz_[a-z_]*\): .*/\1/p')
+  kept=()
+  for t in "${targets[@]}"; do
+    if grep -qx "$t" <<<"$available"; then kept+=("$t"); else echo "fuzz: $t skipped (not configured: no LibTorch?)"; fi
+  done
+  targets=("${kept[@]}")
   cmake --build "$dir" --target "${targets[@]}"
 fi
 

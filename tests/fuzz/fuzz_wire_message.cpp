@@ -46,7 +46,7 @@ void decode_list(capnp::List<baton::wire::Value>::Reader values, std::vector<int
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The socket's buffer holds it all before anyone reads (scripts/fuzz.sh caps -max_len).
   if (size > 100000) return 0;
-  static const int segment = pattern_memfd(1 << 16);
+  static const int segment = pattern_memfd(1 << 20);
   static const int shared = pattern_memfd(1 << 12);
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) __builtin_trap();
