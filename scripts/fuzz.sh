@@ -6,6 +6,9 @@
 #   FUZZ_SECONDS   seconds of fuzzing per target (default 60; 0: replay only)
 #   FUZZ_BUILD     0 to skip configuring and building (several runs at once)
 #   FUZZ_DIR       build directory (default build-fuzz)
+#   FUZZ_TIMEOUT   seconds one input may take before it counts as a hang (default
+#                  10; raise it when the machine is busy, or a starved input is
+#                  reported as a timeout)
 # Per target: the work corpus grows in FUZZ_DIR/corpus/<target>/ (seeded from
 # the committed one), crash/timeout/oom inputs land in
 # FUZZ_DIR/artifacts/<target>/, libFuzzer's output in FUZZ_DIR/logs/<target>.log,
@@ -75,7 +78,7 @@ for t in "${targets[@]}"; do
   [[ -x "$bin" ]] || { echo "fuzz: $bin is missing (build it, or drop FUZZ_BUILD=0)" >&2; exit 2; }
   [[ -d "$seeds" ]] || { echo "fuzz: $seeds is missing: a target needs seed inputs" >&2; exit 2; }
   mkdir -p "$work" "$artifacts"
-  common=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "-artifact_prefix=$artifacts/")
+  common=("-timeout=${FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 -print_final_stats=1 "-artifact_prefix=$artifacts/")
   # Tokens of the input's language (tests/fuzz/<target>.dict), which mutations splice in.
   [[ -f "tests/fuzz/$t.dict" ]] && common+=("-dict=tests/fuzz/$t.dict")
   # A target's own fuzzing flags (tests/fuzz/<target>.options: flags separated by blanks;

@@ -21,9 +21,16 @@
 #include <vector>
 
 #include "runtime/auth.h"
+#include "runtime/auth_store.h"
 #include "runtime/cluster.h"
 #include "runtime/errors.h"
+#include "runtime/tls.h"
 #include "runtime/worker_group.h"
+#if defined(BATON_TEST_TLS)
+#include <filesystem>
+
+#include "tests/runtime/test_certificates.h"
+#endif
 
 extern char** environ;
 
@@ -282,6 +289,53 @@ TEST_F(ClusterTest, AnAgentForANodeTheClusterDoesNotHaveIsToldSoAndExits) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;  // refused
   EXPECT_TRUE(cluster->nodes().empty());
 }
+
+#if defined(BATON_TEST_TLS)
+// With BATON_TLS_CERT/KEY on the driver and BATON_TLS_CA on the agents, every
+// connection of the cluster is TLS 1.3: the agents' control and data
+// connections, and the workers' rendezvous at the driver's store.
+TEST_F(ClusterTest, AgentsAndTheirWorkersConnectOverTlsWhenTheEnvironmentAsksForIt) {
+  if (!tls::available()) GTEST_SKIP() << "this build has no TLS";
+  char dir[] = "/tmp/baton_cluster_tls_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string d = dir;
+  test::write_test_certificates(d);
+  ::setenv("BATON_TLS_CERT", (d + "/server.pem").c_str(), 1);
+  ::setenv("BATON_TLS_KEY", (d + "/server.key").c_str(), 1);
+  ::setenv("BATON_TLS_CA", (d + "/ca.pem").c_str(), 1);  // the agents inherit it
+  {
+    auto cluster = start(2);
+    ResourcePool pool(ResourcePoolOptions().set_processes_on_nodes({1, 1}).set_cluster(cluster));
+    WorkerGroup g = WorkerGroup::spawn("TestWorker", pool);
+    const Value reduced = g.call("all_reduce", {at::full({3}, 2.0)}).get();
+    for (const Value& v : reduced.as_list()) EXPECT_TRUE(v.as_tensor().equal(at::full({3}, 4.0)));
+    const Value echoed = g.call("echo", {at::arange(100000, at::kFloat)}).get();
+    for (const Value& v : echoed.as_list())
+      EXPECT_TRUE(v.as_tensor().equal(at::arange(100000, at::kFloat)));
+    // Both listeners take TLS only: a plain client with the right token is
+    // refused by the agents' port and by the group's store.
+    std::string why;
+    const int fd = auth::tcp_connect("127.0.0.1", cluster->port(),
+                                     Clock::now() + std::chrono::seconds(5), why);
+    ASSERT_GE(fd, 0) << why;
+    EXPECT_THROW(auth::client_handshake(fd, auth::cluster_token(), std::chrono::seconds(1),
+                                        "the cluster listener"),
+                 auth::AuthError);
+    ::close(fd);
+    const auto store_port =
+        static_cast<uint16_t>(g.call_rank(0, "info", {}).get().at("master_port").as_int());
+    ::unsetenv("BATON_TLS_CA");
+    EXPECT_THROW(c10::make_intrusive<AuthStore>("127.0.0.1", store_port, std::string(),
+                                                std::chrono::seconds(2), std::chrono::seconds(2)),
+                 auth::AuthError);
+    g.shutdown();
+  }
+  ::unsetenv("BATON_TLS_CERT");
+  ::unsetenv("BATON_TLS_KEY");
+  ::unsetenv("BATON_TLS_CA");
+  std::filesystem::remove_all(d);
+}
+#endif
 
 TEST(ClusterOptionsTest, BadSetupsFailNamingWhatIsWrong) {
   try {
