@@ -101,11 +101,17 @@ constexpr std::initializer_list<const char*> kKlKinds = {
 constexpr std::initializer_list<const char*> kDtypes = {"float32", "bfloat16"};
 
 // A model layout: TP × PP over the world; returns its DP size, or nullopt.
+// `per_node` (set when the workers span several nodes): a TP group must stay
+// within one, as WorkerGroup::spawn requires.
 std::optional<int64_t> check_layout(Checker& c, std::optional<int64_t> world,
                                     const std::string& role, const std::string& tp_key,
-                                    const std::string& pp_key) {
+                                    const std::string& pp_key,
+                                    std::optional<int64_t> per_node = std::nullopt) {
   const auto tp = c.at_least(tp_key, 1);
   const auto pp = pp_key.empty() ? std::optional<int64_t>(1) : c.at_least(pp_key, 1);
+  if (per_node && tp && *per_node % *tp != 0)
+    c.problem(cat(tp_key, " = ", *tp, " does not divide trainer.n_gpus_per_node = ", *per_node,
+                  ": the ", role, "'s tensor-parallel groups would span two nodes"));
   if (!world || !tp || !pp) return std::nullopt;
   const int64_t model = *tp * *pp;
   if (*world % model != 0) {
@@ -188,9 +194,12 @@ void validate_ppo_config(const Config& config) {
   if (!config.is_null("trainer.cluster_listen") && config.get_optional<bool>("async_training.enable").value_or(false))
     c.problem("trainer.cluster_listen: the fully-async trainer runs on one machine only "
               "(set async_training.enable = false to use node agents)");
+  // Several nodes: every TP group within one.
+  const std::optional<int64_t> node_size =
+      nnodes && *nnodes > 1 ? per_node : std::optional<int64_t>();
   const auto actor_dp =
       check_layout(c, world, "actor", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
-                   "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size");
+                   "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", node_size);
   // The reference policy is a frozen copy in the actor's processes: its layout is the actor's.
   for (const char* size : {"tensor_model_parallel_size", "pipeline_model_parallel_size"}) {
     const std::string ref = cat("actor_rollout_ref.ref.megatron.", size);
@@ -200,8 +209,8 @@ void validate_ppo_config(const Config& config) {
       c.problem(cat(ref, " = ", *r, " differs from ", act, " = ", *a,
                     "; the reference policy runs in the actor's layout (set them equal)"));
   }
-  const auto rollout_dp =
-      check_layout(c, world, "rollout", "actor_rollout_ref.rollout.tensor_model_parallel_size", "");
+  const auto rollout_dp = check_layout(
+      c, world, "rollout", "actor_rollout_ref.rollout.tensor_model_parallel_size", "", node_size);
 
   bool has_critic = false;
   try {
@@ -212,10 +221,10 @@ void validate_ppo_config(const Config& config) {
   std::optional<int64_t> critic_dp;
   if (has_critic)
     critic_dp = check_layout(c, world, "critic", "critic.megatron.tensor_model_parallel_size",
-                             "critic.megatron.pipeline_model_parallel_size");
+                             "critic.megatron.pipeline_model_parallel_size", node_size);
   if (c.read<bool>("reward_model.enable").value_or(false))
     check_layout(c, world, "reward model", "reward_model.megatron.tensor_model_parallel_size",
-                 "reward_model.megatron.pipeline_model_parallel_size");
+                 "reward_model.megatron.pipeline_model_parallel_size", node_size);
 
   // Batches.
   const auto train_batch = c.at_least("data.train_batch_size", 1);

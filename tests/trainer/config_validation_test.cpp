@@ -72,15 +72,37 @@ TEST(ConfigValidation, WorldMustDivideEveryLayout) {
       "actor_rollout_ref.rollout.tensor_model_parallel_size = 3");
   EXPECT_CONTAINS(problems_with(small_with({"critic.megatron.pipeline_model_parallel_size=8"})),
                   "the critic layout does not fit");
-  // Two nodes of 3 fit TP 2 x PP 3.
+  // One node of 6 fits TP 2 x PP 3.
   EXPECT_EQ(problems_with(
-                {"trainer.nnodes=2", "trainer.n_gpus_per_node=3",
+                {"trainer.nnodes=1", "trainer.n_gpus_per_node=6",
                  "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
                  "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3",
                  "actor_rollout_ref.rollout.tensor_model_parallel_size=6",
                  "critic.megatron.tensor_model_parallel_size=3", "data.train_batch_size=12",
                  "actor_rollout_ref.actor.ppo_mini_batch_size=6", "critic.ppo_mini_batch_size=12"}),
             "");
+  // Two nodes of 3 (node agents) have the same 6 workers, but a TP group of 2
+  // or 6 would span both nodes; TP 3 fits.
+  const std::string two_nodes = problems_with(
+      {"trainer.nnodes=2", "trainer.n_gpus_per_node=3", "trainer.cluster_listen=0.0.0.0:29400",
+       "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+       "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3",
+       "actor_rollout_ref.rollout.tensor_model_parallel_size=6",
+       "critic.megatron.tensor_model_parallel_size=3", "data.train_batch_size=12",
+       "actor_rollout_ref.actor.ppo_mini_batch_size=6", "critic.ppo_mini_batch_size=12"});
+  EXPECT_CONTAINS(two_nodes,
+                  "actor_rollout_ref.actor.megatron.tensor_model_parallel_size = 2 does not divide "
+                  "trainer.n_gpus_per_node = 3: the actor's tensor-parallel groups would span two "
+                  "nodes");
+  EXPECT_CONTAINS(two_nodes,
+                  "actor_rollout_ref.rollout.tensor_model_parallel_size = 6 does not divide "
+                  "trainer.n_gpus_per_node = 3");
+  EXPECT_EQ(two_nodes.find("critic.megatron.tensor_model_parallel_size = 3 does not"),
+            std::string::npos)
+      << two_nodes;
+  // Without agents, more than one node is refused saying what to set.
+  EXPECT_CONTAINS(problems_with({"trainer.nnodes=2", "trainer.n_gpus_per_node=3"}),
+                  "trainer.nnodes = 2 needs node agents: set trainer.cluster_listen");
 }
 
 TEST(ConfigValidation, CriticLayoutIsIgnoredWithoutACritic) {
