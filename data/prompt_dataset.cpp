@@ -88,7 +88,7 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
         nlohmann::json row;
         try {
           row = nlohmann::json::parse(text);
-        } catch (const nlohmann::json::parse_error& e) {
+        } catch (const nlohmann::json::exception& e) {  // out_of_range: a number past a double
           throw RowError(where + ": malformed JSON: " + e.what());
         }
         if (!row.is_object()) throw RowError(where + ": expected a JSON object per line");

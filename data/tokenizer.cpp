@@ -20,7 +20,8 @@ namespace {
 nlohmann::json parse_json(std::string_view text, const std::string& source) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error, and out_of_range for a number past a double (fuzz_tokenizer_json).
     throw TokenizerError(source + ": malformed JSON: " + e.what());
   }
 }

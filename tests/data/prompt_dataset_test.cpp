@@ -165,6 +165,7 @@ TEST_F(PromptFiles, BadRowsNameFileLineAndField) {
       {R"({"data_source": "d", "prompt": "p", "reward_model": {"ground_truth": "1"}, "extra_info": 3})",
        "field 'extra_info': expected an object"},
       {R"({"data_source": "d", "prompt": "p",)", "malformed JSON"},
+      {R"({"data_source": "d", "prompt": "p", "n": 1e999})", "malformed JSON"},  // past a double
       {R"([1, 2])", "expected a JSON object per line"},
   };
   for (const Case& c : cases) {

@@ -52,6 +52,12 @@ TEST(TokenizerErrors, MalformedJsonNamesTheFile) {
       [] { Tokenizer::from_json(fixture_json("wordlevel").dump(), "{bos_token: 1}", "models/m"); });
   EXPECT_CONTAINS(config_msg, "models/m/tokenizer_config.json");
   EXPECT_CONTAINS(config_msg, "malformed JSON");
+
+  // A number past a double is nlohmann's out_of_range, not a parse_error: it
+  // is a malformed file all the same (it escaped and ended the process; found
+  // by fuzz_tokenizer_json).
+  const std::string huge = error_of([] { Tokenizer::from_json("{\"version\": 1e999}", "", "models/m"); });
+  EXPECT_CONTAINS(huge, "models/m/tokenizer.json: malformed JSON");
 }
 
 TEST(TokenizerErrors, UnsupportedModelIsNamed) {
