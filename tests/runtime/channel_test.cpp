@@ -95,5 +95,41 @@ TEST(Channel, AQueueForAPeerThatHasGoneIsDroppedNotWaitedOn) {
   EXPECT_EQ(driver.flush(), Channel::FlushStatus::kDone);
 }
 
+// A list whose elements claim no size costs its sender nothing per element.
+// The reader charges a word per element against a traversal limit in
+// proportion to the message, so a 100-byte message cannot hand the decoder
+// 2^28 Values to build (it could: fuzz_wire_message ran out of memory).
+TEST(Channel, AListOfZeroSizedElementsCannotClaimMoreThanTheMessageCarries) {
+  SmallMessageBuilder builder;
+  auto args = builder.initRoot<wire::Envelope>().initCall().initArgs(3);
+  for (auto a : args) a.setInt(7);
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
+  // The list's tag word: a struct "pointer" whose offset is the element count.
+  const auto size = capnp::_::structSize<wire::Value>();
+  const uint64_t tag = (uint64_t{3} << 2) | (uint64_t{size.data} << 32) |
+                       (uint64_t{size.pointers} << 48);
+  auto* raw = reinterpret_cast<uint64_t*>(words.begin());
+  size_t patched = 0;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (raw[i] == tag) {
+      raw[i] = uint64_t{1} << 28 << 2;  // 2^28 elements of no size
+      ++patched;
+    }
+  }
+  ASSERT_EQ(patched, 1u);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  Channel sender(sv[0]);
+  Channel receiver(sv[1]);
+  ASSERT_TRUE(sender.send(words.asPtr()));
+  receiver.read_blocking();
+  size_t messages = 0;
+  receiver.drain([&](wire::Envelope::Reader env, std::vector<int>) {
+    ++messages;
+    EXPECT_ANY_THROW(env.getCall().getArgs());  // kj's "amplified list pointer"
+  });
+  EXPECT_EQ(messages, 1u);
+}
+
 }  // namespace
 }  // namespace baton
