@@ -300,9 +300,29 @@ void Cluster::Impl::serve(int fd) {
         break;
       }
       case wire::AgentMessage::CONTROL: {
-        std::lock_guard<std::mutex> lock(mu);
-        for (auto& node : nodes) {
-          if (node && node->session == m.getControl() && !node->down) {
+        // The agent's hello arrives on its other connection, served by
+        // another thread: wait (briefly) until that thread has placed the
+        // node or refused it.
+        const uint64_t session = m.getControl();
+        std::shared_ptr<Node> node;
+        std::string why = "an unknown agent session";
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait_for(lock, kHandshakeTimeout, [&] {
+            for (auto& n : nodes) {
+              if (n && n->session == session && !n->down && !n->lost) {
+                node = n;
+                return true;
+              }
+            }
+            if (auto it = refused.find(session); it != refused.end()) {
+              why = it->second;
+              refused.erase(it);
+              return true;
+            }
+            return stopping;
+          });
+          if (node) {
             {
               std::lock_guard<std::mutex> w(node->write_mu);
               node->down = std::move(conn);
@@ -315,9 +335,6 @@ void Cluster::Impl::serve(int fd) {
             return;  // the node owns the connection now
           }
         }
-        auto it = refused.find(m.getControl());
-        const std::string why = it != refused.end() ? it->second : "an unknown agent session";
-        if (it != refused.end()) refused.erase(it);
         capnp::MallocMessageBuilder b;
         b.initRoot<wire::AgentMessage>().setRefused(why);
         write_with_deadline(*conn, b);
@@ -397,6 +414,7 @@ void Cluster::Impl::serve_node(std::shared_ptr<Node> node, auth::Conn& up,
     if (refusal.empty()) {
       node->info.index = index;
       nodes[static_cast<size_t>(index)] = node;
+      cv.notify_all();  // its control connection may be waiting for it
     }
   }
   if (!refusal.empty()) {
@@ -404,6 +422,7 @@ void Cluster::Impl::serve_node(std::shared_ptr<Node> node, auth::Conn& up,
                              node->info.address + "): " + refusal);
     std::lock_guard<std::mutex> lock(mu);
     if (refused.size() < 1024) refused[node->session] = refusal;
+    cv.notify_all();
     return;
   }
   std::string why = "it closed the connection";

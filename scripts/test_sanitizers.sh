@@ -56,7 +56,7 @@ if [[ "$mode" == tsan || "$mode" == all ]]; then
   suites+="|HmacSha256|Init|MegatronLayout|MegatronTest|MeshDispatch|MethodRegistration"
   suites+="|ProfilerTest|Profiling|RandomToken|RankFailures|Sha256|Shutdown|StoreProtocol"
   suites+="|StoreServer|TokenFile|TypeSpec|UsableCores|Value|ValueCodec|WorkerCrash|WorkerDeath"
-  suites+="|WorkerFunction|WorkerFunctionTest|WorkerGroupTest|ClusterTest|ClusterOptionsTest|Tls|TlsWorkerGroup|RelayTest"
+  suites+="|WorkerFunction|WorkerFunctionTest|WorkerGroupTest|ClusterTest|ClusterOptionsTest|ClusterProtocolTest|Tls|TlsWorkerGroup|RelayTest"
   ctest --test-dir build-tsan --output-on-failure -j2 --timeout 900 \
     -R "^([A-Za-z]+/)?($suites)\." \
     "$@" || status=1

@@ -6,6 +6,8 @@
 // proper (network namespaces) are scripts/test_multinode.sh's.
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
+#include <capnp/message.h>
+#include <capnp/serialize.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +26,8 @@
 #include "runtime/auth_store.h"
 #include "runtime/cluster.h"
 #include "runtime/errors.h"
+#include "runtime/relay.h"
+#include "runtime/wire.capnp.h"
 #include "runtime/tls.h"
 #include "runtime/worker_group.h"
 #if defined(BATON_TEST_TLS)
@@ -336,6 +340,58 @@ TEST_F(ClusterTest, AgentsAndTheirWorkersConnectOverTlsWhenTheEnvironmentAsksFor
   std::filesystem::remove_all(d);
 }
 #endif
+
+// An agent opens two connections, its hello on one and its control channel on
+// the other, and the driver serves each on a thread of its own: the second
+// may well be read first. It waits for the first (a CI run once refused an
+// agent that way).
+TEST(ClusterProtocolTest, AControlConnectionThatArrivesBeforeItsHelloWaitsForIt) {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.token = auth::cluster_token();
+  o.wait_timeout = std::chrono::seconds(20);
+  auto cluster = Cluster::listen(o);
+  auto dial = [&] {
+    std::string why;
+    const int fd = auth::tcp_connect("127.0.0.1", cluster->port(),
+                                     Clock::now() + std::chrono::seconds(5), why);
+    EXPECT_GE(fd, 0) << why;
+    auth::client_handshake(fd, o.token, std::chrono::seconds(5), "the cluster listener");
+    return fd;
+  };
+  const uint64_t session = 0x5eed;
+  const int control = dial();
+  auth::Conn control_conn(control);
+  {
+    capnp::MallocMessageBuilder b;
+    b.initRoot<wire::AgentMessage>().setControl(session);
+    relay::write_message(control_conn, b);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const int hello = dial();
+  auth::Conn hello_conn(hello);
+  {
+    capnp::MallocMessageBuilder b;
+    auto h = b.initRoot<wire::AgentMessage>().initHello();
+    h.setVersion(1);
+    h.setHostname("late-hello");
+    h.setNodeRank(-1);
+    h.setCpuSlots(1);
+    h.setPid(1);
+    h.setSession(session);
+    relay::write_message(hello_conn, b);
+  }
+  cluster->wait_for_nodes();
+  ASSERT_EQ(cluster->nodes().size(), 1u);
+  EXPECT_EQ(cluster->nodes()[0].hostname, "late-hello");
+  cluster.reset();  // tells the "agent" to stop, on its control connection
+  kj::Array<capnp::word> words;
+  ASSERT_TRUE(relay::read_message(control_conn, words, "the driver"));
+  capnp::FlatArrayMessageReader reader(words);
+  EXPECT_TRUE(reader.getRoot<wire::AgentMessage>().isShutdown());
+  ::close(control);
+  ::close(hello);
+}
 
 TEST(ClusterOptionsTest, BadSetupsFailNamingWhatIsWrong) {
   try {
