@@ -27,6 +27,10 @@ void wait_fd(int fd, short events) {
 
 }  // namespace
 
+OwnedFds::~OwnedFds() {
+  for (int fd : fds_) close(fd);
+}
+
 Channel::Channel(int fd) : fd_(fd) {
   int flags = fcntl(fd_, F_GETFL);
   fcntl(fd_, F_SETFL, flags | O_NONBLOCK);

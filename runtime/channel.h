@@ -44,6 +44,26 @@ class SmallMessageBuilder : private ZeroedScratch, public capnp::MallocMessageBu
   SmallMessageBuilder() : capnp::MallocMessageBuilder(kj::arrayPtr(words, kWords)) {}
 };
 
+// File descriptors received with a message, closed when this goes out of
+// scope unless taken first: a handler that throws before it hands them on (a
+// malformed message's reader throws) leaks none.
+class OwnedFds {
+ public:
+  explicit OwnedFds(std::vector<int> fds) : fds_(std::move(fds)) {}
+  ~OwnedFds();
+  OwnedFds(const OwnedFds&) = delete;
+  OwnedFds& operator=(const OwnedFds&) = delete;
+  // The fds, now the caller's to close.
+  std::vector<int> take() {
+    std::vector<int> out;
+    out.swap(fds_);
+    return out;
+  }
+
+ private:
+  std::vector<int> fds_;
+};
+
 class Channel {
  public:
   // Takes ownership of `fd` and makes it non-blocking.

@@ -125,15 +125,14 @@ class Host {
 
  private:
   void drain() {
-    channel_.drain([this](wire::Envelope::Reader env, std::vector<int> fds) {
+    channel_.drain([this](wire::Envelope::Reader env, std::vector<int> received) {
+      OwnedFds fds(std::move(received));  // closed if a malformed message throws first
       for (SegmentId id : env.getReleased()) pool_.release(id, kDriverPeer);
       switch (env.which()) {
-        case wire::Envelope::INIT: on_init(env, std::move(fds)); break;
-        case wire::Envelope::CALL: on_call(env, std::move(fds)); break;
+        case wire::Envelope::INIT: on_init(env, fds.take()); break;
+        case wire::Envelope::CALL: on_call(env, fds.take()); break;
         case wire::Envelope::SHUTDOWN: quit(0);
-        default:
-          for (int fd : fds) close(fd);
-          break;
+        default: break;
       }
     });
   }
@@ -192,7 +191,8 @@ class Host {
     int64_t queued = 0, decode = 0, execute = 0, executed = 0, encoded = 0;
   };
 
-  void on_call(wire::Envelope::Reader env, std::vector<int> fds) {
+  void on_call(wire::Envelope::Reader env, std::vector<int> received) {
+    OwnedFds fds(std::move(received));  // until the decoder takes them
     auto call = env.getCall();
     uint64_t id = call.getCallId();
     Value result;
@@ -206,7 +206,7 @@ class Host {
                                                      last_call_end_ns_));
     }
     {
-      ValueDecoder decoder(std::move(fds), env.getSharedBytes(), regions_, release_sink());
+      ValueDecoder decoder(fds.take(), env.getSharedBytes(), regions_, release_sink());
       try {
         if (workers_.empty()) throw CallError("the worker was not constructed");
         RoleSet::Target t = roles_->find(call.getMethod().cStr());

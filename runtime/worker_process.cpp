@@ -335,22 +335,19 @@ void WorkerProcess::on_readable() {
   start_reading();
 }
 
-void WorkerProcess::handle_message(wire::Envelope::Reader env, std::vector<int> fds) {
+void WorkerProcess::handle_message(wire::Envelope::Reader env, std::vector<int> received) {
+  // Closed on every way out below, a throw from a malformed message included,
+  // unless the decoder takes them.
+  OwnedFds fds(std::move(received));
   ShmPool& pool = Driver::get().pool();
   for (SegmentId id : env.getReleased()) pool.release(id, peer_);
-  if (!env.isResult()) {
-    for (int fd : fds) close(fd);
-    return;
-  }
+  if (!env.isResult()) return;
   auto result = env.getResult();
   Pending pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pending_.find(result.getCallId());
-    if (it == pending_.end()) {
-      for (int fd : fds) close(fd);
-      return;  // timed out earlier; the late result is dropped
-    }
+    if (it == pending_.end()) return;  // timed out earlier; the late result is dropped
     pending = std::move(it->second);
     pending_.erase(it);
   }
@@ -359,7 +356,6 @@ void WorkerProcess::handle_message(wire::Envelope::Reader env, std::vector<int> 
     io_->timers.erase(t);
   }
   if (result.isError()) {
-    for (int fd : fds) close(fd);
     auto err = result.getError();
     std::string message = err.getMessage().cStr();
     switch (err.getKind()) {
@@ -383,7 +379,7 @@ void WorkerProcess::handle_message(wire::Envelope::Reader env, std::vector<int> 
     // On the I/O thread's track; the future's callbacks run after it.
     profiler::Span span("decode result", "runtime");
     span.arg("call_id", static_cast<int64_t>(result.getCallId())).arg("rank", info_.rank);
-    ValueDecoder decoder(std::move(fds), env.getSharedBytes(), regions_, [weak](SegmentId id) {
+    ValueDecoder decoder(fds.take(), env.getSharedBytes(), regions_, [weak](SegmentId id) {
       if (auto self = weak.lock()) self->queue_release(id);
     });
     value = decoder.decode(result.getValue());

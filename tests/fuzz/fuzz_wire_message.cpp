@@ -73,38 +73,46 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     for (;;) {
       const baton::Channel::ReadStatus status = channel.read_available();
-      channel.drain([&](baton::wire::Envelope::Reader env, std::vector<int> fds) {
+      channel.drain([&](baton::wire::Envelope::Reader env, std::vector<int> received) {
+        // As the runtime's handlers do: closed if the message's reader throws
+        // before a decoder owns them (they leaked, and the run ran out of fds).
+        baton::OwnedFds owned(std::move(received));
         for (uint64_t id : env.getReleased()) (void)id;
         const uint64_t shared_bytes = env.getSharedBytes();
         switch (env.which()) {
-          case baton::wire::Envelope::CALL:  // a worker reads a call
-            decode_list(env.getCall().getArgs(), std::move(fds), shared_bytes, regions);
+          case baton::wire::Envelope::CALL: {  // a worker reads a call
+            auto args = env.getCall().getArgs();
+            decode_list(args, owned.take(), shared_bytes, regions);
             (void)env.getCall().getMethod();
             break;
-          case baton::wire::Envelope::INIT:  // ... or its constructors' arguments
+          }
+          case baton::wire::Envelope::INIT: {  // ... or its constructors' arguments
+            const std::vector<int> fds = owned.take();
+            baton::OwnedFds originals(fds);
             for (auto role : env.getInit().getRoles()) {
               (void)role.getClassName();
               std::vector<int> copies;
               for (int fd : fds) copies.push_back(dup(fd));
-              decode_list(role.getInitArgs(), std::move(copies), shared_bytes, regions);
+              baton::OwnedFds held(copies);
+              auto args = role.getInitArgs();
+              decode_list(args, held.take(), shared_bytes, regions);
             }
-            for (int fd : fds) close(fd);
             break;
+          }
           case baton::wire::Envelope::RESULT: {  // the driver reads a result
             auto r = env.getResult();
             if (r.isValue()) {
-              baton::ValueDecoder decoder(std::move(fds), shared_bytes, regions,
+              baton::ValueDecoder decoder(owned.take(), shared_bytes, regions,
                                           [](baton::SegmentId) {});
               baton::Value v = decoder.decode(r.getValue());
               (void)v;
             } else {
               (void)r.getError().getMessage();
-              for (int fd : fds) close(fd);
             }
             break;
           }
           default:
-            for (int fd : fds) close(fd);
+            break;
         }
       });
       if (status != baton::Channel::ReadStatus::kData) break;
