@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "runtime/auth.h"
+#include "bench/call_timing.h"
 #include "runtime/baton.h"
 #include "runtime/cluster.h"
 
@@ -35,14 +36,10 @@ extern char** environ;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
-
-double median(std::vector<double> xs) {
-  std::sort(xs.begin(), xs.end());
-  return xs[xs.size() / 2];
-}
+using bench::Clock;
+using bench::median;
+using bench::micros;
+using bench::sync_call_us;
 
 class Bench : public baton::Worker {
  public:
@@ -140,28 +137,6 @@ double tcp_stream_gbps(size_t bytes) {
   return bytes / median(secs) / 1e9;
 }
 
-double sync_call_us(baton::WorkerGroup& g, int n) {
-  std::vector<double> xs;
-  for (int i = 0; i < n; ++i) {
-    auto t0 = Clock::now();
-    g.call("noop").get();
-    if (i >= n / 10) xs.push_back(micros(Clock::now() - t0));
-  }
-  return median(xs);
-}
-
-double async_calls_per_s(baton::WorkerGroup& g) {
-  std::vector<double> rates;
-  for (int round = 0; round < 5; ++round) {
-    std::vector<baton::Future<baton::Value>> fs;
-    fs.reserve(10000);
-    auto t0 = Clock::now();
-    for (int i = 0; i < 10000; ++i) fs.push_back(g.call_rank(0, "noop"));
-    baton::wait_all(fs);
-    rates.push_back(10000 / (micros(Clock::now() - t0) / 1e6));
-  }
-  return median(rates);
-}
 
 struct Figures {
   double sync_us, async_per_s, to_worker_gbps, from_worker_gbps;
@@ -170,7 +145,7 @@ struct Figures {
 Figures measure(baton::WorkerGroup& g, size_t bytes) {
   Figures f{};
   f.sync_us = sync_call_us(g, 5000);
-  f.async_per_s = async_calls_per_s(g);
+  f.async_per_s = bench::async_calls_per_s(g, 5);
   at::Tensor t = at::ones({static_cast<int64_t>(bytes / sizeof(float))}, at::kFloat);
   std::vector<double> to, from;
   for (int i = 0; i < 6; ++i) {

@@ -16,19 +16,16 @@
 #include <cstring>
 #include <vector>
 
+#include "bench/call_timing.h"
 #include "runtime/baton.h"
 #include "runtime/profiler.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
-
-double median(std::vector<double> xs) {
-  std::sort(xs.begin(), xs.end());
-  return xs[xs.size() / 2];
-}
+using bench::Clock;
+using bench::median;
+using bench::micros;
+using bench::sync_call_us;
 
 class Bench : public baton::Worker {
  public:
@@ -78,28 +75,6 @@ double memcpy_gbps(size_t bytes) {
   return bytes / median(secs) / 1e9;
 }
 
-double sync_call_us(baton::WorkerGroup& g, int n) {
-  std::vector<double> xs;
-  for (int i = 0; i < n; ++i) {
-    auto t0 = Clock::now();
-    g.call("noop").get();
-    if (i >= n / 10) xs.push_back(micros(Clock::now() - t0));
-  }
-  return median(xs);
-}
-
-double async_calls_per_s(baton::WorkerGroup& g) {
-  std::vector<double> rates;
-  for (int round = 0; round < 9; ++round) {
-    std::vector<baton::Future<baton::Value>> fs;
-    fs.reserve(10000);
-    auto t0 = Clock::now();
-    for (int i = 0; i < 10000; ++i) fs.push_back(g.call_rank(0, "noop"));
-    baton::wait_all(fs);
-    rates.push_back(10000 / (micros(Clock::now() - t0) / 1e6));
-  }
-  return median(rates);
-}
 
 }  // namespace
 
@@ -125,7 +100,7 @@ int main(int argc, char** argv) {
   baton::profiler::take_events();
   g1.collect_profile(baton::profiler::now_ns());
   std::fprintf(stderr, "sync_call_profiled_us %.2f\n", profiled_us);
-  double async_rate = async_calls_per_s(g1);
+  double async_rate = bench::async_calls_per_s(g1, 9);
   std::fprintf(stderr, "async_calls_per_s %.0f\n", async_rate);
 
   at::Tensor t = at::ones({static_cast<int64_t>(kTensorBytes / sizeof(float))}, at::kFloat);

@@ -245,15 +245,7 @@ std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook o
       throw;
     }
     w->pid_ = w->remote_->pid();
-    driver.run_on_io([&] {
-      w->channel_ = std::make_unique<Channel>(sv[0]);
-      w->io_ = std::make_unique<Io>(driver.io());
-      w->io_->socket.assign(sv[0]);
-      w->start_reading();
-      w->start_log_pipe(out[0], false);
-      w->start_log_pipe(err[0], true);
-    });
-    log(LogLevel::kDebug, "baton: started " + w->label());
+    driver.run_on_io([&] { w->attach(sv[0], out[0], err[0]); });
     return w;
   }
   // Before any fd is made: it throws for a GPU slot the driver has no GPU for.
@@ -296,15 +288,19 @@ std::shared_ptr<WorkerProcess> WorkerProcess::spawn(WorkerInfo info, DeathHook o
                   std::strerror(rc));
     }
     w->pid_ = pid;
-    w->channel_ = std::make_unique<Channel>(sv[0]);
-    w->io_ = std::make_unique<Io>(driver.io());
-    w->io_->socket.assign(sv[0]);
-    w->start_reading();
-    w->start_log_pipe(out[0], false);
-    w->start_log_pipe(err[0], true);
-    log(LogLevel::kDebug, "baton: started " + w->label());
+    w->attach(sv[0], out[0], err[0]);
   });
   return w;
+}
+
+void WorkerProcess::attach(int socket, int out, int err) {
+  channel_ = std::make_unique<Channel>(socket);
+  io_ = std::make_unique<Io>(Driver::get().io());
+  io_->socket.assign(socket);
+  start_reading();
+  start_log_pipe(out, false);
+  start_log_pipe(err, true);
+  log(LogLevel::kDebug, "baton: started " + label());
 }
 
 void WorkerProcess::start_reading() {

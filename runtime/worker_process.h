@@ -109,6 +109,9 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   };
   WorkerProcess(WorkerInfo info, DeathHook on_death);
 
+  // On the I/O thread: the driver's end of the worker's socket and the read
+  // ends of its output pipes (all taken over), read from now on.
+  void attach(int socket, int out, int err);
   void start_reading();
   void on_readable();
   void handle_message(wire::Envelope::Reader env, std::vector<int> fds);
