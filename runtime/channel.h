@@ -49,10 +49,13 @@ class SmallMessageBuilder : private ZeroedScratch, public capnp::MallocMessageBu
 // malformed message's reader throws) leaks none.
 class OwnedFds {
  public:
-  explicit OwnedFds(std::vector<int> fds) : fds_(std::move(fds)) {}
+  explicit OwnedFds(std::vector<int> fds = {}) : fds_(std::move(fds)) {}
   ~OwnedFds();
   OwnedFds(const OwnedFds&) = delete;
   OwnedFds& operator=(const OwnedFds&) = delete;
+  // One more to close.
+  void add(int fd) { fds_.push_back(fd); }
+  const std::vector<int>& fds() const { return fds_; }
   // The fds, now the caller's to close.
   std::vector<int> take() {
     std::vector<int> out;

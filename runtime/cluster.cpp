@@ -86,9 +86,9 @@ capnp::ReaderOptions reader_options() {
   return o;
 }
 
+// A control message the peer must take within kWriteTimeout.
 void write_with_deadline(auth::Conn& conn, capnp::MessageBuilder& builder) {
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
-  conn.write_all(words.begin(), words.size() * sizeof(capnp::word), Clock::now() + kWriteTimeout);
+  relay::write_message(conn, builder, Clock::now() + kWriteTimeout);
 }
 
 void write_fully(int fd, const void* data, size_t n) {

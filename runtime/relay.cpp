@@ -136,9 +136,10 @@ class KeptSegments {
 
 }  // namespace
 
-void write_message(auth::Conn& conn, capnp::MessageBuilder& builder) {
+void write_message(auth::Conn& conn, capnp::MessageBuilder& builder,
+                   std::chrono::steady_clock::time_point deadline) {
   kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
-  conn.write_all(words.begin(), words.size() * sizeof(capnp::word), kForever);
+  conn.write_all(words.begin(), words.size() * sizeof(capnp::word), deadline);
 }
 
 bool read_message(auth::Conn& conn, kj::Array<capnp::word>& out, const std::string& where,
@@ -173,13 +174,9 @@ std::string pump_to_tcp(Channel& from, auth::Conn& to) {
     for (;;) {
       Channel::ReadStatus status = from.read_blocking();
       from.drain_raw([&](kj::ArrayPtr<const capnp::word> words, wire::Envelope::Reader env,
-                         std::vector<int> fds) {
-        struct Closer {
-          std::vector<int>& fds;
-          ~Closer() {
-            for (int fd : fds) close(fd);
-          }
-        } closer{fds};
+                         std::vector<int> received) {
+        const OwnedFds owned(std::move(received));
+        const std::vector<int>& fds = owned.fds();
         const uint64_t shared = env.getSharedBytes();
         // Per payload: its size, and the sender's segment id it may be kept
         // under (the message's segment; 0 for a shared tensor's memory).
@@ -231,13 +228,8 @@ std::string pump_to_unix(auth::Conn& from, Channel& to, const std::string& where
       std::vector<uint64_t> words(h.words);
       if (!from.read_exact(words.data(), words.size() * sizeof(uint64_t), kForever))
         return where + ": the connection closed inside a frame";
-      std::vector<int> fds, fresh;  // what goes with the message; what is closed after it
-      struct Closer {
-        std::vector<int>& fds;
-        ~Closer() {
-          for (int fd : fds) close(fd);
-        }
-      } closer{fresh};
+      std::vector<int> fds;  // what goes with the message
+      OwnedFds fresh;        // ... of which the new ones, closed once it has gone
       for (size_t i = 0; i < h.fd_count; ++i) {
         const uint64_t bytes = table[2 * i], key = table[2 * i + 1];
         std::byte* data = nullptr;
@@ -246,7 +238,7 @@ std::string pump_to_unix(auth::Conn& from, Channel& to, const std::string& where
           fd = kept.get(key, bytes, &data);
         } else {
           fd = new_memfd(bytes, &data);
-          fresh.push_back(fd);
+          fresh.add(fd);
         }
         bool whole = true;
         if (bytes > 0) {

@@ -35,6 +35,7 @@
 #include <capnp/message.h>
 #include <kj/array.h>
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -49,8 +50,11 @@ namespace relay {
 // The largest control message read_message accepts.
 inline constexpr size_t kMaxControlBytes = size_t{64} << 20;
 
-// Writes `builder`'s message. Throws baton::Error when the connection fails.
-void write_message(auth::Conn& conn, capnp::MessageBuilder& builder);
+// Writes `builder`'s message. Throws baton::Error when the connection fails
+// or the peer has not taken it all by `deadline`.
+void write_message(auth::Conn& conn, capnp::MessageBuilder& builder,
+                   std::chrono::steady_clock::time_point deadline =
+                       std::chrono::steady_clock::time_point::max());
 
 // Reads one message of at most `max_bytes`. Returns false when the peer closed
 // the connection between messages. Throws baton::Error on a truncated or
