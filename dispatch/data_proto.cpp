@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "runtime/channel.h"
 #include "runtime/errors.h"
 #include "runtime/value_codec.h"
 
@@ -501,9 +502,7 @@ DataProto DataProto::load(const std::string& path) {
     if (capnp::expectedSizeInWordsFromPrefix(view) != words.size()) {
       throw Error("size mismatch");
     }
-    capnp::ReaderOptions options;
-    options.traversalLimitInWords = uint64_t{1} << 40;
-    capnp::FlatArrayMessageReader reader(view, options);
+    capnp::FlatArrayMessageReader reader(view, wire_reader_options(words.size()));
     auto args = reader.getRoot<wire::Envelope>().getCall().getArgs();
     if (args.size() != 1) throw Error("no value");
     ValueDecoder dec;

@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -56,6 +59,26 @@ uintmax_t remove_tree(const fs::path& path) {
   uintmax_t removed = 0;
   if (!path.empty()) remove_tree_at(path.string(), removed);
   return removed;
+}
+
+std::optional<int64_t> read_step_file(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) {
+    if (!fs::exists(file)) return std::nullopt;
+    throw EngineError(detail::cat(file.string(), ": cannot read: ", errno_text()));
+  }
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  size_t begin = 0, end = text.size();
+  while (begin < end && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
+  while (end > begin && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
+  int64_t step = 0;
+  bool ok = begin < end && end - begin <= 18;  // 18 digits cannot overflow
+  for (size_t i = begin; ok && i < end; ++i) {
+    ok = std::isdigit(static_cast<unsigned char>(text[i])) != 0;
+    step = step * 10 + (text[i] - '0');
+  }
+  if (!ok) throw EngineError(file.string() + ": corrupt (expected a step number)");
+  return step;
 }
 
 void fsync_directory(const fs::path& dir) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string_view>
 
 namespace baton::engine {
@@ -31,6 +32,13 @@ using AppendFn = std::function<void(const void* data, size_t size)>;
 void write_file_atomically(const std::filesystem::path& file,
                            const std::function<void(const AppendFn& append)>& fill);
 void write_file_atomically(const std::filesystem::path& file, std::string_view contents);
+
+// A pointer file such as a checkpoint root's `latest`, written with
+// write_file_atomically: the step number it holds, none when the file does not
+// exist. Throws EngineError naming the file when it holds anything but one
+// step number (at most 18 digits; whitespace around it is allowed, an editor's
+// newline).
+std::optional<int64_t> read_step_file(const std::filesystem::path& file);
 
 // fsync(2) of a directory, so that renames in it are durable. Best effort: an
 // unopenable directory is ignored (the rename has happened either way).

@@ -4,11 +4,10 @@
 #include <ATen/core/Generator.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <cstdio>
-#include <fstream>
 
 #include "engine/atomic_file.h"
 #include "engine/errors.h"
+#include "engine/hf_model.h"
 #include "engine/safetensors.h"
 #include "engine/sharded_model.h"
 #include "engine/weight_conversion.h"
@@ -18,24 +17,8 @@ namespace fs = std::filesystem;
 namespace baton::engine {
 namespace {
 
-std::string step_dir_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
-  return buf;
-}
-
 std::string shard_suffix(const ParallelState& ps) {
   return detail::cat("tp", ps.coords().tp, "-pp", ps.coords().pp);
-}
-
-nlohmann::json read_json(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) throw EngineError(file.string() + ": missing checkpoint file");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw EngineError(file.string() + ": corrupt JSON: " + e.what());
-  }
 }
 
 ShardedLayout sharded_layout(const Transformer& model) {
@@ -52,7 +35,7 @@ ShardedLayout sharded_layout(const Transformer& model) {
 
 nlohmann::json checkpoint_json(const Transformer& model, int64_t step) {
   const ParallelConfig& pc = model.parallel().config();
-  return {{"format", "baton-checkpoint-v1"}, {"step", step}, {"dp", pc.dp}, {"cp", pc.cp}};
+  return {{"format", kCheckpointFormat}, {"step", step}, {"dp", pc.dp}, {"cp", pc.cp}};
 }
 
 at::Tensor rng_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
@@ -72,8 +55,8 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
     if (options.on_phase) options.on_phase(name);
   };
   const ParallelState& ps = model.parallel();
-  auto final_dir = root / step_dir_name(step);
-  auto partial = root / (step_dir_name(step) + ".partial");
+  auto final_dir = root / detail::step_dir_name(step);
+  auto partial = root / (detail::step_dir_name(step) + ".partial");
   if (ps.rank() == 0) {
     fs::create_directories(root);
     remove_tree(partial);
@@ -102,7 +85,7 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
     fsync_directory(partial);
     phase("before_publish");
     if (fs::exists(final_dir)) {
-      auto old = root / (step_dir_name(step) + ".old");
+      auto old = root / (detail::step_dir_name(step) + ".old");
       remove_tree(old);
       fs::rename(final_dir, old);
       fs::rename(partial, final_dir);
@@ -116,26 +99,12 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
   barrier(ps.world());
 }
 
-std::optional<int64_t> latest_checkpoint(const fs::path& root) {
-  std::ifstream in(root / "latest");
-  if (!in) return std::nullopt;
-  long long step = -1;
-  if (!(in >> step) || step < 0)
-    throw EngineError((root / "latest").string() + ": corrupt (expected a step number)");
-  if (!fs::is_directory(root / step_dir_name(step)))
-    throw EngineError(detail::cat((root / "latest").string(), " names step ", step, " but ",
-                                  (root / step_dir_name(step)).string(), " does not exist"));
-  return step;
-}
-
 nlohmann::json load_checkpoint(const fs::path& root, Transformer& model, Optimizer& optimizer,
                                std::optional<int64_t> step) {
-  if (!step) step = latest_checkpoint(root);
-  if (!step) throw EngineError(root.string() + ": no checkpoint (no 'latest' file)");
-  auto dir = root / step_dir_name(*step);
+  const SavedCheckpoint found = find_checkpoint(root, step);
+  const fs::path& dir = found.dir;
+  const ShardedLayout& saved = found.layout;
   const ParallelState& ps = model.parallel();
-  read_json(dir / "checkpoint.json");  // present and well-formed: a complete checkpoint
-  ShardedLayout saved = load_sharded_layout(dir);
   ShardedLayout want = sharded_layout(model);
   auto mismatch = [&](const char* key, const std::string& a, const std::string& b) {
     throw EngineError(detail::cat(dir.string(), ": checkpoint ", key, " = ", a,
@@ -166,7 +135,9 @@ nlohmann::json load_checkpoint(const fs::path& root, Transformer& model, Optimiz
     auto rng = read_safetensors(rng_file);
     if (rng.count("cpu")) set_rng_state(rng.at("cpu"));
   }
-  return read_json(dir / "extra.json");
+  const fs::path extra = dir / "extra.json";
+  if (!fs::exists(extra)) throw EngineError(extra.string() + ": missing checkpoint file");
+  return read_json_file(extra);
 }
 
 }  // namespace baton::engine

@@ -28,9 +28,16 @@
 #include <string>
 
 #include "engine/optimizer.h"
+#include "engine/sharded_model.h"
 #include "engine/transformer.h"
 
 namespace baton::engine {
+
+inline constexpr const char* kCheckpointFormat = "baton-checkpoint-v1";
+namespace detail {
+// "step_00000012".
+std::string step_dir_name(int64_t step);
+}  // namespace detail
 
 struct SaveOptions {
   // Test seam: called on every rank at each phase of a save ("files_written"
@@ -45,8 +52,23 @@ void save_checkpoint(const std::filesystem::path& root, int64_t step, const Tran
                      const Optimizer& optimizer, const nlohmann::json& extra = {},
                      const SaveOptions& options = {});
 
-// The newest complete checkpoint's step under `root`, if any.
+// The newest complete checkpoint's step under `root`, if any. Throws
+// EngineError when `latest` holds anything but a step number (whitespace
+// around it aside) or names a step whose directory is missing.
 std::optional<int64_t> latest_checkpoint(const std::filesystem::path& root);
+
+// A complete checkpoint's metadata, read and checked without a model.
+struct SavedCheckpoint {
+  int64_t step = 0;
+  std::filesystem::path dir;  // root/step_NNNNNNNN
+  ShardedLayout layout;       // layout.json, checked against config.json
+};
+// The checkpoint under `root` at `step` (the latest when empty): its
+// checkpoint.json must be this format's and name that step, its layout.json
+// and config.json must agree. Throws EngineError naming the file otherwise,
+// or when there is no checkpoint.
+SavedCheckpoint find_checkpoint(const std::filesystem::path& root,
+                                std::optional<int64_t> step = std::nullopt);
 
 // Restores this rank's model, optimizer and RNG from `root` at `step` (the
 // latest when empty) and returns the caller's JSON. Throws EngineError when

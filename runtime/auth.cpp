@@ -14,7 +14,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <algorithm>
 
 namespace baton::auth {
@@ -77,8 +79,13 @@ bool wait_ready(int fd, short events, std::chrono::steady_clock::time_point dead
   }
 }
 
+const char* env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
 std::string token_from_environment() {
-  if (const char* t = std::getenv("BATON_CLUSTER_TOKEN"); t != nullptr && *t != '\0') {
+  if (const char* t = env_value("BATON_CLUSTER_TOKEN")) {
     if (std::strlen(t) < kMinTokenBytes) {
       throw AuthError("BATON_CLUSTER_TOKEN has " + std::to_string(std::strlen(t)) +
                       " bytes; a cluster token needs at least " +
@@ -86,10 +93,26 @@ std::string token_from_environment() {
     }
     return t;
   }
-  if (const char* f = std::getenv("BATON_CLUSTER_TOKEN_FILE"); f != nullptr && *f != '\0') {
-    return read_token_file(f);
-  }
+  if (const char* f = env_value("BATON_CLUSTER_TOKEN_FILE")) return read_token_file(f);
   return random_token();
+}
+
+// host (IPv4), [host] (IPv6) or null for another family; the port in `port`.
+std::optional<std::string> format_address(const sockaddr_storage& ss, bool bracket_v6, int& port) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+    return std::string(host);
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+    return bracket_v6 ? "[" + std::string(host) + "]" : std::string(host);
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -281,41 +304,54 @@ std::string cluster_token() {
   return token;
 }
 
+bool token_configured() {
+  return env_value("BATON_CLUSTER_TOKEN") != nullptr || env_value("BATON_CLUSTER_TOKEN_FILE") != nullptr;
+}
+
 std::string peer_address(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "an unknown peer";
-  char host[INET6_ADDRSTRLEN] = "?";
   int port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a->sin6_port));
-  } else {
-    return "a local peer";
-  }
-  return std::string(host) + ":" + std::to_string(port);
+  const std::optional<std::string> host = format_address(ss, true, port);
+  return host ? *host + ":" + std::to_string(port) : "a local peer";
 }
 
-int tcp_connect(const std::string& host, uint16_t port,
-                std::chrono::steady_clock::time_point deadline, std::string& why) {
+std::string socket_host(int fd, bool local) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  const int rc = local ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len)
+                       : ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  int port = 0;
+  const std::optional<std::string> host = rc == 0 ? format_address(ss, false, port) : std::nullopt;
+  return host.value_or("?");
+}
+
+namespace {
+
+using AddrInfo = std::unique_ptr<addrinfo, void (*)(addrinfo*)>;
+
+// The TCP addresses of host:port (getaddrinfo with `flags`); null, with `why`,
+// when the host does not resolve.
+AddrInfo resolve_tcp(const std::string& host, uint16_t port, int flags, std::string& why) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
+  hints.ai_flags = flags | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-  if (rc != 0) {
-    why = std::string("cannot resolve ") + host + ": " + ::gai_strerror(rc);
-    return -1;
-  }
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0) why = std::string("cannot resolve ") + host + ": " + ::gai_strerror(rc);
+  return AddrInfo(rc == 0 ? found : nullptr, ::freeaddrinfo);
+}
+
+}  // namespace
+
+int tcp_connect(const std::string& host, uint16_t port,
+                std::chrono::steady_clock::time_point deadline, std::string& why) {
+  const AddrInfo found = resolve_tcp(host, port, 0, why);
+  if (!found) return -1;
   int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+  for (addrinfo* a = found.get(); a != nullptr && fd < 0; a = a->ai_next) {
     fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) {
       why = std::strerror(errno);
@@ -339,7 +375,6 @@ int tcp_connect(const std::string& host, uint16_t port,
       fd = -1;
     }
   }
-  ::freeaddrinfo(found);
   if (fd >= 0) {
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -348,20 +383,11 @@ int tcp_connect(const std::string& host, uint16_t port,
 }
 
 int tcp_listen(const std::string& host, uint16_t port, uint16_t* bound_port, std::string& why) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-  if (rc != 0) {
-    why = std::string("cannot resolve ") + host + ": " + ::gai_strerror(rc);
-    return -1;
-  }
+  const AddrInfo found = resolve_tcp(host, port, AI_PASSIVE, why);
+  if (!found) return -1;
   why = "no address";
   int listen_fd = -1;
-  for (addrinfo* a = found; a != nullptr && listen_fd < 0; a = a->ai_next) {
+  for (addrinfo* a = found.get(); a != nullptr && listen_fd < 0; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
       why = std::strerror(errno);
@@ -376,7 +402,6 @@ int tcp_listen(const std::string& host, uint16_t port, uint16_t* bound_port, std
     }
     listen_fd = fd;
   }
-  ::freeaddrinfo(found);
   if (listen_fd < 0) return -1;
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);

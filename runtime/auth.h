@@ -83,8 +83,15 @@ std::string read_token_file(const std::string& path);
 // 32 random bytes from the kernel, as 64 hex characters.
 std::string random_token();
 
+// Whether the environment names the token (BATON_CLUSTER_TOKEN or
+// BATON_CLUSTER_TOKEN_FILE, non-empty) rather than leaving it to a random one.
+bool token_configured();
+
 // Which peer a log line or an error names, e.g. "127.0.0.1:41234".
 std::string peer_address(int fd);
+// The IP address of one end of a connected socket (`local`: this end), e.g.
+// "10.0.0.3" or "fe80::1"; "?" when it has none.
+std::string socket_host(int fd, bool local);
 
 // A connected stream socket, as the handshake and the protocols behind it
 // use it: plain TCP here, TLS when made by runtime/tls.h. Does not own the fd.

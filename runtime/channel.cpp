@@ -185,14 +185,19 @@ Channel::ReadStatus Channel::read_blocking() {
   }
 }
 
+capnp::ReaderOptions wire_reader_options(size_t message_words) {
+  capnp::ReaderOptions options;
+  options.nestingLimit = 128;
+  options.traversalLimitInWords = std::max<uint64_t>(8 * uint64_t{message_words}, uint64_t{1} << 16);
+  return options;
+}
+
 void Channel::drain(const Handler& handle) {
   drain_raw([&handle](kj::ArrayPtr<const capnp::word>, wire::Envelope::Reader env,
                       std::vector<int> fds) { handle(env, std::move(fds)); });
 }
 
 void Channel::drain_raw(const RawHandler& handle) {
-  capnp::ReaderOptions options;
-  options.nestingLimit = 128;
   for (;;) {
     size_t avail_words = (end_ - begin_) / sizeof(capnp::word);
     if (avail_words == 0) break;
@@ -201,13 +206,7 @@ void Channel::drain_raw(const RawHandler& handle) {
         avail_words);
     size_t need = capnp::expectedSizeInWordsFromPrefix(avail);
     if (need > avail_words) break;
-    // What a reader may traverse, in proportion to what arrived: a list of
-    // zero-sized elements counts a word per element against it, so a few
-    // bytes cannot claim billions of Values for the decoder to build
-    // (found by fuzz_wire_message). The runtime's decoders read each object
-    // once or twice.
-    options.traversalLimitInWords = std::max<uint64_t>(8 * uint64_t{need}, uint64_t{1} << 16);
-    capnp::FlatArrayMessageReader reader(avail.slice(0, need), options);
+    capnp::FlatArrayMessageReader reader(avail.slice(0, need), wire_reader_options(need));
     auto env = reader.getRoot<wire::Envelope>();
     uint32_t nfds = env.getFdCount();
     if (nfds > fds_.size()) {

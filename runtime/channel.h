@@ -67,6 +67,14 @@ class OwnedFds {
   std::vector<int> fds_;
 };
 
+// Reader options for a wire message of `message_words` words: what a reader
+// may traverse is in proportion to the message (8x, at least 64 Ki words),
+// nested at most 128 deep. A list of zero-sized elements counts a word per
+// element against it, so a few bytes cannot claim billions of Values for a
+// decoder to build (found by fuzz_wire_message). The runtime's decoders read
+// each object once or twice.
+capnp::ReaderOptions wire_reader_options(size_t message_words);
+
 class Channel {
  public:
   // Takes ownership of `fd` and makes it non-blocking.

@@ -45,22 +45,6 @@ constexpr auto kWriteTimeout = std::chrono::seconds(30);
 
 std::string errno_text() { return std::strerror(errno); }
 
-// The IP address of one end of a connected socket.
-std::string socket_host(int fd, bool local) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  const int rc = local ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len)
-                       : ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-  char host[INET6_ADDRSTRLEN] = "?";
-  if (rc != 0) return host;
-  if (ss.ss_family == AF_INET)
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, host, sizeof(host));
-  else if (ss.ss_family == AF_INET6)
-    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr, host,
-                sizeof(host));
-  return host;
-}
-
 // Notices a peer that vanished without closing (its machine down, the
 // network cut) within about 20 s, where TCP alone would wait for hours.
 void keep_alive(int fd) {
@@ -69,14 +53,6 @@ void keep_alive(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-}
-
-bool token_configured() {
-  for (const char* v : {"BATON_CLUSTER_TOKEN", "BATON_CLUSTER_TOKEN_FILE"}) {
-    const char* s = std::getenv(v);
-    if (s != nullptr && *s != '\0') return true;
-  }
-  return false;
 }
 
 capnp::ReaderOptions reader_options() {
@@ -381,8 +357,8 @@ void Cluster::Impl::serve_node(std::shared_ptr<Node> node, auth::Conn& up,
                                const wire::AgentHello::Reader& hello) {
   const int fd = up.fd();
   node->info.hostname = hello.getHostname().cStr();
-  node->info.address = socket_host(fd, false);
-  node->info.driver_address = socket_host(fd, true);
+  node->info.address = auth::socket_host(fd, false);
+  node->info.driver_address = auth::socket_host(fd, true);
   node->info.cpu_slots = std::max(1, hello.getCpuSlots());
   node->info.gpus = std::max(0, hello.getGpus());
   node->info.agent_pid = hello.getPid();
@@ -407,8 +383,10 @@ void Cluster::Impl::serve_node(std::shared_ptr<Node> node, auth::Conn& up,
       else
         index = want;
     } else {
+      // The first node that never came or whose agent was lost: a restarted
+      // agent takes its place (the trainer's restart waits for it).
       for (int i = 0; i < options.nodes && index < 0; ++i)
-        if (!nodes[static_cast<size_t>(i)]) index = i;
+        if (!nodes[static_cast<size_t>(i)] || nodes[static_cast<size_t>(i)]->lost) index = i;
       if (index < 0) refusal = "the cluster's " + std::to_string(options.nodes) + " nodes are all there";
     }
     if (refusal.empty()) {
@@ -529,7 +507,7 @@ std::shared_ptr<Cluster> Cluster::listen(ClusterOptions options) {
   impl->host = host;
   if (!options.token.empty()) {
     impl->token = options.token;
-  } else if (!token_configured()) {
+  } else if (!auth::token_configured()) {
     throw Error("Cluster: no cluster token is configured: set BATON_CLUSTER_TOKEN_FILE (a file "
                 "of at least 16 random bytes, mode 0600) or BATON_CLUSTER_TOKEN, the same on "
                 "the driver and on every node agent");
@@ -690,7 +668,7 @@ class Agent {
     host_ = host;
     port_ = port;
     if (port_ == 0) throw Error("baton-agent: --driver " + o_.driver + " names no port");
-    if (!token_configured())
+    if (!auth::token_configured())
       throw Error("baton-agent: no cluster token is configured: set BATON_CLUSTER_TOKEN_FILE "
                   "(or BATON_CLUSTER_TOKEN) to the driver's");
     token_ = auth::cluster_token();
@@ -702,7 +680,7 @@ class Agent {
     }
     const auto deadline = Clock::now() + o_.connect_timeout;
     up_ = dial(deadline, &up_fd_);
-    local_address_ = socket_host(up_fd_, true);
+    local_address_ = auth::socket_host(up_fd_, true);
     uint64_t session = 0;
     const std::string r = auth::random_token();
     std::memcpy(&session, r.data(), sizeof(session));
@@ -816,12 +794,11 @@ class Agent {
     }
   }
 
+  // The GPUs CUDA_VISIBLE_DEVICES lists (none when it is unset: this agent
+  // offers its CPU cores).
   static int gpu_count() {
-    const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
-    if (v == nullptr || *v == '\0') return 0;
-    int n = 1;
-    for (const char* c = v; *c; ++c) n += *c == ',' ? 1 : 0;
-    return n;
+    const std::optional<std::vector<std::string>> gpus = visible_gpus();
+    return gpus ? static_cast<int>(gpus->size()) : 0;
   }
 
   void spawn(wire::AgentSpawn::Reader s) {

@@ -28,7 +28,9 @@
 //
 // An agent that disconnects (killed, its node gone) fails every worker it ran
 // with a message naming the node; an agent kills its workers when the driver
-// goes, so nothing is left behind on any node.
+// goes, so nothing is left behind on any node. A new agent may take a lost
+// node's place (the same --node-rank, or none): wait_for_nodes() counts it, so
+// a trainer with trainer.max_restarts resumes on it.
 //
 // Thread safety: every member may be called from any thread.
 #pragma once

@@ -25,8 +25,16 @@ namespace baton {
 // name and `tag` so that several process groups can share it.
 c10::intrusive_ptr<c10d::Store> rendezvous_store(const WorkerInfo& info, const std::string& tag);
 
-// A Gloo process group over all ranks of this worker's group, on loopback.
-// Every rank must call it with the same `tag`. Blocks until all ranks joined.
+// A Gloo process group over all ranks of this worker's group, bound as the
+// engine's groups are (GLOO_SOCKET_IFNAME, else the node agent's address, else
+// the store's). Every rank must call it with the same `tag`. Blocks until all
+// ranks joined. An operation that waits longer than `timeout` for a peer
+// fails with Gloo's error, which does not say who is missing; a worker that
+// links the engine gets a group whose errors name the ranks that did not
+// arrive (a DeadlineGroup, as every engine group is) from
+//   engine::make_gloo_group(rendezvous_store(info, tag), info.rank,
+//                           info.world_size, timeout, "my_group")
+// (engine/parallel_state.h).
 c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo_group(
     const WorkerInfo& info, const std::string& tag = "world",
     std::chrono::milliseconds timeout = std::chrono::minutes(5));

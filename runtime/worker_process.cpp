@@ -60,9 +60,9 @@ int high_fd(int fd) {
   return h;
 }
 
-std::string gpu_of_slot(int slot, const char* whose) {
+std::optional<std::vector<std::string>> visible_gpus() {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (visible == nullptr) return std::to_string(slot);
+  if (visible == nullptr) return std::nullopt;
   std::vector<std::string> entries;
   std::string entry;
   for (const char* c = visible;; ++c) {
@@ -74,9 +74,17 @@ std::string gpu_of_slot(int slot, const char* whose) {
       entry += *c;
     }
   }
+  return entries;
+}
+
+std::string gpu_of_slot(int slot, const char* whose) {
+  const std::optional<std::vector<std::string>> visible = visible_gpus();
+  if (!visible) return std::to_string(slot);
+  const std::vector<std::string>& entries = *visible;
   if (slot < 0 || slot >= static_cast<int>(entries.size()))
     throw Error("GPU slot " + std::to_string(slot) +
-                " has no GPU: " + whose + " CUDA_VISIBLE_DEVICES=\"" + visible + "\" lists " +
+                " has no GPU: " + whose + " CUDA_VISIBLE_DEVICES=\"" + std::getenv("CUDA_VISIBLE_DEVICES") +
+                "\" lists " +
                 std::to_string(entries.size()) +
                 " (give the driver more GPUs, or a pool with fewer workers per node)");
   return entries[static_cast<size_t>(slot)];

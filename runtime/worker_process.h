@@ -41,6 +41,9 @@ class RemoteWorker;
 // `fd` moved above the numbers a child gets by dup2 (0..3), close-on-exec
 // (dup2 onto itself would leave close-on-exec set).
 int high_fd(int fd);
+// The entries of this process's CUDA_VISIBLE_DEVICES (blanks and empty
+// entries dropped); none when it is unset.
+std::optional<std::vector<std::string>> visible_gpus();
 // The CUDA_VISIBLE_DEVICES entry of GPU slot `slot`: the slot-th GPU this
 // process may use (its own CUDA_VISIBLE_DEVICES, an index, UUID or MIG id
 // each; all GPUs when unset), so that a driver restricted to "2,3" places

@@ -23,8 +23,9 @@ cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-60}"
 dir="${FUZZ_DIR:-build-fuzz}"
 all_targets=(fuzz_store_frame fuzz_handshake fuzz_tokenizer_json fuzz_chat_template
-  fuzz_yaml_config fuzz_wire_message fuzz_safetensors fuzz_model_config)
-# These three link the venv's LibTorch (tests/fuzz/CMakeLists.txt); without
+  fuzz_yaml_config fuzz_wire_message fuzz_data_proto fuzz_safetensors fuzz_model_config
+  fuzz_checkpoint_meta)
+# These five link the venv's LibTorch (tests/fuzz/CMakeLists.txt); without
 # it they are skipped, saying so.
 targets=("$@")
 ((${#targets[@]})) || targets=("${all_targets[@]}")

@@ -8,7 +8,11 @@
 #      training metrics as the same run on one machine (4 local workers);
 #   2. an agent killed in the middle of a run fails the run promptly, with a
 #      message naming its node;
-#   3. nothing is left behind: no process in any namespace, the namespaces
+#   3. with trainer.max_restarts, an agent killed in the middle of a run is
+#      replaced by a new one on the same host: the trainer waits for it,
+#      resumes from its latest checkpoint and ends with the same metrics as
+#      the uninterrupted two-host run;
+#   4. nothing is left behind: no process in any namespace, the namespaces
 #      and links removed.
 # Needs root (ip netns) and iproute2; exits 77 (ctest's "skipped") without them.
 #   scripts/test_multinode.sh [BUILD_DIR]    (default: build)
@@ -76,13 +80,24 @@ common=(--config configs/grpo_toy.yaml
   actor_rollout_ref.actor.entropy_coeff=0.01 actor_rollout_ref.actor.use_kl_loss=true
   trainer.val_before_train=false trainer.test_freq=-1 'trainer.logger=[file]')
 
+start_agent() {  # host $1 (1 or 2, node $1 - 1), its log named $2
+  ip netns exec "${hosts[$1]}" "$agent" --driver "${addrs[0]}:29400" --node-rank $(($1 - 1)) \
+    --name "host$1" --slots 2 >"$tmp/agent$1.$2.log" 2>&1 &
+  agent_pids+=($!)
+}
 start_agents() {  # the two agent hosts, node 0 and node 1
   agent_pids=()
-  for i in 1 2; do
-    ip netns exec "${hosts[$i]}" "$agent" --driver "${addrs[0]}:29400" --node-rank $((i - 1)) \
-      --name "host$i" --slots 2 >"$tmp/agent$i.$1.log" 2>&1 &
-    agent_pids+=($!)
+  start_agent 1 "$1"
+  start_agent 2 "$1"
+}
+# Waits until the run's first step is done (its metrics.jsonl in $1 has a row).
+wait_first_step() {
+  for _ in $(seq 600); do
+    [[ -s "$1/metrics.jsonl" ]] && return 0
+    sleep 0.1
   done
+  echo "test_multinode: no step in 60 s" >&2
+  return 1
 }
 
 # Training metrics of the last step in a run's metrics.jsonl: every number
@@ -131,11 +146,7 @@ ip netns exec "${hosts[0]}" "$grpo" "${common[@]}" trainer.nnodes=2 trainer.n_gp
   "trainer.cluster_listen=${addrs[0]}:29400" trainer.total_training_steps=1000 \
   "trainer.default_local_dir=$tmp/kill" >"$tmp/kill.log" 2>&1 &
 driver=$!
-for _ in $(seq 600); do  # the first step done: the run is under way
-  [[ -s "$tmp/kill/metrics.jsonl" ]] && break
-  sleep 0.1
-done
-[[ -s "$tmp/kill/metrics.jsonl" ]] || { echo "test_multinode: no step in 60 s" >&2; tail -20 "$tmp/kill.log"; exit 1; }
+wait_first_step "$tmp/kill" || { tail -20 "$tmp/kill.log"; exit 1; }
 kill -9 "${agent_pids[1]}"
 killed=$(date +%s)
 status=0
@@ -158,6 +169,44 @@ fi
 echo "test_multinode: the run failed ${took}s after the kill, naming the node:"
 grep -m1 -F "$failure" "$tmp/kill.log" | cut -c1-400
 wait "${agent_pids[0]}" || true  # the surviving agent exits with the driver
+agent_pids=()
+
+echo "test_multinode: an agent killed and replaced, trainer.max_restarts=1"
+start_agents rejoin
+ip netns exec "${hosts[0]}" "$grpo" "${common[@]}" trainer.nnodes=2 trainer.n_gpus_per_node=2 \
+  "trainer.cluster_listen=${addrs[0]}:29400" trainer.total_training_steps=3 trainer.save_freq=1 \
+  trainer.max_restarts=1 "trainer.default_local_dir=$tmp/rejoin" >"$tmp/rejoin.log" 2>&1 &
+driver=$!
+wait_first_step "$tmp/rejoin" || { tail -20 "$tmp/rejoin.log"; exit 1; }
+kill -9 "${agent_pids[1]}"
+for _ in $(seq 300); do  # the trainer has seen the loss and is restarting
+  grep -q "restarting every worker group" "$tmp/rejoin.log" && break
+  sleep 0.1
+done
+grep -q "restarting every worker group" "$tmp/rejoin.log" ||
+  { echo "test_multinode: FAILED: no restart within 30 s of the kill" >&2; tail -20 "$tmp/rejoin.log"; exit 1; }
+start_agent 2 rejoin-new
+status=0
+wait "$driver" || status=$?
+if ((status != 0)); then
+  echo "test_multinode: FAILED: the run did not finish on the replacement agent (exit $status)" >&2
+  tail -30 "$tmp/rejoin.log" >&2
+  tail -5 "$tmp"/agent*.rejoin*.log >&2
+  exit 1
+fi
+joined=$(grep -c "node 1 (host2, ${addrs[2]}) joined" "$tmp/rejoin.log" || true)
+if ((joined != 2)); then
+  echo "test_multinode: FAILED: node 1 joined $joined times, not twice (once replaced)" >&2
+  exit 1
+fi
+metrics "$tmp/rejoin/metrics.jsonl" >"$tmp/rejoin.json"
+if ! diff -u "$tmp/two.json" "$tmp/rejoin.json"; then
+  echo "test_multinode: FAILED: the resumed run's metrics differ from the uninterrupted run's" >&2
+  exit 1
+fi
+echo "test_multinode: the run resumed on the replacement agent and ended with the same metrics:"
+grep -m1 "restarting every worker group" "$tmp/rejoin.log" | cut -c1-300
+for p in "${agent_pids[@]}"; do wait "$p" || true; done  # they exit with the driver
 agent_pids=()
 
 sleep 1

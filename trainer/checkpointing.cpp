@@ -2,33 +2,21 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "engine/atomic_file.h"
 #include "runtime/errors.h"
 #include "runtime/log.h"
+#include "trainer/checkpoint_files.h"
 #include "trainer/trainer_state.h"
 
 namespace baton::trainer {
-namespace {
-
 namespace fs = std::filesystem;
-
-const char* kLatestFile = "latest_checkpointed_iteration.txt";
-
-std::string read_text(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) throw Error("cannot read " + file.string());
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-}  // namespace
 
 void save_trainer_checkpoint(PpoTrainer::State& st,
                              const std::function<LedgerSnapshot()>& ledger) {
   const int64_t step = st.global_step;
-  const fs::path dir = fs::path(st.s.out_dir) / ("global_step_" + std::to_string(step));
+  const fs::path dir = trainer_checkpoint_dir(st.s.out_dir, step);
   fs::create_directories(dir);
   st.actor->call("save_checkpoint", {(dir / "actor").string(), step, std::string("{}")}).get();
   if (st.s.use_critic) {
@@ -48,11 +36,12 @@ void save_trainer_checkpoint(PpoTrainer::State& st,
                           {"loader", nlohmann::json::parse(loader_state)},
                           {"kl_coef", st.kl_ctrl->value}};
   engine::write_file_atomically(dir / "trainer_state.json", state.dump(2));
-  engine::write_file_atomically(fs::path(st.s.out_dir) / kLatestFile, std::to_string(step));
+  engine::write_file_atomically(fs::path(st.s.out_dir) / kLatestTrainerCheckpointFile,
+                                std::to_string(step));
 }
 
 bool has_trainer_checkpoint(const std::string& out_dir) {
-  return fs::exists(fs::path(out_dir) / kLatestFile);
+  return fs::exists(fs::path(out_dir) / kLatestTrainerCheckpointFile);
 }
 
 bool resume_trainer_checkpoint(PpoTrainer::State& st) {
@@ -60,9 +49,9 @@ bool resume_trainer_checkpoint(PpoTrainer::State& st) {
   fs::path dir;
   if (mode == "disable") return false;
   if (mode == "auto") {
-    const fs::path latest = fs::path(st.s.out_dir) / kLatestFile;
-    if (!fs::exists(latest)) return false;
-    dir = fs::path(st.s.out_dir) / ("global_step_" + read_text(latest));
+    const std::optional<fs::path> latest = latest_trainer_checkpoint(st.s.out_dir);
+    if (!latest) return false;
+    dir = *latest;
   } else if (mode == "resume_path") {
     if (!st.s.resume_from_path)
       throw ConfigError("trainer.resume_mode = resume_path needs trainer.resume_from_path");
@@ -70,23 +59,14 @@ bool resume_trainer_checkpoint(PpoTrainer::State& st) {
   } else {
     throw ConfigError("trainer.resume_mode = '" + mode + "' is not one of: auto, disable, resume_path");
   }
-  const fs::path state_file = dir / "trainer_state.json";
-  if (!fs::exists(state_file)) {
-    throw Error("resume: " + state_file.string() + " does not exist (not a global_step_N checkpoint?)");
-  }
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(read_text(state_file));
-    const int64_t step = state.at("global_step").get<int64_t>();
-    st.actor->call("load_checkpoint", {(dir / "actor").string(), step}).get();
-    if (st.s.use_critic) st.critic_role().call("load_checkpoint", {(dir / "critic").string(), step}).get();
-    st.loader->restore(data::LoaderState::from_json(state.at("loader").dump(), state_file.string()));
-    st.kl_ctrl->value = state.at("kl_coef").get<double>();
-    st.global_step = step;
-    st.restored_ledger = load_ledger(dir / "rollout_ledger");
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("resume: " + state_file.string() + ": " + e.what());
-  }
+  const TrainerStateFile state = read_trainer_state(dir);
+  st.actor->call("load_checkpoint", {(dir / "actor").string(), state.global_step}).get();
+  if (st.s.use_critic)
+    st.critic_role().call("load_checkpoint", {(dir / "critic").string(), state.global_step}).get();
+  st.loader->restore(state.loader);
+  st.kl_ctrl->value = state.kl_coef;
+  st.global_step = state.global_step;
+  st.restored_ledger = load_ledger(dir / "rollout_ledger");
   log(LogLevel::kInfo, "resumed from " + dir.string() + " (step " + std::to_string(st.global_step) + ")");
   if (!st.restored_ledger.empty() && !st.s.async.enable) {
     log(LogLevel::kWarn,

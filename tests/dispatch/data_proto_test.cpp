@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "runtime/errors.h"
+#include "runtime/wire.capnp.h"
 
 namespace baton {
 namespace {
@@ -216,6 +218,50 @@ TEST(DataProto, SavesAndLoadsAndRejectsCorruptFiles) {
             std::string::npos);
   std::remove(path.c_str());
   EXPECT_NE(error_of([&] { DataProto::load(path); }).find("cannot open"), std::string::npos);
+}
+
+// A DataProto file is a wire message: the reader charges what it traverses
+// against a limit in proportion to the file (as the channel does), so a list
+// of 2^28 elements of no size in a few hundred bytes is refused instead of
+// making the decoder build 2^28 Values (it used a fixed 2^40-word limit).
+TEST(DataProto, AFileWhoseListClaimsMoreThanItCarriesIsRefused) {
+  DataProto d = six_rows();
+  List five;
+  for (int64_t i = 0; i < 5; ++i) five.push_back(Value(i));
+  d.set_meta("list", five);  // the file's only list of 5 Values
+  std::string path = ::testing::TempDir() + "/amplified_" + std::to_string(getpid()) + ".baton";
+  d.save(path);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // The list's tag word: a struct "pointer" whose offset is the element
+  // count, 5 here; the first such word after the key "list" (a struct
+  // pointer to a Value 5 words on looks the same).
+  const auto size = capnp::_::structSize<wire::Value>();
+  const uint64_t tag = (uint64_t{5} << 2) | (uint64_t{size.data} << 32) |
+                       (uint64_t{size.pointers} << 48);
+  const size_t key = bytes.find(std::string("list\0", 5));
+  ASSERT_NE(key, std::string::npos);
+  size_t patched = 0;
+  for (size_t off = key / 8 * 8 + 8; off + 8 <= bytes.size() && patched == 0; off += 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes.data() + off, 8);
+    if (word != tag) continue;
+    word = uint64_t{1} << 28 << 2;  // 2^28 elements of no size
+    std::memcpy(bytes.data() + off, &word, 8);
+    ++patched;
+  }
+  ASSERT_EQ(patched, 1u);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  std::string err = error_of([&] { DataProto::load(path); });
+  EXPECT_NE(err.find(path + " is truncated or corrupt"), std::string::npos) << err;
+  EXPECT_NE(err.find("traversal limit"), std::string::npos) << err;
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -234,5 +234,45 @@ TEST(Checkpoint, CorruptFilesAndMismatchedLayoutsAreErrorsNamingTheFile) {
   EXPECT_THROW(latest_checkpoint(empty.path()), EngineError);
 }
 
+// What resume reads before any weight: `latest` holds a step number and
+// nothing else, checkpoint.json is this format's and its directory's step,
+// and each refusal names its file.
+TEST(Checkpoint, TheMetadataIsCheckedFileByFileWithoutAModel) {
+  testing::TempDir dir;
+  Trainer t;
+  save_checkpoint(dir.path(), 3, *t.model, *t.opt);
+  SavedCheckpoint found = find_checkpoint(dir.path());
+  EXPECT_EQ(found.step, 3);
+  EXPECT_EQ(found.dir, dir / "step_00000003");
+  EXPECT_EQ(found.layout.tp, 1);
+  EXPECT_FALSE(found.layout.value_model);
+  std::ofstream(dir / "latest", std::ios::trunc) << "  3\n\n";  // an editor's newline
+  EXPECT_EQ(latest_checkpoint(dir.path()), 3);
+  auto refused = [&](const std::string& file, const std::string& what) {
+    try {
+      find_checkpoint(dir.path());
+      ADD_FAILURE() << "expected EngineError for " << file;
+    } catch (const EngineError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(file), std::string::npos) << msg;
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    }
+  };
+  for (const char* text : {"3x", "-3", "", "9999999999999999999999", "0x3"}) {
+    std::ofstream(dir / "latest", std::ios::trunc) << text;
+    refused((dir / "latest").string(), "expected a step number");
+  }
+  std::ofstream(dir / "latest", std::ios::trunc) << "3";
+  const fs::path meta = dir / "step_00000003" / "checkpoint.json";
+  std::ofstream(meta, std::ios::trunc) << R"({"format": "baton-checkpoint-v1", "step": 4})";
+  refused(meta.string(), "\"step\" is not 3");
+  std::ofstream(meta, std::ios::trunc) << R"({"format": "other", "step": 3})";
+  refused(meta.string(), "\"format\"");
+  std::ofstream(meta, std::ios::trunc) << "{";
+  refused(meta.string(), "malformed JSON");
+  fs::remove(meta);
+  refused(meta.string(), "missing");
+}
+
 }  // namespace
 }  // namespace baton::engine

@@ -1,6 +1,7 @@
 // Writes fuzz_wire_message's seed inputs (tests/fuzz/corpus/fuzz_wire_message/):
 // real messages as the runtime encodes them, concatenated as they would
-// arrive on a socket. Run once: make_wire_seeds DIR.
+// arrive on a socket; and with a second folder, fuzz_data_proto's: batches
+// saved as DataProto files. Run once: make_wire_seeds WIRE_DIR [DATA_PROTO_DIR].
 #include <ATen/ops/arange.h>
 #include <ATen/ops/ones.h>
 #include <capnp/serialize.h>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "dispatch/data_proto.h"
 #include "runtime/channel.h"
 #include "runtime/shm_pool.h"
 #include "runtime/value_codec.h"
@@ -79,8 +81,8 @@ std::string init(baton::ShmPool& pool) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: make_wire_seeds DIR\n");
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: make_wire_seeds WIRE_DIR [DATA_PROTO_DIR]\n");
     return 2;
   }
   const std::string dir = argv[1];
@@ -97,5 +99,26 @@ int main(int argc, char** argv) {
   write("seed-result-and-error.bin",
         result(pool, 3, baton::Value(baton::List{at::ones({3}), 2.5})) + error_result(4));
   write("seed-init.bin", init(pool));
+  if (argc == 3) {
+    const std::string batches = argv[2];
+    // A rollout batch as the async trainer's ledger saves it: token ids,
+    // masks, float scores, string columns, nested meta.
+    baton::DataProto rollout(
+        {{"input_ids", at::arange(24, at::kLong).reshape({4, 6})},
+         {"attention_mask", at::ones({4, 6}, at::kBool)},
+         {"old_log_probs", at::arange(4, at::kFloat).reshape({4, 1}).div(8)},
+         {"scores", at::ones({4}, at::kDouble)}},
+        {{"uid", {baton::Value(std::string("1-0")), baton::Value(std::string("1-1")),
+                  baton::Value(std::string("1-0")), baton::Value(std::string("1-1"))}},
+         {"ground_truth", {baton::Value(int64_t{4}), baton::Value(2.5), baton::Value(),
+                           baton::Value(true)}}},
+        baton::Dict{{"temperature", 1.0},
+                    {"stop", baton::List{baton::Value(int64_t{2}), baton::Value(int64_t{7})}},
+                    {"params", baton::Dict{{"n", int64_t{2}}, {"name", std::string("grpo")}}}});
+    rollout.save(batches + "/seed-rollout.baton");
+    baton::DataProto half({{"x", at::ones({2, 3}, at::kHalf)}, {"y", at::ones({2}, at::kBFloat16)}});
+    half.save(batches + "/seed-half-precision.baton");
+    baton::DataProto().save(batches + "/seed-empty.baton");
+  }
   return 0;
 }

@@ -1,0 +1,64 @@
+#include "trainer/checkpoint_files.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+
+#include "engine/atomic_file.h"
+#include "engine/errors.h"
+#include "runtime/errors.h"
+
+namespace baton::trainer {
+
+namespace fs = std::filesystem;
+
+fs::path trainer_checkpoint_dir(const fs::path& out_dir, int64_t step) {
+  return out_dir / ("global_step_" + std::to_string(step));
+}
+
+std::optional<fs::path> latest_trainer_checkpoint(const fs::path& out_dir) {
+  const fs::path file = out_dir / kLatestTrainerCheckpointFile;
+  std::optional<int64_t> step;
+  try {
+    step = engine::read_step_file(file);
+  } catch (const engine::EngineError& e) {
+    throw Error(std::string("resume: ") + e.what());
+  }
+  if (!step) return std::nullopt;
+  fs::path dir = trainer_checkpoint_dir(out_dir, *step);
+  if (!fs::is_directory(dir))
+    throw Error("resume: " + file.string() + " names step " + std::to_string(*step) + " but " +
+                dir.string() + " does not exist");
+  return dir;
+}
+
+TrainerStateFile read_trainer_state(const fs::path& dir) {
+  const fs::path file = dir / "trainer_state.json";
+  std::ifstream in(file);
+  if (!in) {
+    throw Error("resume: " + file.string() + " does not exist (not a global_step_N checkpoint?)");
+  }
+  TrainerStateFile state;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+    state.global_step = j.at("global_step").get<int64_t>();
+    state.loader = data::LoaderState::from_json(j.at("loader").dump(), file.string());
+    state.kl_coef = j.at("kl_coef").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("resume: " + file.string() + ": " + e.what());
+  } catch (const std::runtime_error& e) {  // the loader's state
+    throw Error(std::string("resume: ") + e.what());
+  }
+  if (state.global_step < 0)
+    throw Error("resume: " + file.string() + ": global_step " + std::to_string(state.global_step) +
+                " is negative");
+  if (!(state.kl_coef >= 0))
+    throw Error("resume: " + file.string() + ": kl_coef " + std::to_string(state.kl_coef) +
+                " is not a number >= 0");
+  return state;
+}
+
+}  // namespace baton::trainer
