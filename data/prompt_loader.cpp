@@ -1,7 +1,6 @@
 #include "data/prompt_loader.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -21,29 +20,6 @@ uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
 }
 
 }  // namespace
-
-std::string LoaderState::to_json() const {
-  return nlohmann::json{
-      {"epoch", epoch},     {"batch", batch},           {"seed", seed},
-      {"shuffle", shuffle}, {"batch_size", batch_size}, {"dataset_size", dataset_size}}
-      .dump();
-}
-
-LoaderState LoaderState::from_json(const std::string& json, const std::string& source) {
-  LoaderState s;
-  try {
-    const auto j = nlohmann::json::parse(json);
-    s.epoch = j.at("epoch").get<int64_t>();
-    s.batch = j.at("batch").get<int64_t>();
-    s.seed = j.at("seed").get<uint64_t>();
-    s.shuffle = j.at("shuffle").get<bool>();
-    s.batch_size = j.at("batch_size").get<int64_t>();
-    s.dataset_size = j.at("dataset_size").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(source + ": not a dataloader state: " + e.what());
-  }
-  return s;
-}
 
 PromptLoader::PromptLoader(const PromptDataset& dataset, PromptLoaderOptions options)
     : dataset_(&dataset), options_(options) {

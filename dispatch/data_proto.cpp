@@ -311,8 +311,9 @@ DataProto DataProto::concat(const std::vector<DataProto>& parts) {
                       " is a " + kind_name(v.kind()) + ", expected a dict");
         }
         for (const auto& [mk, mv] : v.as_dict()) {
+          const std::string& name = mk;  // a lambda may not capture a structured binding (clang 14)
           auto it = std::find_if(metrics.begin(), metrics.end(),
-                                 [&](const auto& e) { return e.first == mk; });
+                                 [&](const auto& e) { return e.first == name; });
           if (it == metrics.end()) it = metrics.insert(metrics.end(), {mk, Value(List{})});
           if (mv.kind() == ValueKind::kList) {
             for (const Value& x : mv.as_list()) it->second.as_list().push_back(x);
@@ -492,7 +493,7 @@ DataProto DataProto::load(const std::string& path) {
     throw Error("DataProto::load: " + path + " is not a baton DataProto file");
   }
   size_t payload = bytes.size() - sizeof(kMagic);
-  if (payload % sizeof(capnp::word) != 0) {
+  if (payload == 0 || payload % sizeof(capnp::word) != 0) {
     throw Error("DataProto::load: " + path + " is truncated or corrupt");
   }
   std::vector<capnp::word> words(payload / sizeof(capnp::word));

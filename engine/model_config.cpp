@@ -257,12 +257,21 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& json, const std::str
 ModelConfig ModelConfig::load(const std::filesystem::path& path) {
   const bool dir = std::filesystem::is_directory(path);
   auto file = dir ? path / "config.json" : path;
-  ModelConfig c = from_hf_json(read_json_file(file), file.string());
+  ModelConfig c;
+  try {
+    c = from_hf_json(read_json_file(file), file.string());
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+    throw EngineError(detail::cat(file.string(), ": ", e.what()));
+  }
   const auto generation = path / "generation_config.json";
   if (dir && std::filesystem::exists(generation)) {
     const nlohmann::json g = read_json_file(generation);
     if (!g.is_object()) throw EngineError(generation.string() + ": not a JSON object");
-    c.generation_eos_token_ids = eos_ids(g, c.vocab_size, generation.string());
+    try {
+      c.generation_eos_token_ids = eos_ids(g, c.vocab_size, generation.string());
+    } catch (const nlohmann::json::exception& e) {
+      throw EngineError(detail::cat(generation.string(), ": ", e.what()));
+    }
   }
   return c;
 }

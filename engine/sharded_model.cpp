@@ -112,7 +112,7 @@ ShardedLayout load_sharded_layout(const fs::path& dir) {
   if (!fs::exists(file))
     throw EngineError(detail::cat(file.string(), ": missing; not a baton sharded model"));
   nlohmann::json j = read_json_file(file);
-  if (!j.is_object() || j.value("format", std::string()) != kShardedFormat)
+  if (!j.is_object() || !j.contains("format") || j["format"] != kShardedFormat)
     throw EngineError(detail::cat(file.string(), ": \"format\" is not \"", kShardedFormat, "\""));
   ShardedLayout layout;
   layout.tp = json_int(j, "tp", file);

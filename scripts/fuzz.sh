@@ -33,7 +33,7 @@ targets=("$@")
 if [[ "${FUZZ_BUILD:-1}" != 0 ]]; then
   # The compiler and the parsers' libraries (scripts/setup.sh installs the
   # same libraries for the main build).
-  packages=(cmake ninja-build pkg-config nlohmann-json3-dev libyaml-cpp-dev libpcre2-dev)
+  packages=(cmake ninja-build pkg-config nlohmann-json3-dev libyaml-cpp-dev libpcre2-dev libtbb-dev)
   missing=()
   command -v clang++ >/dev/null || missing+=(clang)
   for p in "${packages[@]}"; do

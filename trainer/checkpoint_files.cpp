@@ -15,6 +15,12 @@ namespace baton::trainer {
 
 namespace fs = std::filesystem;
 
+int64_t json_integer(const nlohmann::json& j, const char* key, const fs::path& file) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer())
+    throw Error("resume: " + file.string() + ": \"" + key + "\" is missing or not an integer");
+  return j[key].get<int64_t>();
+}
+
 fs::path trainer_checkpoint_dir(const fs::path& out_dir, int64_t step) {
   return out_dir / ("global_step_" + std::to_string(step));
 }
@@ -44,7 +50,7 @@ TrainerStateFile read_trainer_state(const fs::path& dir) {
   TrainerStateFile state;
   try {
     const nlohmann::json j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
-    state.global_step = j.at("global_step").get<int64_t>();
+    state.global_step = json_integer(j, "global_step", file);
     state.loader = data::LoaderState::from_json(j.at("loader").dump(), file.string());
     state.kl_coef = j.at("kl_coef").get<double>();
   } catch (const nlohmann::json::exception& e) {

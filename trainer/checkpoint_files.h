@@ -5,6 +5,8 @@
 // reads them as resume does.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -32,5 +34,10 @@ struct TrainerStateFile {
 // malformed, incomplete, or holds a negative step or a KL coefficient that is
 // not a finite number >= 0.
 TrainerStateFile read_trainer_state(const std::filesystem::path& dir);
+
+// j[key] as an integer. baton::Error naming `file` and the key when j is not
+// an object, or the key is missing or not an integer (a number such as 1e48
+// would not convert: undefined behaviour, found by fuzz_checkpoint_meta).
+int64_t json_integer(const nlohmann::json& j, const char* key, const std::filesystem::path& file);
 
 }  // namespace baton::trainer

@@ -8,6 +8,7 @@
 
 #include "engine/atomic_file.h"
 #include "runtime/errors.h"
+#include "trainer/checkpoint_files.h"
 
 namespace baton::trainer {
 namespace {
@@ -149,14 +150,14 @@ std::vector<LedgerEntry> load_ledger(const fs::path& dir) {
     const nlohmann::json j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
     for (const nlohmann::json& item : j.at("entries")) {
       LedgerEntry e;
-      e.index = item.at("index").get<int64_t>();
-      e.step = item.at("step").get<int64_t>();
+      e.index = json_integer(item, "index", file);
+      e.step = json_integer(item, "step", file);
       // The file names follow from the index: a checkpoint names no path to read.
       e.prompts = DataProto::load((dir / prompts_file(e.index)).string());
       if (item.contains("trajectories")) {
         TrajectoryBatch b;
         b.batch = DataProto::load((dir / trajectories_file(e.index)).string());
-        b.param_version = item.at("param_version").get<int64_t>();
+        b.param_version = json_integer(item, "param_version", file);
         b.generate_seconds = item.at("generate_seconds").get<double>();
         b.index = e.index;
         e.done = std::move(b);

@@ -216,6 +216,12 @@ TEST(DataProto, SavesAndLoadsAndRejectsCorruptFiles) {
   }
   EXPECT_NE(error_of([&] { DataProto::load(path); }).find("not a baton DataProto file"),
             std::string::npos);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << "BATONDP1";  // the magic and nothing after it (found by fuzz_data_proto)
+  }
+  EXPECT_NE(error_of([&] { DataProto::load(path); }).find(path + " is truncated or corrupt"),
+            std::string::npos);
   std::remove(path.c_str());
   EXPECT_NE(error_of([&] { DataProto::load(path); }).find("cannot open"), std::string::npos);
 }

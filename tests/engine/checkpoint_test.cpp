@@ -272,6 +272,17 @@ TEST(Checkpoint, TheMetadataIsCheckedFileByFileWithoutAModel) {
   refused(meta.string(), "malformed JSON");
   fs::remove(meta);
   refused(meta.string(), "missing");
+  // A field of the wrong type is refused naming its file, not as nlohmann's
+  // type_error (found by fuzz_checkpoint_meta).
+  std::ofstream(meta, std::ios::trunc) << R"({"format": "baton-checkpoint-v1", "step": 3})";
+  const fs::path layout = dir / "step_00000003" / "layout.json";
+  std::ofstream(layout, std::ios::trunc) << R"({"format": 3})";
+  refused(layout.string(), "\"format\"");
+  const fs::path config = dir / "step_00000003" / "config.json";
+  std::ofstream(layout, std::ios::trunc)
+      << R"({"format": "baton-sharded-v1", "tp": 1, "pp": 1, "layer_split": [2], "value_model": false})";
+  std::ofstream(config, std::ios::trunc) << R"({"vocab_size": "many"})";
+  refused(config.string(), "");
 }
 
 }  // namespace

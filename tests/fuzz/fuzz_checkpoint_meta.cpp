@@ -1,9 +1,12 @@
 // Fuzzes a checkpoint's metadata as resume reads it, before any weight:
 //   the engine's (engine/checkpoint.h, find_checkpoint): root/latest, and
 //     step_00000003/checkpoint.json, layout.json and config.json;
-//   the trainer's (trainer/checkpoint_files.h): latest_checkpointed_iteration.txt
-//     and global_step_3/trainer_state.json.
-// The input is those six files in that order, separated by "\n====\n" lines; a
+//   the trainer's (trainer/checkpoint_files.h): latest_checkpointed_iteration.txt,
+//     global_step_3/trainer_state.json and the async trainer's
+//     global_step_3/rollout_ledger/rollout_ledger.json (its DataProto files,
+//     which fuzz_data_proto covers, are absent: a ledger that names one is
+//     refused naming it).
+// The input is those seven files in that order, separated by "\n====\n" lines; a
 // missing part is a missing file. A malformed file must be refused with an
 // error naming a file of the checkpoint (engine::EngineError for the engine's,
 // baton::Error for the trainer's) and nothing else: no crash, no other
@@ -26,6 +29,7 @@
 #include "engine/errors.h"
 #include "runtime/errors.h"
 #include "trainer/checkpoint_files.h"
+#include "trainer/rollout_ledger.h"
 
 namespace fs = std::filesystem;
 
@@ -63,7 +67,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const fs::path root = base / "actor";
   static const fs::path step_dir = root / "step_00000003";
   static const fs::path out = base / "out";
-  static const bool made = fs::create_directories(step_dir) && fs::create_directories(out / "global_step_3");
+  static const bool made = fs::create_directories(step_dir) &&
+                           fs::create_directories(out / "global_step_3" / "rollout_ledger");
   (void)made;
   const auto in = parts(std::string_view(reinterpret_cast<const char*>(data), size));
   write_or_remove(root / "latest", in, 0);
@@ -72,6 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   write_or_remove(step_dir / "config.json", in, 3);
   write_or_remove(out / baton::trainer::kLatestTrainerCheckpointFile, in, 4);
   write_or_remove(out / "global_step_3" / "trainer_state.json", in, 5);
+  write_or_remove(out / "global_step_3" / "rollout_ledger" / "rollout_ledger.json", in, 6);
 
   try {
     const baton::engine::SavedCheckpoint found = baton::engine::find_checkpoint(root);
@@ -90,6 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (const auto dir = baton::trainer::latest_trainer_checkpoint(out)) {
       const baton::trainer::TrainerStateFile state = baton::trainer::read_trainer_state(*dir);
       if (state.global_step < 0 || !(state.kl_coef >= 0)) __builtin_trap();
+      (void)baton::trainer::load_ledger(*dir / "rollout_ledger");
     }
   } catch (const baton::Error& e) {
     require_names(e.what(), out);

@@ -99,7 +99,7 @@ TEST(ValueCodec, RoundTripsNestedValuesAndTensorsOfEveryDtype) {
   RoundTrip rt;
   List tensors;
   for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong,
-                     at::kShort, at::kChar, at::kByte, at::kBool}) {
+                     at::kShort, at::kChar, at::kByte, at::kBool, at::kComplexFloat}) {
     tensors.push_back(at::arange(24, at::kDouble).reshape({2, 3, 4}).remainder(2).to(dtype));
   }
   tensors.push_back(at::ones({0, 5}));           // empty
@@ -159,6 +159,28 @@ TEST(ValueCodec, TensorsWhoseSizesOverflowOrWhoseBytesWrapAroundAreRefused) {
   EXPECT_EQ(decode(2, 2, (1 << 20) - 8, 16, true),
             "malformed message: shared tensor bytes out of range");
   EXPECT_EQ(decode(2, 2, (1 << 20) - 16, 16, true), "");  // the last 16 bytes: fine
+}
+
+// Only plain element types are decoded: a quantized or bit-packed dtype code
+// from the wire would make a tensor no operation of ours expects (a sum over
+// a QuantizedCPU tensor threw in fuzz_data_proto).
+TEST(ValueCodec, QuantizedAndBitPackedDtypesAreRefused) {
+  RoundTrip rt;
+  for (auto dtype : {at::kQInt8, at::kQUInt8, at::kQInt32, at::ScalarType::Bits8,
+                     at::ScalarType::Undefined}) {
+    capnp::MallocMessageBuilder b;
+    auto t = b.initRoot<wire::Value>().initTensor();
+    t.setDtype(static_cast<int8_t>(dtype));
+    t.initShape(1).set(0, 4);
+    t.initInline(4);
+    ValueDecoder dec({}, 0, rt.regions, [](SegmentId) {});
+    try {
+      dec.decode(b.getRoot<wire::Value>().asReader());
+      ADD_FAILURE() << "decoded a tensor of dtype " << c10::toString(dtype);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("are not carried"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // Device tensors travel through host memory (value_codec.h): the receiver
