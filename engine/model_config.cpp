@@ -234,7 +234,11 @@ ModelConfig ModelConfig::from_hf_json(const nlohmann::json& json, const std::str
   if (c.head_dim % 2 != 0)
     throw EngineError(
         detail::cat(where, ": head_dim ", c.head_dim, " must be even for rotary embeddings"));
-  c.max_position_embeddings = optional_value<int64_t>(json, "max_position_embeddings", 2048);
+  // An integer when present: a float such as 9.2e20 would not convert to
+  // int64 (undefined behaviour; found by fuzz_checkpoint_meta).
+  c.max_position_embeddings = present(json, "max_position_embeddings")
+                                  ? required_size(json, "max_position_embeddings", where)
+                                  : 2048;
   c.rms_norm_eps = optional_value<double>(json, "rms_norm_eps", 1e-6);
   c.rope_theta = read_rope_theta(json, where);
   if (c.family == ModelFamily::kQwen2) check_no_sliding_window(json, c.num_layers, where);

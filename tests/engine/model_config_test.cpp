@@ -82,6 +82,29 @@ TEST(ModelConfig, RejectsMissingSizeAndIndivisibleHeads) {
   }
 }
 
+// A size field that holds a float is refused naming it, not converted (a
+// float past int64 was undefined behaviour: found by fuzz_checkpoint_meta).
+TEST(ModelConfig, SizesThatAreNotIntegersAreRefusedNamingTheKey) {
+  for (const nlohmann::json& bad : {nlohmann::json(9.2e20), nlohmann::json(2048.0),
+                                    nlohmann::json("2048"), nlohmann::json(0)}) {
+    auto j = qwen2_json();
+    j["max_position_embeddings"] = bad;
+    try {
+      ModelConfig::from_hf_json(j, "t/config.json");
+      ADD_FAILURE() << "accepted max_position_embeddings " << bad.dump();
+    } catch (const EngineError& e) {
+      EXPECT_NE(std::string(e.what()).find("t/config.json: \"max_position_embeddings\""),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  auto j = qwen2_json();
+  j["max_position_embeddings"] = 4096;
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "t").max_position_embeddings, 4096);
+  j["max_position_embeddings"] = nullptr;
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "t").max_position_embeddings, 2048);
+}
+
 TEST(ModelConfig, SaveThenLoadRoundTrips) {
   auto c = ModelConfig::from_hf_json(qwen2_json(), "test");
   auto dir = std::filesystem::temp_directory_path() / ("baton_cfg_" + std::to_string(::getpid()));

@@ -63,13 +63,19 @@ void require_names(const std::string& message, const fs::path& under) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const fs::path base = "/dev/shm/fuzz_checkpoint_meta_" + std::to_string(getpid());
+  static const fs::path base =
+      fs::temp_directory_path() / ("fuzz_checkpoint_meta_" + std::to_string(getpid()));
   static const fs::path root = base / "actor";
   static const fs::path step_dir = root / "step_00000003";
   static const fs::path out = base / "out";
   static const bool made = fs::create_directories(step_dir) &&
                            fs::create_directories(out / "global_step_3" / "rollout_ledger");
+  // Removed when the run ends (remove_tree: see engine/atomic_file.h).
+  static const struct Cleanup {
+    ~Cleanup() { baton::engine::remove_tree(base); }
+  } cleanup;
   (void)made;
+  (void)cleanup;
   const auto in = parts(std::string_view(reinterpret_cast<const char*>(data), size));
   write_or_remove(root / "latest", in, 0);
   write_or_remove(step_dir / "checkpoint.json", in, 1);

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -31,8 +32,10 @@ std::string read_all(const std::string& path) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const int fd = memfd_create("fuzz.dataproto", 0);
   static const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  // save() writes beside its path and renames: a real file for the round trip.
-  static const std::string saved = "/dev/shm/fuzz_data_proto_" + std::to_string(getpid());
+  // save() writes beside its path and renames: a real file for the round
+  // trip (in TMPDIR, not /dev/shm, whose entries the runtime's tests count).
+  static const std::string saved =
+      (std::filesystem::temp_directory_path() / ("fuzz_data_proto_" + std::to_string(getpid()))).string();
   if (fd < 0 || ftruncate(fd, 0) != 0) __builtin_trap();
   if (size > 0 && pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) __builtin_trap();
   baton::DataProto batch;
