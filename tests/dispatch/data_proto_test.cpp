@@ -233,7 +233,7 @@ TEST(DataProto, SavesAndLoadsAndRejectsCorruptFiles) {
 TEST(DataProto, AFileWhoseListClaimsMoreThanItCarriesIsRefused) {
   DataProto d = six_rows();
   List five;
-  for (int64_t i = 0; i < 5; ++i) five.push_back(Value(i));
+  for (int64_t i = 0; i < 5; ++i) five.emplace_back(i);
   d.set_meta("list", five);  // the file's only list of 5 Values
   std::string path = ::testing::TempDir() + "/amplified_" + std::to_string(getpid()) + ".baton";
   d.save(path);

@@ -6,27 +6,19 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <functional>
 #include <fstream>
 #include <string>
 
 #include "runtime/errors.h"
+#include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
 
 namespace baton::trainer {
 namespace {
 
 namespace fs = std::filesystem;
+using engine::testing::expect_error;
 using engine::testing::TempDir;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 const char* kLoader =
     R"({"epoch": 1, "batch": 2, "seed": 7, "shuffle": true, "batch_size": 4, "dataset_size": 64})";
@@ -40,22 +32,18 @@ TEST(TrainerCheckpointFiles, TheLatestStepFileNamesAnExistingCheckpointAndNothin
   EXPECT_EQ(latest_trainer_checkpoint(out.path()), out / "global_step_12");
   for (const char* text : {"../../etc", "12abc", "", "-1", "99999999999999999999"}) {
     std::ofstream(latest, std::ios::trunc) << text;
-    const std::string err = error_of([&] { latest_trainer_checkpoint(out.path()); });
-    EXPECT_NE(err.find(latest.string() + ": corrupt (expected a step number)"), std::string::npos)
-        << text << ": " << err;
+    expect_error<Error>([&] { latest_trainer_checkpoint(out.path()); },
+                        {latest.string() + ": corrupt (expected a step number)"});
   }
   std::ofstream(latest, std::ios::trunc) << "13";
-  const std::string err = error_of([&] { latest_trainer_checkpoint(out.path()); });
-  EXPECT_NE(err.find("names step 13 but " + (out / "global_step_13").string() + " does not exist"),
-            std::string::npos)
-      << err;
+  expect_error<Error>([&] { latest_trainer_checkpoint(out.path()); },
+                      {"names step 13 but " + (out / "global_step_13").string() + " does not exist"});
 }
 
 TEST(TrainerCheckpointFiles, TrainerStateIsReadWholeOrRefusedNamingTheFile) {
   TempDir dir;
   const fs::path file = dir / "trainer_state.json";
-  EXPECT_NE(error_of([&] { read_trainer_state(dir.path()); }).find("does not exist"),
-            std::string::npos);
+  expect_error<Error>([&] { read_trainer_state(dir.path()); }, {"does not exist"});
   std::ofstream(file) << R"({"global_step": 5, "kl_coef": 0.25, "loader": )" << kLoader << "}";
   const TrainerStateFile state = read_trainer_state(dir.path());
   EXPECT_EQ(state.global_step, 5);
@@ -71,8 +59,8 @@ TEST(TrainerCheckpointFiles, TrainerStateIsReadWholeOrRefusedNamingTheFile) {
         R"({"global_step": "5", "kl_coef": 0.25, "loader": )" + loader + "}",
         std::string(R"({"global_step": 5, "kl_coef": 0.25, "loader": {"epoch": 1}})")}) {
     std::ofstream(file, std::ios::trunc) << text;
-    const std::string err = error_of([&] { read_trainer_state(dir.path()); });
-    EXPECT_NE(err.find(file.string()), std::string::npos) << text << ": " << err;
+    SCOPED_TRACE(text);
+    expect_error<Error>([&] { read_trainer_state(dir.path()); }, {file.string()});
   }
 }
 
