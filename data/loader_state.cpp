@@ -25,7 +25,8 @@ LoaderState LoaderState::from_json(const std::string& json, const std::string& s
     auto integer = [&](const char* key) -> const nlohmann::json& {
       const nlohmann::json& v = j.at(key);
       if (!v.is_number_integer())
-        throw std::runtime_error(source + ": not a dataloader state: \"" + key + "\" is not an integer");
+        throw std::runtime_error(source + ": not a dataloader state: \"" + key +
+                                 "\" is not an integer");
       return v;
     };
     s.epoch = integer("epoch").get<int64_t>();

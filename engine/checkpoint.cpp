@@ -4,7 +4,6 @@
 #include <ATen/core/Generator.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-
 #include "engine/atomic_file.h"
 #include "engine/errors.h"
 #include "engine/hf_model.h"

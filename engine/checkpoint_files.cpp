@@ -42,10 +42,11 @@ SavedCheckpoint find_checkpoint(const fs::path& root, std::optional<int64_t> ste
   if (!fs::exists(file)) throw EngineError(file.string() + ": missing checkpoint file");
   const nlohmann::json meta = read_json_file(file);
   if (!meta.is_object() || meta.value("format", nlohmann::json()) != kCheckpointFormat)
-    throw EngineError(detail::cat(file.string(), ": \"format\" is not \"", kCheckpointFormat, "\""));
+    throw EngineError(
+        detail::cat(file.string(), ": \"format\" is not \"", kCheckpointFormat, "\""));
   if (!meta.contains("step") || meta["step"] != nlohmann::json(*step))
-    throw EngineError(detail::cat(file.string(), ": \"step\" is not ", *step,
-                                  ", the step of its directory"));
+    throw EngineError(
+        detail::cat(file.string(), ": \"step\" is not ", *step, ", the step of its directory"));
   saved.layout = load_sharded_layout(saved.dir);
   return saved;
 }

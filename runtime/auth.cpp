@@ -11,13 +11,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <algorithm>
 
 namespace baton::auth {
 namespace {
@@ -305,7 +305,8 @@ std::string cluster_token() {
 }
 
 bool token_configured() {
-  return env_value("BATON_CLUSTER_TOKEN") != nullptr || env_value("BATON_CLUSTER_TOKEN_FILE") != nullptr;
+  return env_value("BATON_CLUSTER_TOKEN") != nullptr ||
+         env_value("BATON_CLUSTER_TOKEN_FILE") != nullptr;
 }
 
 std::string peer_address(int fd) {

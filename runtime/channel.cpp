@@ -188,7 +188,8 @@ Channel::ReadStatus Channel::read_blocking() {
 capnp::ReaderOptions wire_reader_options(size_t message_words) {
   capnp::ReaderOptions options;
   options.nestingLimit = 128;
-  options.traversalLimitInWords = std::max<uint64_t>(8 * uint64_t{message_words}, uint64_t{1} << 16);
+  options.traversalLimitInWords =
+      std::max<uint64_t>(8 * uint64_t{message_words}, uint64_t{1} << 16);
   return options;
 }
 

@@ -82,9 +82,8 @@ std::string gpu_of_slot(int slot, const char* whose) {
   if (!visible) return std::to_string(slot);
   const std::vector<std::string>& entries = *visible;
   if (slot < 0 || slot >= static_cast<int>(entries.size()))
-    throw Error("GPU slot " + std::to_string(slot) +
-                " has no GPU: " + whose + " CUDA_VISIBLE_DEVICES=\"" + std::getenv("CUDA_VISIBLE_DEVICES") +
-                "\" lists " +
+    throw Error("GPU slot " + std::to_string(slot) + " has no GPU: " + whose +
+                " CUDA_VISIBLE_DEVICES=\"" + std::getenv("CUDA_VISIBLE_DEVICES") + "\" lists " +
                 std::to_string(entries.size()) +
                 " (give the driver more GPUs, or a pool with fewer workers per node)");
   return entries[static_cast<size_t>(slot)];

@@ -49,12 +49,15 @@ TrainerStateFile read_trainer_state(const fs::path& dir) {
   }
   TrainerStateFile state;
   try {
-    const nlohmann::json j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+    const nlohmann::json j =
+        nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
     state.global_step = json_integer(j, "global_step", file);
     state.loader = data::LoaderState::from_json(j.at("loader").dump(), file.string());
     state.kl_coef = j.at("kl_coef").get<double>();
   } catch (const nlohmann::json::exception& e) {
     throw Error("resume: " + file.string() + ": " + e.what());
+  } catch (const Error&) {
+    throw;                                 // json_integer's, complete as it is
   } catch (const std::runtime_error& e) {  // the loader's state
     throw Error(std::string("resume: ") + e.what());
   }

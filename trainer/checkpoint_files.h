@@ -23,7 +23,8 @@ std::filesystem::path trainer_checkpoint_dir(const std::filesystem::path& out_di
 // The checkpoint directory out_dir's latest_checkpointed_iteration.txt names;
 // none without that file. baton::Error naming the file when it holds anything
 // but a step number or names a directory that does not exist.
-std::optional<std::filesystem::path> latest_trainer_checkpoint(const std::filesystem::path& out_dir);
+std::optional<std::filesystem::path> latest_trainer_checkpoint(
+    const std::filesystem::path& out_dir);
 
 struct TrainerStateFile {
   int64_t global_step = 0;

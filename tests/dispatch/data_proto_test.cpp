@@ -246,8 +246,8 @@ TEST(DataProto, AFileWhoseListClaimsMoreThanItCarriesIsRefused) {
   // count, 5 here; the first such word after the key "list" (a struct
   // pointer to a Value 5 words on looks the same).
   const auto size = capnp::_::structSize<wire::Value>();
-  const uint64_t tag = (uint64_t{5} << 2) | (uint64_t{size.data} << 32) |
-                       (uint64_t{size.pointers} << 48);
+  const uint64_t tag =
+      (uint64_t{5} << 2) | (uint64_t{size.data} << 32) | (uint64_t{size.pointers} << 48);
   const size_t key = bytes.find(std::string("list\0", 5));
   ASSERT_NE(key, std::string::npos);
   size_t patched = 0;

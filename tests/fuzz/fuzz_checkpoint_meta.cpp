@@ -49,8 +49,8 @@ std::vector<std::string_view> parts(std::string_view input) {
 
 void write_or_remove(const fs::path& file, const std::vector<std::string_view>& in, size_t i) {
   if (i < in.size()) {
-    std::ofstream(file, std::ios::binary | std::ios::trunc).write(in[i].data(),
-                                                                  static_cast<std::streamsize>(in[i].size()));
+    std::ofstream(file, std::ios::binary | std::ios::trunc)
+        .write(in[i].data(), static_cast<std::streamsize>(in[i].size()));
   } else {
     fs::remove(file);
   }
@@ -89,7 +89,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const baton::engine::SavedCheckpoint found = baton::engine::find_checkpoint(root);
     const baton::engine::ShardedLayout& l = found.layout;
     const auto cfg = baton::engine::ModelConfig::load(found.dir);
-    if (l.tp < 1 || l.pp < 1 || static_cast<int64_t>(l.layer_split.size()) != l.pp) __builtin_trap();
+    if (l.tp < 1 || l.pp < 1 || static_cast<int64_t>(l.layer_split.size()) != l.pp)
+      __builtin_trap();
     if (std::accumulate(l.layer_split.begin(), l.layer_split.end(), int64_t{0}) != cfg.num_layers)
       __builtin_trap();
     const int64_t padded = l.padded_vocab_size(cfg);

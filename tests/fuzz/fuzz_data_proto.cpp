@@ -35,7 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // save() writes beside its path and renames: a real file for the round
   // trip (in TMPDIR, not /dev/shm, whose entries the runtime's tests count).
   static const std::string saved =
-      (std::filesystem::temp_directory_path() / ("fuzz_data_proto_" + std::to_string(getpid()))).string();
+      (std::filesystem::temp_directory_path() / ("fuzz_data_proto_" + std::to_string(getpid())))
+          .string();
   if (fd < 0 || ftruncate(fd, 0) != 0) __builtin_trap();
   if (size > 0 && pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) __builtin_trap();
   baton::DataProto batch;

@@ -108,15 +108,17 @@ int main(int argc, char** argv) {
          {"attention_mask", at::ones({4, 6}, at::kBool)},
          {"old_log_probs", at::arange(4, at::kFloat).reshape({4, 1}).div(8)},
          {"scores", at::ones({4}, at::kDouble)}},
-        {{"uid", {baton::Value(std::string("1-0")), baton::Value(std::string("1-1")),
-                  baton::Value(std::string("1-0")), baton::Value(std::string("1-1"))}},
-         {"ground_truth", {baton::Value(int64_t{4}), baton::Value(2.5), baton::Value(),
-                           baton::Value(true)}}},
+        {{"uid",
+          {baton::Value(std::string("1-0")), baton::Value(std::string("1-1")),
+           baton::Value(std::string("1-0")), baton::Value(std::string("1-1"))}},
+         {"ground_truth",
+          {baton::Value(int64_t{4}), baton::Value(2.5), baton::Value(), baton::Value(true)}}},
         baton::Dict{{"temperature", 1.0},
                     {"stop", baton::List{baton::Value(int64_t{2}), baton::Value(int64_t{7})}},
                     {"params", baton::Dict{{"n", int64_t{2}}, {"name", std::string("grpo")}}}});
     rollout.save(batches + "/seed-rollout.baton");
-    baton::DataProto half({{"x", at::ones({2, 3}, at::kHalf)}, {"y", at::ones({2}, at::kBFloat16)}});
+    baton::DataProto half(
+        {{"x", at::ones({2, 3}, at::kHalf)}, {"y", at::ones({2}, at::kBFloat16)}});
     half.save(batches + "/seed-half-precision.baton");
     baton::DataProto().save(batches + "/seed-empty.baton");
   }

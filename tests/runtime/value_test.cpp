@@ -166,8 +166,8 @@ TEST(ValueCodec, TensorsWhoseSizesOverflowOrWhoseBytesWrapAroundAreRefused) {
 // a QuantizedCPU tensor threw in fuzz_data_proto).
 TEST(ValueCodec, QuantizedAndBitPackedDtypesAreRefused) {
   RoundTrip rt;
-  for (auto dtype : {at::kQInt8, at::kQUInt8, at::kQInt32, at::ScalarType::Bits8,
-                     at::ScalarType::Undefined}) {
+  for (auto dtype :
+       {at::kQInt8, at::kQUInt8, at::kQInt32, at::ScalarType::Bits8, at::ScalarType::Undefined}) {
     capnp::MallocMessageBuilder b;
     auto t = b.initRoot<wire::Value>().initTensor();
     t.setDtype(static_cast<int8_t>(dtype));

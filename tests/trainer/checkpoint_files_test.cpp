@@ -36,8 +36,9 @@ TEST(TrainerCheckpointFiles, TheLatestStepFileNamesAnExistingCheckpointAndNothin
                         {latest.string() + ": corrupt (expected a step number)"});
   }
   std::ofstream(latest, std::ios::trunc) << "13";
-  expect_error<Error>([&] { latest_trainer_checkpoint(out.path()); },
-                      {"names step 13 but " + (out / "global_step_13").string() + " does not exist"});
+  expect_error<Error>(
+      [&] { latest_trainer_checkpoint(out.path()); },
+      {"names step 13 but " + (out / "global_step_13").string() + " does not exist"});
 }
 
 TEST(TrainerCheckpointFiles, TrainerStateIsReadWholeOrRefusedNamingTheFile) {
@@ -61,6 +62,16 @@ TEST(TrainerCheckpointFiles, TrainerStateIsReadWholeOrRefusedNamingTheFile) {
     std::ofstream(file, std::ios::trunc) << text;
     SCOPED_TRACE(text);
     expect_error<Error>([&] { read_trainer_state(dir.path()); }, {file.string()});
+  }
+  // Said once: "resume: <file>: ...", not wrapped twice.
+  std::ofstream(file, std::ios::trunc)
+      << R"({"global_step": 1e48, "kl_coef": 0.25, "loader": )" << kLoader << "}";
+  try {
+    read_trainer_state(dir.path());
+    ADD_FAILURE() << "a global_step of 1e48 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "resume: " + file.string() + ": \"global_step\" is missing or not an integer");
   }
 }
 
