@@ -6,7 +6,6 @@
 
 #include "engine/atomic_file.h"
 #include "engine/errors.h"
-#include "engine/hf_model.h"
 #include "engine/safetensors.h"
 #include "engine/sharded_model.h"
 #include "engine/weight_conversion.h"
@@ -134,9 +133,7 @@ nlohmann::json load_checkpoint(const fs::path& root, Transformer& model, Optimiz
     auto rng = read_safetensors(rng_file);
     if (rng.count("cpu")) set_rng_state(rng.at("cpu"));
   }
-  const fs::path extra = dir / "extra.json";
-  if (!fs::exists(extra)) throw EngineError(extra.string() + ": missing checkpoint file");
-  return read_json_file(extra);
+  return detail::read_checkpoint_json(dir / "extra.json");
 }
 
 }  // namespace baton::engine

@@ -37,6 +37,9 @@ inline constexpr const char* kCheckpointFormat = "baton-checkpoint-v1";
 namespace detail {
 // "step_00000012".
 std::string step_dir_name(int64_t step);
+// One of a checkpoint's JSON files: EngineError "<file>: missing checkpoint
+// file" when it is absent, else read_json_file's (hf_model.h).
+nlohmann::json read_checkpoint_json(const std::filesystem::path& file);
 }  // namespace detail
 
 struct SaveOptions {

@@ -19,6 +19,11 @@ std::string step_dir_name(int64_t step) {
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
   return buf;
 }
+
+nlohmann::json read_checkpoint_json(const fs::path& file) {
+  if (!fs::exists(file)) throw EngineError(file.string() + ": missing checkpoint file");
+  return read_json_file(file);
+}
 }  // namespace detail
 
 std::optional<int64_t> latest_checkpoint(const fs::path& root) {
@@ -39,8 +44,7 @@ SavedCheckpoint find_checkpoint(const fs::path& root, std::optional<int64_t> ste
   saved.dir = root / detail::step_dir_name(*step);
   // Present and this step's: written last before the rename, so a complete checkpoint.
   const fs::path file = saved.dir / "checkpoint.json";
-  if (!fs::exists(file)) throw EngineError(file.string() + ": missing checkpoint file");
-  const nlohmann::json meta = read_json_file(file);
+  const nlohmann::json meta = detail::read_checkpoint_json(file);
   if (!meta.is_object() || meta.value("format", nlohmann::json()) != kCheckpointFormat)
     throw EngineError(
         detail::cat(file.string(), ": \"format\" is not \"", kCheckpointFormat, "\""));
