@@ -1,5 +1,5 @@
 // cluster_bench: what a node agent between the driver and a worker costs
-// (runtime/cluster.h, runtime/relay.h). The same calls to one worker started
+// (runtime/cluster/cluster.h, runtime/cluster/relay.h). The same calls to one worker started
 // locally and to one started by a baton-agent on this machine (so the
 // worker's messages and tensors cross two relays and a loopback TCP
 // connection each way), next to the floors of that path measured in the same
@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/auth.h"
+#include "net/auth.h"
 #include "bench/call_timing.h"
 #include "runtime/baton.h"
-#include "runtime/cluster.h"
+#include "runtime/cluster/cluster.h"
 
 extern char** environ;
 

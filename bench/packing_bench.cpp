@@ -29,10 +29,10 @@
 #include <nlohmann/json.hpp>
 
 #include "dispatch/data_proto.h"
-#include "engine/model_config.h"
-#include "engine/parallel_state.h"
-#include "engine/pipeline_schedule.h"
-#include "engine/transformer.h"
+#include "engine/io/model_config.h"
+#include "engine/parallel/parallel_state.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/model/transformer.h"
 #include "workers/roles/role_model.h"
 
 namespace {

@@ -7,7 +7,7 @@
 // trainer spawns them) on an HF model (default toy/model, made by the quick
 // start); --prompts prompts × --n samples of --response tokens each, EOS
 // ignored so that every sample runs the whole length. Per mode and rep: the
-// batch is generated on a thread (trainer/chunked_rollout.h) and, after
+// batch is generated on a thread (trainer/async/chunked_rollout.h) and, after
 // --sync-at × the one-call batch's time, the driver syncs the actor's
 // weights to the rollout (send_weights ∥ receive_weights) and times it.
 //
@@ -32,7 +32,7 @@
 #include "runtime/baton.h"
 #include "runtime/resource_pool.h"
 #include "runtime/worker_group.h"
-#include "trainer/chunked_rollout.h"
+#include "trainer/async/chunked_rollout.h"
 #include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/roles/role_options.h"
 #include "workers/roles/rollout_worker.h"

@@ -1,5 +1,5 @@
 // The runtime's one hand-rolled queue — the driver's dispatch thread's task
-// queue (a mutex, a condition variable and a deque: runtime/driver.cpp) —
+// queue (a mutex, a condition variable and a deque: runtime/internal/driver.cpp) —
 // against oneTBB's concurrent_bounded_queue doing the same job, in the same
 // run: one producer thread hands std::function tasks to one consumer thread
 // that runs them in order.
@@ -30,7 +30,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Task = std::function<void()>;
 
-// runtime/driver.cpp's queue, as it is there.
+// runtime/internal/driver.cpp's queue, as it is there.
 class HandRolled {
  public:
   void push(Task t) {

@@ -52,10 +52,10 @@
 #include <vector>
 
 #include "engine/errors.h"
-#include "engine/local_world.h"
-#include "engine/reshard.h"
-#include "engine/transformer.h"
-#include "engine/weight_sync.h"
+#include "engine/parallel/local_world.h"
+#include "engine/rollout/reshard.h"
+#include "engine/model/transformer.h"
+#include "engine/rollout/weight_sync.h"
 #include "tools/cli.h"
 
 using namespace baton::engine;

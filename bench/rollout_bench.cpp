@@ -39,7 +39,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/generation.h"
+#include "engine/rollout/generation.h"
 #include "tools/cli.h"
 
 using namespace baton::engine;

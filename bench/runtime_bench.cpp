@@ -1,7 +1,7 @@
 // runtime_bench: per-call overhead and tensor bandwidth of the actor runtime,
 // next to the floors this machine allows (a raw Unix-socket ping-pong and a
 // single-thread memcpy), all measured in the same run; and the per-call
-// overhead again with profiling on (runtime/profiler.h) in the driver and the
+// overhead again with profiling on (base/profiler.h) in the driver and the
 // worker (sync_call_profiled_us; sync_call_us is with it off, the default).
 //
 //   ./build/bench/runtime_bench            # the last line of stdout is JSON
@@ -18,7 +18,7 @@
 
 #include "bench/call_timing.h"
 #include "runtime/baton.h"
-#include "runtime/profiler.h"
+#include "base/profiler.h"
 
 namespace {
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 #include "tools/cli.h"
 
 namespace cli = baton::cli;

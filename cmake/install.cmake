@@ -1,7 +1,7 @@
 # `cmake --install build --prefix DIR` installs baton's headers, libraries and
 # a CMake package, so that a driver outside this tree builds with
 #   find_package(baton CONFIG REQUIRED)
-#   target_link_libraries(my_driver PRIVATE baton::dispatch)
+#   target_link_libraries(my_driver PRIVATE baton::workers)
 # (tests/install/ builds such a project against an install on every run).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -13,7 +13,7 @@ set(_baton_exported baton_torch)
 if(TARGET baton_arrow)
   list(APPEND _baton_exported baton_arrow)
 endif()
-foreach(m IN ITEMS base runtime dispatch engine data algos rewards workers trainer)
+foreach(m IN ITEMS base net runtime dispatch engine text data algos rewards workers trainer)
   if(NOT TARGET baton_${m})
     continue()
   endif()
@@ -35,21 +35,27 @@ foreach(m IN ITEMS base runtime dispatch engine data algos rewards workers train
   endforeach()
   list(APPEND _wrapped "$<INSTALL_INTERFACE:${BATON_INSTALL_INCLUDEDIR}>")
   set_target_properties(baton_${m} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_wrapped}")
-  # base's headers live in runtime/, algos' and rewards' under workers/: they
-  # go in with those folders.
-  if(NOT m MATCHES "^(base|algos|rewards)$")
-    install(DIRECTORY ${PROJECT_SOURCE_DIR}/${m}/ DESTINATION ${BATON_INSTALL_INCLUDEDIR}/${m}
-            FILES_MATCHING PATTERN "*.h")
-  endif()
 endforeach()
-install(FILES ${PROJECT_BINARY_DIR}/runtime/wire.capnp.h
-        DESTINATION ${BATON_INSTALL_INCLUDEDIR}/runtime)
+# The public headers: each module's folder as it is in the tree (algos and
+# rewards are under workers/), less what is internal: runtime/internal/ (the
+# transport, codec, wire schema, worker host), the cluster's relay and agent
+# protocol, the rendezvous store's server and protocol. InstallTest checks
+# that none of these is installed.
+foreach(d IN ITEMS base net runtime dispatch engine text data workers trainer)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${d}/ DESTINATION ${BATON_INSTALL_INCLUDEDIR}/${d}
+          FILES_MATCHING PATTERN "*.h"
+          PATTERN "internal" EXCLUDE
+          PATTERN "relay.h" EXCLUDE
+          PATTERN "agent_protocol.h" EXCLUDE
+          PATTERN "store_protocol.h" EXCLUDE
+          PATTERN "store_server.h" EXCLUDE)
+endforeach()
 
 install(TARGETS ${_baton_exported} EXPORT batonTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT batonTargets NAMESPACE baton:: DESTINATION ${BATON_INSTALL_CMAKEDIR})
-# The node agent every node of a multi-node job runs (runtime/cluster.h).
+# The node agent every node of a multi-node job runs (runtime/cluster/cluster.h).
 install(TARGETS baton-agent RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 if(EXISTS ${PROJECT_SOURCE_DIR}/configs)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/configs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/baton/configs)

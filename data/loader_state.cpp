@@ -1,6 +1,7 @@
 // LoaderState's JSON (prompt_loader.h): what a checkpoint keeps of the data
 // loader. Its own file so that the checkpoint metadata fuzz target
 // (tests/fuzz/) reads it without the dataset.
+#include "base/errors.h"
 #include "data/prompt_loader.h"
 
 #include <nlohmann/json.hpp>
@@ -25,7 +26,7 @@ LoaderState LoaderState::from_json(const std::string& json, const std::string& s
     auto integer = [&](const char* key) -> const nlohmann::json& {
       const nlohmann::json& v = j.at(key);
       if (!v.is_number_integer())
-        throw std::runtime_error(source + ": not a dataloader state: \"" + key +
+        throw Error(source + ": not a dataloader state: \"" + key +
                                  "\" is not an integer");
       return v;
     };
@@ -36,7 +37,7 @@ LoaderState LoaderState::from_json(const std::string& json, const std::string& s
     s.batch_size = integer("batch_size").get<int64_t>();
     s.dataset_size = integer("dataset_size").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(source + ": not a dataloader state: " + e.what());
+    throw Error(source + ": not a dataloader state: " + e.what());
   }
   return s;
 }

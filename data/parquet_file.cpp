@@ -6,6 +6,8 @@
 #include <arrow/api.h>
 #include <arrow/io/file.h>
 #include <parquet/arrow/reader.h>
+
+#include "base/errors.h"
 #endif
 
 namespace baton::data {
@@ -21,7 +23,7 @@ Json array_to_json(const arrow::Array& array, const std::string& where) {
   Json out = Json::array();
   for (int64_t i = 0; i < array.length(); ++i) {
     auto item = array.GetScalar(i);
-    if (!item.ok()) throw std::runtime_error(where + ": " + item.status().ToString());
+    if (!item.ok()) throw Error(where + ": " + item.status().ToString());
     out.push_back(to_json(**item, where));
   }
   return out;
@@ -69,7 +71,7 @@ Json to_json(const arrow::Scalar& s, const std::string& where) {
       return out;
     }
     default:
-      throw std::runtime_error(where + ": column type " + s.type->ToString() +
+      throw Error(where + ": column type " + s.type->ToString() +
                                " is not supported (strings, numbers, booleans, lists and "
                                "structs are)");
   }
@@ -80,18 +82,18 @@ Json to_json(const arrow::Scalar& s, const std::string& where) {
 std::vector<nlohmann::ordered_json> read_parquet_rows(const std::string& path) {
   auto file = arrow::io::ReadableFile::Open(path);
   if (!file.ok()) {
-    throw std::runtime_error(path + ": cannot open the dataset file (" +
+    throw Error(path + ": cannot open the dataset file (" +
                              file.status().ToString() + ")");
   }
   std::shared_ptr<arrow::Table> table;
   try {
     auto reader = parquet::arrow::OpenFile(*file, arrow::default_memory_pool());
-    if (!reader.ok()) throw std::runtime_error(reader.status().ToString());
+    if (!reader.ok()) throw Error(reader.status().ToString());
     auto read = (*reader)->ReadTable();
-    if (!read.ok()) throw std::runtime_error(read.status().ToString());
+    if (!read.ok()) throw Error(read.status().ToString());
     table = *read;
   } catch (const std::exception& e) {  // parquet throws ParquetException for a bad footer
-    throw std::runtime_error(path + ": not a readable Parquet file (" + e.what() + ")");
+    throw Error(path + ": not a readable Parquet file (" + e.what() + ")");
   }
   const auto& schema = *table->schema();
   std::vector<nlohmann::ordered_json> rows(static_cast<size_t>(table->num_rows()),
@@ -103,7 +105,7 @@ std::vector<nlohmann::ordered_json> read_parquet_rows(const std::string& path) {
     for (const auto& chunk : table->column(c)->chunks()) {
       for (int64_t i = 0; i < chunk->length(); ++i, ++r) {
         auto s = chunk->GetScalar(i);
-        if (!s.ok()) throw std::runtime_error(where + ": " + s.status().ToString());
+        if (!s.ok()) throw Error(where + ": " + s.status().ToString());
         rows[static_cast<size_t>(r)][name] = to_json(**s, where);
       }
     }
@@ -116,7 +118,7 @@ bool parquet_supported() { return true; }
 #else
 
 std::vector<nlohmann::ordered_json> read_parquet_rows(const std::string& path) {
-  throw std::runtime_error(path +
+  throw Error(path +
                            ": this build of baton reads no Parquet (it was configured without "
                            "Apache Arrow: install pyarrow in BATON_PYTHON's environment, "
                            "scripts/setup_python.sh does, and configure again)");

@@ -5,15 +5,16 @@
 #include <optional>
 #include <stdexcept>
 
-#include "data/chat_template.h"
+#include "base/errors.h"
+#include "text/chat_template.h"
 #include "data/parquet_file.h"
 
 namespace baton::data {
 namespace {
 
-class RowError : public std::runtime_error {
+class RowError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 std::string field_text(const nlohmann::json& value) {
@@ -43,21 +44,21 @@ Truncation parse_truncation(const std::string& name) {
   if (name == "left") return Truncation::kLeft;
   if (name == "right") return Truncation::kRight;
   if (name == "middle") return Truncation::kMiddle;
-  throw std::invalid_argument("data.truncation: '" + name +
+  throw baton::InvalidArgument("data.truncation: '" + name +
                               "' is not one of error, left, right, middle");
 }
 
 PromptDataset PromptDataset::load(const std::vector<std::string>& files, const Tokenizer& tokenizer,
                                   const PromptDatasetOptions& options) {
   if (options.max_prompt_length <= 0) {
-    throw std::invalid_argument("data.max_prompt_length must be > 0 (got " +
+    throw baton::InvalidArgument("data.max_prompt_length must be > 0 (got " +
                                 std::to_string(options.max_prompt_length) + ")");
   }
   PromptDataset ds;
   ds.max_prompt_length_ = options.max_prompt_length;
   const auto pad = tokenizer.pad_id() ? tokenizer.pad_id() : tokenizer.eos_id();
   if (!pad) {
-    throw std::runtime_error(
+    throw Error(
         "the tokenizer has neither pad_token nor eos_token: prompts cannot "
         "be padded (set pad_token in tokenizer_config.json)");
   }
@@ -76,7 +77,7 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
       for (const auto& r : read_parquet_rows(file)) texts.push_back(r.dump());
     } else {
       std::ifstream in(file);
-      if (!in) throw std::runtime_error(file + ": cannot open the dataset file (does it exist?)");
+      if (!in) throw Error(file + ": cannot open the dataset file (does it exist?)");
       for (std::string line; std::getline(in, line);) texts.push_back(std::move(line));
     }
     for (int64_t line_no = 1; line_no <= static_cast<int64_t>(texts.size()); ++line_no) {
@@ -167,8 +168,10 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
         }
         out.prompt_ids = std::move(ids);
         ds.rows_.push_back(std::move(out));
-      } catch (const TokenizerError& e) {  // the chat template
-        throw std::runtime_error(where + ": " + e.what());
+      } catch (const JinjaError& e) {  // the chat template
+        throw Error(where + ": " + e.what());
+      } catch (const TokenizerError& e) {
+        throw Error(where + ": " + e.what());
       }
     }
   }

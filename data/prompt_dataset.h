@@ -19,7 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer.h"
+#include "base/errors.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace baton::data {
 
@@ -30,7 +31,7 @@ enum class Truncation {
   kRight,   // keep the first max_prompt_length tokens
   kMiddle,  // keep the first and last halves
 };
-// "error", "left", "right", "middle"; throws std::invalid_argument naming the value otherwise.
+// "error", "left", "right", "middle"; throws baton::InvalidArgument naming the value otherwise.
 Truncation parse_truncation(const std::string& name);
 
 struct PromptDatasetOptions {

@@ -5,6 +5,8 @@
 #include <random>
 #include <stdexcept>
 
+#include "base/errors.h"
+
 namespace baton::data {
 namespace {
 
@@ -24,11 +26,11 @@ uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
 PromptLoader::PromptLoader(const PromptDataset& dataset, PromptLoaderOptions options)
     : dataset_(&dataset), options_(options) {
   if (options_.batch_size < 1) {
-    throw std::invalid_argument("data.train_batch_size must be >= 1 (got " +
+    throw baton::InvalidArgument("data.train_batch_size must be >= 1 (got " +
                                 std::to_string(options_.batch_size) + ")");
   }
   if (batches_per_epoch() == 0) {
-    throw std::invalid_argument("the dataset has " + std::to_string(dataset.size()) +
+    throw baton::InvalidArgument("the dataset has " + std::to_string(dataset.size()) +
                                 " prompts, fewer than data.train_batch_size = " +
                                 std::to_string(options_.batch_size) + ": not one batch per epoch");
   }
@@ -92,7 +94,7 @@ LoaderState PromptLoader::state() const {
 void PromptLoader::restore(const LoaderState& s) {
   const auto mismatch = [](const std::string& field, const std::string& saved,
                            const std::string& now) {
-    return std::invalid_argument("dataloader state: " + field + " was " + saved +
+    return baton::InvalidArgument("dataloader state: " + field + " was " + saved +
                                  " when it was saved, " + now + " now");
   };
   if (s.seed != options_.seed)
@@ -108,7 +110,7 @@ void PromptLoader::restore(const LoaderState& s) {
                    std::to_string(dataset_->size()));
   }
   if (s.epoch < 0 || s.batch < 0 || s.batch > batches_per_epoch()) {
-    throw std::invalid_argument("dataloader state: epoch " + std::to_string(s.epoch) + ", batch " +
+    throw baton::InvalidArgument("dataloader state: epoch " + std::to_string(s.epoch) + ", batch " +
                                 std::to_string(s.batch) + " is out of range");
   }
   epoch_ = s.epoch;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "base/errors.h"
 #include "data/prompt_dataset.h"
 
 namespace baton::data {
@@ -61,7 +62,7 @@ struct LoaderState {
 // Not thread-safe: one thread drives a loader.
 class PromptLoader {
  public:
-  // `dataset` must outlive the loader. Throws std::invalid_argument when batch_size < 1, or
+  // `dataset` must outlive the loader. Throws baton::InvalidArgument when batch_size < 1, or
   // when drop_last leaves no batch (fewer rows than batch_size).
   PromptLoader(const PromptDataset& dataset, PromptLoaderOptions options);
 
@@ -74,7 +75,7 @@ class PromptLoader {
 
   int64_t epoch() const { return epoch_; }
   LoaderState state() const;
-  // Throws std::invalid_argument naming the field when `state` was saved by a loader with
+  // Throws baton::InvalidArgument naming the field when `state` was saved by a loader with
   // another seed, shuffle, batch size or dataset size.
   void restore(const LoaderState& state);
 

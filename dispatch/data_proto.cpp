@@ -19,9 +19,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "runtime/channel.h"
-#include "runtime/errors.h"
-#include "runtime/value_codec.h"
+#include "runtime/internal/channel.h"
+#include "base/errors.h"
+#include "runtime/internal/value_codec.h"
 
 namespace baton {
 

@@ -7,7 +7,7 @@
 #include "dispatch/data_proto.h"
 #include "dispatch/worker_function.h"
 #include "runtime/dispatch_registry.h"
-#include "runtime/errors.h"
+#include "base/errors.h"
 #include "runtime/worker_group.h"
 
 namespace baton {

@@ -2,10 +2,10 @@
 
 #include <c10/util/Exception.h>
 
-#include <map>
-#include <mutex>
+#include <utility>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
+#include "base/registry.h"
 #include "runtime/method_table.h"
 #include "runtime/runtime.h"
 
@@ -13,29 +13,26 @@ namespace baton {
 
 namespace {
 
-struct Functions {
-  std::mutex mu;
-  std::map<std::string, WorkerFunction> by_name;
-};
-
-Functions& functions() {
-  static Functions* f = new Functions();  // never destroyed: used at static init and exit
-  return *f;
+Registry<WorkerFunction>& functions() {
+  // Never destroyed: used at static initialisation and at exit.
+  static auto* registry = new Registry<WorkerFunction>(
+      "function",
+      "each process has the functions registered with BATON_FUNCTION, or before "
+      "baton::init()");
+  return *registry;
 }
 
 }  // namespace
 
 void register_function(const std::string& name, WorkerFunction fn) {
   if (!fn) throw Error("register_function('" + name + "'): empty function");
-  Functions& f = functions();
-  std::lock_guard<std::mutex> lock(f.mu);
-  if (f.by_name.count(name)) throw Error("a function named '" + name + "' is already registered");
-  if (!is_worker_process() && is_initialized()) {
+  // A taken name is reported as such, after init() too.
+  if (!is_worker_process() && is_initialized() && !functions().find(name)) {
     throw Error("register_function('" + name +
                 "') after baton::init(): worker processes would never have it; register it "
                 "with BATON_FUNCTION at namespace scope, or before baton::init()");
   }
-  f.by_name.emplace(name, std::move(fn));
+  functions().add(name, std::move(fn));
 }
 
 void register_function(const std::string& name, ProtoFunction fn) {
@@ -49,33 +46,12 @@ void register_function(const std::string& name, ProtoFunction fn) {
                     }));
 }
 
-bool has_function(const std::string& name) {
-  Functions& f = functions();
-  std::lock_guard<std::mutex> lock(f.mu);
-  return f.by_name.count(name) > 0;
-}
+bool has_function(const std::string& name) { return functions().find(name) != nullptr; }
 
-std::vector<std::string> function_names() {
-  Functions& f = functions();
-  std::lock_guard<std::mutex> lock(f.mu);
-  std::vector<std::string> out;
-  for (const auto& [n, fn] : f.by_name) out.push_back(n);
-  return out;
-}
+std::vector<std::string> function_names() { return functions().names(); }
 
 Value call_function(const std::string& name, Worker& worker, const List& chunks) {
-  WorkerFunction fn;
-  {
-    Functions& f = functions();
-    std::lock_guard<std::mutex> lock(f.mu);
-    auto it = f.by_name.find(name);
-    if (it == f.by_name.end()) {
-      throw Error("function '" + name +
-                  "' is not registered in this process (register it with BATON_FUNCTION, or "
-                  "before baton::init())");
-    }
-    fn = it->second;
-  }
+  const WorkerFunction fn = functions().get(name);
   try {
     return fn(worker, chunks);
   } catch (const c10::Error& e) {  // LibTorch's message, without its backtrace

@@ -3,7 +3,7 @@
 namespace baton::engine::detail {
 
 void check_failed(const char* cond, const char* file, int line, const std::string& message) {
-  throw std::logic_error(cat("engine check failed: ", cond, " at ", file, ":", line,
+  throw InternalError(cat("engine check failed: ", cond, " at ", file, ":", line,
                              message.empty() ? "" : ": ", message));
 }
 

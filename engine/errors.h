@@ -1,35 +1,31 @@
-// Errors thrown by the engine. The engine does not depend on the runtime, so
-// it has its own base type; a worker method that calls the engine passes it
-// back to the driver like any other exception.
+// Errors thrown by the engine: EngineError for bad input, ENGINE_CHECK for
+// broken invariants; both derive from baton::Error (base/errors.h). A worker
+// method that calls the engine passes them back to the driver like any other
+// exception.
 #pragma once
 
-#include <sstream>
-#include <stdexcept>
 #include <string>
+
+#include "base/errors.h"
 
 namespace baton::engine {
 
 // Bad input: a model file, config, checkpoint or layout that cannot be used.
 // The message names the file, tensor or key and the sizes involved.
-class EngineError : public std::runtime_error {
+class EngineError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 namespace detail {
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
+using ::baton::detail::cat;
 [[noreturn]] void check_failed(const char* cond, const char* file, int line,
                                const std::string& message);
 }  // namespace detail
 
 }  // namespace baton::engine
 
-// An engine invariant (a bug, not bad input). Throws std::logic_error naming the
+// An engine invariant (a bug, not bad input). Throws baton::InternalError naming the
 // condition, file and line: ENGINE_CHECK(a.dim() == 3, "got ", a.dim(), " dims").
 #define ENGINE_CHECK(cond, ...)                                                         \
   do {                                                                                  \

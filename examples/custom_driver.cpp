@@ -14,13 +14,10 @@
 
 #include "data/prompt_dataset.h"
 #include "data/prompt_loader.h"
-#include "data/tokenizer.h"
-#include "dispatch/dispatch_modes.h"
-#include "runtime/baton.h"
-#include "trainer/prompt_batch.h"
-#include "workers/roles/actor_rollout_ref_worker.h"
-#include "workers/algos/algo_registry.h"
+#include "text/tokenizer/tokenizer.h"
 #include "workers/rewards/reward_manager.h"
+#include "workers/roles/actor_rollout_ref_worker.h"
+#include "workers/worker_api.h"
 
 using baton::DataProto;
 
@@ -101,7 +98,7 @@ int main(int argc, char** argv) {
   for (int step = 1; step <= steps; ++step) {
     // The loader's prompts as the RL batch (input_ids, attention_mask, the
     // reward's columns, uid = the dataset row: the groups).
-    DataProto prompts = baton::trainer::prompt_batch_proto(loader.next());
+    DataProto prompts = baton::workers::prompt_batch_proto(loader.next());
     const int64_t n = prompts.size();
     DataProto gen = prompts.select({"input_ids", "attention_mask"});
     gen.set_meta("n", baton::Value(int64_t{8}));

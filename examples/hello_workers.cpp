@@ -19,9 +19,9 @@ class Hello : public baton::Worker {
  public:
   explicit Hello(const baton::List& init_args) : greeting_(init_args.at(0).as_string()) {
     // A worker's stdout reaches the driver's console as "[Hello:<rank>] ...".
-    std::printf("rank %d of %d ready (pid %d, %d intra-op threads, tp %d dp %d)\n", rank(),
+    std::printf("rank %d of %d ready (pid %d, %d intra-op threads, tp %lld dp %lld)\n", rank(),
                 world_size(), static_cast<int>(getpid()), info().intra_op_threads,
-                info().coords.tp, info().coords.dp);
+                static_cast<long long>(info().coords.tp), static_cast<long long>(info().coords.dp));
     // Mesh "actor": this rank's data-parallel chunk, and tp rank 0 collects.
     register_mesh("actor", info().coords.dp, info().coords.tp == 0);
   }

@@ -14,7 +14,7 @@
 // DP_COMPUTE_METRIC: every rank runs its share in micro-batches of
 // data.micro_batch_size_per_gpu and the loss is the token-mean negative
 // log-likelihood of the response tokens over the whole step's response tokens
-// (the optimizer sums gradients over ranks, engine/optimizer.h), so the update
+// (the optimizer sums gradients over ranks, engine/optim/optimizer.h), so the update
 // does not depend on how the batch is split. At the end rank 0 writes an HF
 // checkpoint to <trainer.default_local_dir>/model (config.json,
 // model.safetensors, the tokenizer files), then every rank generates greedily
@@ -41,16 +41,16 @@
 #include <nlohmann/json.hpp>
 
 #include "data/prompt_dataset.h"
-#include "data/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 #include "dispatch/data_proto.h"
 #include "dispatch/dispatch_modes.h"
-#include "engine/generation.h"
-#include "engine/optimizer.h"
-#include "engine/pipeline_schedule.h"
-#include "engine/transformer.h"
+#include "engine/rollout/generation.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/model/transformer.h"
 #include "runtime/baton.h"
-#include "trainer/config.h"
-#include "trainer/prompt_batch.h"
+#include "trainer/config/config.h"
+#include "workers/roles/prompt_batch.h"
 #include "workers/rewards/reward_registry.h"
 #include "workers/roles/role_model.h"
 
@@ -268,7 +268,7 @@ EvalResult evaluate(baton::WorkerGroup& group, const baton::trainer::Config& con
   std::iota(all.begin(), all.end(), 0);
   const auto batch = ds.batch(all);
   baton::DataProto prompts =
-      baton::trainer::prompt_batch_proto(batch).select({"input_ids", "attention_mask"});
+      baton::workers::prompt_batch_proto(batch).select({"input_ids", "attention_mask"});
   prompts.set_meta("pad_id", baton::Value(static_cast<int64_t>(ds.pad_id())));
   prompts.set_meta("max_new_tokens", baton::Value(config.get<int64_t>("eval.max_new_tokens")));
   prompts.set_meta("temperature", baton::Value(0.0));

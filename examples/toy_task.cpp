@@ -41,11 +41,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/hf_model.h"
-#include "engine/model_config.h"
-#include "engine/parallel_state.h"
-#include "engine/transformer.h"
-#include "engine/weight_conversion.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/model_config.h"
+#include "engine/parallel/parallel_state.h"
+#include "engine/model/transformer.h"
+#include "engine/io/weight_conversion.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

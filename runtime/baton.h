@@ -2,7 +2,7 @@
 #pragma once
 
 #include "runtime/call_args.h"     // IWYU pragma: export
-#include "runtime/errors.h"        // IWYU pragma: export
+#include "base/errors.h"        // IWYU pragma: export
 #include "runtime/future.h"        // IWYU pragma: export
 #include "runtime/method_table.h"  // IWYU pragma: export
 #include "runtime/resource_pool.h" // IWYU pragma: export

@@ -1,23 +1,13 @@
 #include "runtime/dispatch_registry.h"
 
-#include <algorithm>
-#include <cctype>
-#include <map>
-#include <mutex>
-
-#include "runtime/did_you_mean.h"
-#include "runtime/errors.h"
+#include "base/errors.h"
+#include "base/registry.h"
 #include "runtime/method_table.h"
 #include "runtime/worker_group.h"
 
 namespace baton {
 
 namespace {
-
-struct Registry {
-  std::mutex mu;
-  std::map<std::string, DispatchMode> modes;
-};
 
 DispatchPlan one_to_all(const WorkerGroup& g, const List& args) {
   DispatchPlan p;
@@ -35,14 +25,17 @@ DispatchPlan all_to_all(const WorkerGroup& g, const List& args) {
 
 Value collect_all(const CollectInput& in) { return Value(in.outputs); }
 
-Registry& registry() {
-  static Registry* r = [] {
-    auto* reg = new Registry();
-    reg->modes[dispatch_mode::kOneToAll] = {one_to_all, collect_all};
-    reg->modes[dispatch_mode::kAllToAll] = {all_to_all, collect_all};
-    return reg;
+Registry<DispatchMode, CallError>& modes() {
+  static Registry<DispatchMode, CallError>* registry = [] {
+    auto* r = new Registry<DispatchMode, CallError>(
+        "dispatch mode",
+        "the DataProto modes come with dispatch/dispatch_modes.h; register your own with "
+        "register_dispatch_mode before spawning a group that uses it");
+    r->add(dispatch_mode::kOneToAll, {one_to_all, collect_all});
+    r->add(dispatch_mode::kAllToAll, {all_to_all, collect_all});
+    return r;
   }();
-  return *r;
+  return *registry;
 }
 
 }  // namespace
@@ -51,8 +44,7 @@ std::vector<List> split_list_arguments(const List& args, int parts, const std::s
                                        const std::string& part) {
   std::vector<List> out(static_cast<size_t>(parts));
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].kind() != ValueKind::kList ||
-        static_cast<int>(args[i].as_list().size()) != parts) {
+    if (args[i].kind() != ValueKind::kList || static_cast<int>(args[i].as_list().size()) != parts) {
       throw CallError(mode + ": argument " + std::to_string(i) +
                       " must be a list with one element per " + part + " (" +
                       std::to_string(parts) + "), got " +
@@ -66,37 +58,13 @@ std::vector<List> split_list_arguments(const List& args, int parts, const std::s
 }
 
 void register_dispatch_mode(const std::string& name, DispatchFn dispatch, CollectFn collect) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  if (r.modes.count(name)) throw Error("dispatch mode " + name + " is already registered");
-  r.modes[name] = {std::move(dispatch), std::move(collect)};
+  modes().add(name, {std::move(dispatch), std::move(collect)});
 }
 
 void replace_dispatch_mode(const std::string& name, DispatchFn dispatch, CollectFn collect) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.modes[name] = {std::move(dispatch), std::move(collect)};
+  modes().replace(name, {std::move(dispatch), std::move(collect)});
 }
 
-DispatchMode find_dispatch_mode(const std::string& name) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.modes.find(name);
-  if (it != r.modes.end()) return it->second;
-  std::string known;
-  std::vector<std::string> names;
-  for (const auto& [n, m] : r.modes) {
-    known += (known.empty() ? "" : ", ") + n;
-    names.push_back(n);
-  }
-  // Only near misses (a typo, not another mode), case-insensitive:
-  // "dp_comput_proto" → DP_COMPUTE_PROTO.
-  const std::string closest = closest_match(name, names, 3, /*ignore_case=*/true);
-  throw CallError("dispatch mode '" + name + "' is not registered" +
-                  (closest.empty() ? "" : " (did you mean " + closest + "?)") +
-                  "; registered: " + known +
-                  " (the DataProto modes come with dispatch/dispatch_modes.h; register your "
-                  "own with register_dispatch_mode before spawning a group that uses it)");
-}
+DispatchMode find_dispatch_mode(const std::string& name) { return modes().get(name); }
 
 }  // namespace baton

@@ -65,6 +65,9 @@ std::vector<List> split_list_arguments(const List& args, int parts, const std::s
                                        const std::string& part);
 
 // Throws baton::Error if `name` is taken (use replace_dispatch_mode).
+// Thread safety: registering and looking up may race; replacing a mode may
+// not race with a call that uses it: replace modes at start-up, before any
+// group that uses them is spawned.
 void register_dispatch_mode(const std::string& name, DispatchFn dispatch, CollectFn collect);
 void replace_dispatch_mode(const std::string& name, DispatchFn dispatch, CollectFn collect);
 // A copy of the mode; throws CallError naming the registered modes if `name`

@@ -24,7 +24,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton {
 

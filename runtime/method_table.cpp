@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
+#include "base/profiler.h"
 #include "runtime/dispatch_registry.h"
-#include "runtime/profiler.h"
 #include "runtime/runtime.h"
 
 namespace baton {
@@ -35,23 +35,26 @@ std::vector<MethodSpec> profiler_methods() {
                    TypeSpec::of(ValueKind::kInt)};
   out[2].result = TypeSpec::of(ValueKind::kString);
   out[2].invoke = [](Worker&, const List& args) {
-    return Value(profiler::collect_process(static_cast<int>(args[0].as_int()),
-                                           args[1].as_string(), args[2].as_int())
+    return Value(profiler::collect_process(static_cast<int>(args[0].as_int()), args[1].as_string(),
+                                           args[2].as_int())
                      .events_json);
   };
   return out;
 }
 
-std::map<std::string, MethodSpec>& builtins() {
-  static std::map<std::string, MethodSpec>* methods = [] {
-    auto* m = new std::map<std::string, MethodSpec>();
+Registry<MethodSpec>& builtins() {
+  static auto* methods = [] {
+    auto* r = new Registry<MethodSpec>("built-in method");
     // The driver asks each worker (each role of a colocated one) for its place
     // in a mesh.
     WorkerClassSpec spec;
     MethodTable<Worker>(spec).def("_query_mesh", &Worker::mesh_entry);
-    for (auto& [name, method] : spec.methods) m->emplace(name, std::move(method));
-    for (MethodSpec& p : profiler_methods()) m->emplace(p.name, std::move(p));
-    return m;
+    for (auto& [name, method] : spec.methods) r->add(name, std::move(method));
+    for (MethodSpec& p : profiler_methods()) {
+      std::string name = p.name;  // before p is moved
+      r->add(std::move(name), std::move(p));
+    }
+    return r;
   }();
   return *methods;
 }
@@ -109,21 +112,12 @@ void register_builtin_method(MethodSpec spec) {
     throw Error("built-in method " + spec.name + ": variadic, but without parameters");
   }
   std::string name = spec.name;
-  if (!builtins().emplace(name, std::move(spec)).second) {
-    throw Error("built-in method " + name + " is already registered");
-  }
+  builtins().add(std::move(name), std::move(spec));
 }
 
-const MethodSpec* find_builtin_method(const std::string& name) {
-  auto it = builtins().find(name);
-  return it == builtins().end() ? nullptr : &it->second;
-}
+const MethodSpec* find_builtin_method(const std::string& name) { return builtins().find(name); }
 
-std::vector<std::string> builtin_method_names() {
-  std::vector<std::string> out;
-  for (const auto& [n, m] : builtins()) out.push_back(n);
-  return out;
-}
+std::vector<std::string> builtin_method_names() { return builtins().names(); }
 
 void WorkerRegistry::check_dispatch_modes(const WorkerClassSpec& spec) const {
   std::lock_guard<std::mutex> lock(checked_mu_);
@@ -145,19 +139,13 @@ WorkerRegistry& WorkerRegistry::global() {
 
 void WorkerRegistry::add(WorkerClassSpec spec) {
   std::string name = spec.name;
-  classes_[name] = std::move(spec);
+  classes_.add(std::move(name), std::move(spec));
 }
 
 const WorkerClassSpec& WorkerRegistry::get(const std::string& class_name) const {
-  auto it = classes_.find(class_name);
-  if (it != classes_.end()) {
-    if (!is_worker_process()) check_dispatch_modes(it->second);
-    return it->second;
-  }
-  std::vector<std::string> known;
-  for (const auto& [n, c] : classes_) known.push_back(n);
-  throw CallError("no worker class named '" + class_name +
-                  "' is registered (BATON_WORKER); known: " + join(known));
+  const WorkerClassSpec& spec = classes_.get(class_name);
+  if (!is_worker_process()) check_dispatch_modes(spec);
+  return spec;
 }
 
 }  // namespace baton

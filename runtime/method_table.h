@@ -12,7 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
+#include "base/registry.h"
 #include "runtime/value.h"
 #include "runtime/worker.h"
 
@@ -87,31 +88,33 @@ struct WorkerClassSpec {
 // class's own method of the same name wins). The runtime registers
 // "_query_mesh" (Worker::mesh_entry); the dispatch library "execute_with_func".
 // REQUIRES: called during static initialisation, or at least before any
-// worker group is spawned: lookups do not lock. Throws baton::Error if `name`
-// is taken. Names starting with '_' are internal: error messages leave them out.
+// worker group is spawned. Throws baton::Error if `name` is empty or taken.
+// Names starting with '_' are internal: error messages leave them out.
 void register_builtin_method(MethodSpec spec);
 // nullptr if there is no built-in method `name`.
 const MethodSpec* find_builtin_method(const std::string& name);
 std::vector<std::string> builtin_method_names();
 
 // Process-wide registry of worker classes, filled by BATON_WORKER at static
-// initialisation. Thread-safe for lookups after main() starts.
+// initialisation. Thread-safe.
 class WorkerRegistry {
  public:
   static WorkerRegistry& global();
+  // Throws baton::InvalidArgument if a class of that name is registered.
   void add(WorkerClassSpec spec);
-  // Throws CallError naming the class if it was never registered. In the
-  // driver (not in a worker process, which never dispatches) it also checks,
-  // at the class's first lookup (WorkerGroup::spawn makes it, after static
-  // initialisation registered the dispatch modes), that every method's
-  // dispatch mode is registered: CallError naming the class, the method, the
-  // mode and the registered ones otherwise.
+  // Throws CallError naming the class, the nearest registered name and every
+  // registered one if it was never registered. In the driver (not in a worker
+  // process, which never dispatches) it also checks, at the class's first
+  // lookup (WorkerGroup::spawn makes it, after static initialisation
+  // registered the dispatch modes), that every method's dispatch mode is
+  // registered: CallError naming the class, the method, the mode and the
+  // registered ones otherwise.
   const WorkerClassSpec& get(const std::string& class_name) const;
 
  private:
   void check_dispatch_modes(const WorkerClassSpec& spec) const;
 
-  std::map<std::string, WorkerClassSpec> classes_;
+  Registry<WorkerClassSpec, CallError> classes_{"worker class", "register it with BATON_WORKER"};
   mutable std::mutex checked_mu_;
   mutable std::set<std::string> checked_;  // classes whose dispatch modes were found
 };

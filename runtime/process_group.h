@@ -34,7 +34,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous_store(const WorkerInfo& info, const s
 // arrive (a DeadlineGroup, as every engine group is) from
 //   engine::make_gloo_group(rendezvous_store(info, tag), info.rank,
 //                           info.world_size, timeout, "my_group")
-// (engine/parallel_state.h).
+// (engine/parallel/parallel_state.h).
 c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo_group(
     const WorkerInfo& info, const std::string& tag = "world",
     std::chrono::milliseconds timeout = std::chrono::minutes(5));

@@ -4,7 +4,7 @@
 #include <numeric>
 #include <string>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton {
 
@@ -25,7 +25,7 @@ ResourcePool::ResourcePool(ResourcePoolOptions options) : s_(std::make_shared<St
   if (options.processes_on_nodes.size() > 1 && !options.cluster) {
     throw Error("ResourcePool: " + std::to_string(options.processes_on_nodes.size()) +
                 " nodes requested without a cluster: workers beyond this machine need node "
-                "agents (ResourcePool::from_cluster, runtime/cluster.h)");
+                "agents (ResourcePool::from_cluster, runtime/cluster/cluster.h)");
   }
   if (options.cluster &&
       static_cast<int>(options.processes_on_nodes.size()) > options.cluster->size()) {

@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/cluster.h"
+#include "runtime/cluster/cluster.h"
 
 #include "runtime/threads.h"
 
@@ -27,7 +27,7 @@ struct ResourcePoolOptions {
   int intra_op_threads = 0;
   // How the workers' OpenMP threads wait between parallel regions.
   WaitPolicy wait_policy = WaitPolicy::kPassive;
-  // The node agents that run the workers (runtime/cluster.h): node i of
+  // The node agents that run the workers (runtime/cluster/cluster.h): node i of
   // processes_on_nodes is the cluster's node i. Null: every worker runs on
   // this machine, and only one node may be given.
   std::shared_ptr<Cluster> cluster;

@@ -2,7 +2,7 @@
 
 #include <cctype>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton {
 

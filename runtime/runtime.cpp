@@ -5,12 +5,12 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "runtime/driver.h"
-#include "runtime/errors.h"
-#include "runtime/profiler.h"
+#include "runtime/internal/driver.h"
+#include "base/errors.h"
+#include "base/profiler.h"
 #include "runtime/threads.h"
 #include "runtime/worker.h"
-#include "runtime/worker_host.h"
+#include "runtime/internal/worker_host.h"
 
 namespace baton {
 

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton {
 namespace detail {

@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton {
 

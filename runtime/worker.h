@@ -26,7 +26,7 @@
 #include <vector>
 #include <cstdint>
 
-#include "runtime/parallel_layout.h"
+#include "base/parallel_layout.h"
 #include "runtime/threads.h"
 
 namespace baton {

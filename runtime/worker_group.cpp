@@ -15,13 +15,13 @@
 #include <utility>
 
 #include "runtime/dispatch_registry.h"
-#include "runtime/driver.h"
-#include "runtime/errors.h"
-#include "runtime/log.h"
-#include "runtime/profiler.h"
+#include "runtime/internal/driver.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/profiler.h"
 #include "runtime/runtime.h"
-#include "runtime/store_server.h"
-#include "runtime/worker_process.h"
+#include "net/store_server.h"
+#include "runtime/internal/worker_process.h"
 
 namespace baton {
 
@@ -39,7 +39,7 @@ struct Deferred {
   Promise<Value> promise;
 };
 
-// The driver's spans of one call (runtime/profiler.h), on a lane of its
+// The driver's spans of one call (base/profiler.h), on a lane of its
 // group's "calls <group>" track: the call, from call() until its result is
 // collected or it fails, and its children "wait for arguments" (a call with
 // future arguments), "dispatch" (the dispatch mode's plan: splitting the
@@ -653,7 +653,7 @@ WorkerGroup WorkerGroup::spawn_roles(std::vector<RoleSpec> roles, ResourcePool& 
   }
 
   // The rendezvous store: every connection must prove it holds the cluster
-  // token (runtime/store_server.h). On the loopback interface only, unless
+  // token (net/store_server.h). On the loopback interface only, unless
   // node agents run workers: then on the cluster's address.
   StoreServerOptions store_options;
   store_options.name = "WorkerGroup " + s->name + "'s rendezvous store";

@@ -43,8 +43,8 @@
 #include "runtime/call_args.h"
 #include "runtime/future.h"
 #include "runtime/method_table.h"
-#include "runtime/parallel_layout.h"
-#include "runtime/profiler.h"
+#include "base/parallel_layout.h"
+#include "base/profiler.h"
 #include "runtime/resource_pool.h"
 #include "runtime/role_set.h"
 #include "runtime/value.h"
@@ -189,7 +189,7 @@ class WorkerGroup {
   Future<List> call_per_rank(const std::string& method, std::vector<List> per_rank_args,
                              CallOptions options = {});
 
-  // Profiling (runtime/profiler.h). While the driver's recording is on
+  // Profiling (base/profiler.h). While the driver's recording is on
   // (profiler::set_enabled), each call on the group records its driver-side
   // spans on the driver's "calls <group>" track. set_profiling turns recording
   // on or off in every worker process of the group (of every role, for a

@@ -14,10 +14,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=2.11.0
-scope='^(runtime|dispatch|engine|data|workers|trainer|examples|tools)/'
+scope='^(base|net|runtime|dispatch|engine|text|data|workers|trainer|examples|tools)/'
 for arg in "$@"; do
   case "$arg" in
-    --tests) scope='^(runtime|dispatch|engine|data|workers|trainer|examples|tools|tests)/' ;;
+    --tests) scope='^(base|net|runtime|dispatch|engine|text|data|workers|trainer|examples|tools|tests)/' ;;
     *) version="$arg" ;;
   esac
 done

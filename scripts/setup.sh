@@ -16,13 +16,13 @@ packages=(
   libcapnp-dev capnproto
   libboost-dev
   libtbb-dev
-  # runtime/log.cpp's per-run log file (rotating, timestamped); Debian's spdlog
+  # base/log.cpp's per-run log file (rotating, timestamped); Debian's spdlog
   # uses Debian's fmt, which only log.cpp (no LibTorch header) ever sees.
   libspdlog-dev
   libyaml-cpp-dev
-  # Unicode regexes of tokenizer pre-tokenizers (data/).
+  # Unicode regexes of tokenizer pre-tokenizers (text/tokenizer/).
   libpcre2-dev
-  # TLS 1.3 for the TCP listeners (runtime/tls.h; optional: built when found).
+  # TLS 1.3 for the TCP listeners (net/tls.h; optional: built when found).
   libssl-dev
   nlohmann-json3-dev
   # Training curves (trainer/metrics.h: MetricsLogger::plot runs gnuplot).

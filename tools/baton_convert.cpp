@@ -27,9 +27,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/errors.h"
-#include "engine/hf_model.h"
-#include "engine/sharded_model.h"
-#include "engine/weight_conversion.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/sharded_model.h"
+#include "engine/io/weight_conversion.h"
 
 namespace fs = std::filesystem;
 using namespace baton::engine;

@@ -7,9 +7,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/atomic_file.h"
+#include "base/atomic_file.h"
 #include "engine/errors.h"
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton::trainer {
 
@@ -29,8 +29,8 @@ std::optional<fs::path> latest_trainer_checkpoint(const fs::path& out_dir) {
   const fs::path file = out_dir / kLatestTrainerCheckpointFile;
   std::optional<int64_t> step;
   try {
-    step = engine::read_step_file(file);
-  } catch (const engine::EngineError& e) {
+    step = baton::read_step_file(file);
+  } catch (const FileError& e) {
     throw Error(std::string("resume: ") + e.what());
   }
   if (!step) return std::nullopt;

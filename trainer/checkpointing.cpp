@@ -4,9 +4,9 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/atomic_file.h"
-#include "runtime/errors.h"
-#include "runtime/log.h"
+#include "base/atomic_file.h"
+#include "base/errors.h"
+#include "base/log.h"
 #include "trainer/checkpoint_files.h"
 #include "trainer/trainer_state.h"
 
@@ -35,8 +35,8 @@ void save_trainer_checkpoint(PpoTrainer::State& st,
   nlohmann::json state = {{"global_step", step},
                           {"loader", nlohmann::json::parse(loader_state)},
                           {"kl_coef", st.kl_ctrl->value}};
-  engine::write_file_atomically(dir / "trainer_state.json", state.dump(2));
-  engine::write_file_atomically(fs::path(st.s.out_dir) / kLatestTrainerCheckpointFile,
+  baton::write_file_atomically(dir / "trainer_state.json", state.dump(2));
+  baton::write_file_atomically(fs::path(st.s.out_dir) / kLatestTrainerCheckpointFile,
                                 std::to_string(step));
 }
 

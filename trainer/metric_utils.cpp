@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "dispatch/data_proto.h"
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton::trainer {
 namespace {

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <system_error>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton::trainer {
 namespace fs = std::filesystem;

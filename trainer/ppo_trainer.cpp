@@ -14,22 +14,22 @@
 
 #include "data/prompt_dataset.h"
 #include "data/prompt_loader.h"
-#include "data/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 #include "dispatch/data_proto.h"
-#include "engine/sampling.h"
-#include "runtime/errors.h"
-#include "runtime/log.h"
-#include "runtime/profiler.h"
+#include "engine/rollout/sampling.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/profiler.h"
 #include "runtime/resource_pool.h"
 #include "runtime/worker_group.h"
-#include "trainer/async_trainer.h"
-#include "trainer/config_validation.h"
+#include "trainer/async/async_trainer.h"
+#include "trainer/config/config_validation.h"
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
 #include "trainer/progress_line.h"
-#include "trainer/prompt_batch.h"
+#include "workers/roles/prompt_batch.h"
 #include "trainer/seqlen_balancing.h"
-#include "trainer/settings.h"
+#include "trainer/config/settings.h"
 #include "trainer/step_phases.h"
 #include "trainer/trainer_state.h"
 #include "workers/algos/algo_registry.h"
@@ -155,7 +155,7 @@ void spawn_workers(PpoTrainer::State& st) {
       // One replica, in processes of its own on the first tp x pp devices.
       rl.dp = 1;
       ResourcePoolOptions ro = popts;
-      ro.processes_on_nodes = {rl.tp * rl.pp};
+      ro.processes_on_nodes = {static_cast<int>(rl.tp * rl.pp)};
       st.rm_pool.emplace(ro);
       rm_pool = &*st.rm_pool;
     }
@@ -218,7 +218,7 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   st.s = read_trainer_settings(c);
   Settings& s = st.s;
   // Registry names fail here, before any file is read or worker started
-  // (std::invalid_argument naming the closest registered name).
+  // (baton::InvalidArgument naming the closest registered name).
   algos::find_advantage_estimator(s.adv_estimator);
   algos::find_policy_loss(s.actor.policy.loss_mode);
   if (s.custom_reward_fn) rewards::find_reward_function(*s.custom_reward_fn);
@@ -274,7 +274,7 @@ std::map<std::string, double> PpoTrainer::validate() {
     for (size_t i = start;
          i < std::min(st.val_data->size(), start + static_cast<size_t>(batch_size)); ++i)
       idx.push_back(i);
-    DataProto batch = prompt_batch_proto(st.val_data->batch(idx), "val-");
+    DataProto batch = workers::prompt_batch_proto(st.val_data->batch(idx), "val-");
     const DataProto out =
         generate(actor, batch, vs, replicas, st.val_data->pad_id(),
                  [&](int64_t i) { return static_cast<int64_t>(st.s.rollout_seed) + i; });
@@ -370,7 +370,7 @@ FitResult PpoTrainer::fit_once() {
     StepTimer timed{progress, st.global_step, {}};
     Metrics& timing = timed.timing;
 
-    DataProto batch = prompt_batch_proto(st.loader->next(), std::to_string(st.global_step) + "-");
+    DataProto batch = workers::prompt_batch_proto(st.loader->next(), std::to_string(st.global_step) + "-");
     DataProto out;
     timed("gen", [&] {
       // Mixed through SplitMix64 (the sampler's own request seeding): a

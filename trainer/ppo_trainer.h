@@ -19,7 +19,7 @@
 // group laid out as actor_rollout_ref.actor.megatron.*; the critic colocated
 // in the same processes when its layout is the same, else a group of its own.
 // With async_training.enable, fit() runs the fully-async loop instead
-// (trainer/async_trainer.h: a RolloutWorker group of its own, a bounded queue).
+// (trainer/async/async_trainer.h: a RolloutWorker group of its own, a bounded queue).
 //
 // Example (a driver):
 //   int main(int argc, char** argv) {
@@ -35,7 +35,7 @@
 #include <memory>
 #include <string>
 
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace baton::trainer {
 

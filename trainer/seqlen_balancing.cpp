@@ -4,7 +4,7 @@
 #include <numeric>
 #include <queue>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton::trainer {
 namespace {

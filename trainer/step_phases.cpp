@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "runtime/log.h"
+#include "base/log.h"
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
 #include "trainer/seqlen_balancing.h"

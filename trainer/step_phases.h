@@ -1,5 +1,5 @@
 // The phases of a training step that the synchronous trainer
-// (trainer/ppo_trainer.cpp) and the fully-async one (trainer/async_trainer.cpp)
+// (trainer/ppo_trainer.cpp) and the fully-async one (trainer/async/async_trainer.cpp)
 // run alike on a generated batch: the old-log-prob pass, the KL penalty in
 // the reward and the advantages, and folding a worker's metric lists into the
 // step's metrics.
@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "dispatch/data_proto.h"
-#include "runtime/profiler.h"
+#include "base/profiler.h"
 #include "runtime/worker_group.h"
 #include "trainer/ppo_trainer.h"
 #include "trainer/progress_line.h"
-#include "trainer/settings.h"
+#include "trainer/config/settings.h"
 #include "workers/algos/kl.h"
 
 namespace baton::trainer {
@@ -31,7 +31,7 @@ double seconds_since(Clock::time_point t0);
 
 // A step's phases: timed(name, fn) runs fn, records its seconds as
 // timing[name] (timing_s/<name>), records the phase's span when the step is
-// profiled (runtime/profiler.h), and shows it on the progress line.
+// profiled (base/profiler.h), and shows it on the progress line.
 struct StepTimer {
   ProgressLine& progress;
   int64_t step;

@@ -5,10 +5,10 @@
 #include <filesystem>
 #include <optional>
 
-#include "engine/atomic_file.h"
-#include "runtime/errors.h"
-#include "runtime/log.h"
-#include "runtime/profiler.h"
+#include "base/atomic_file.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "base/profiler.h"
 #include "runtime/worker_group.h"
 
 namespace baton::trainer {
@@ -107,7 +107,7 @@ std::string StepProfiler::end_step(int64_t step) {
   const std::filesystem::path file =
       std::filesystem::path(settings_.save_path) / ("step_" + std::to_string(step) + ".json");
   try {
-    engine::write_file_atomically(
+    baton::write_file_atomically(
         file, profiler::chrome_trace(processes, "\"step\":" + std::to_string(step)));
   } catch (const std::exception& e) {
     throw Error("global_profiler: cannot write the trace of " + step_name + " to " + file.string() +

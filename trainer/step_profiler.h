@@ -1,4 +1,4 @@
-// StepProfiler: a Chrome trace (runtime/profiler.h) of the training steps that
+// StepProfiler: a Chrome trace (base/profiler.h) of the training steps that
 // global_profiler.steps names (verl's key), one file per step:
 // <global_profiler.save_path>/step_<N>.json, which ui.perfetto.dev opens
 // (drag the file in) as chrome://tracing does.
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace baton {
 class WorkerGroup;

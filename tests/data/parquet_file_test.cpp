@@ -10,13 +10,13 @@
 #include <unistd.h>
 
 #include "data/prompt_dataset.h"
-#include "data/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace baton::data {
 namespace {
 
-const std::string kParquet = std::string(BATON_FIXTURES_DIR) + "/parquet/gsm8k.parquet";
-const std::string kJsonl = std::string(BATON_FIXTURES_DIR) + "/parquet/gsm8k.jsonl";
+const std::string kParquet = std::string(BATON_DATA_FIXTURES_DIR) + "/parquet/gsm8k.parquet";
+const std::string kJsonl = std::string(BATON_DATA_FIXTURES_DIR) + "/parquet/gsm8k.jsonl";
 
 TEST(ParquetFile, RowsAreTheJsonlRowsWithColumnOrderKept) {
   if (!parquet_supported()) GTEST_SKIP() << "built without pyarrow's Arrow";

@@ -9,7 +9,7 @@
 
 #include <unistd.h>
 
-#include "data/chat_template.h"
+#include "text/chat_template.h"
 
 namespace baton::data {
 namespace {

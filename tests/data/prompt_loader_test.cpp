@@ -107,7 +107,7 @@ TEST_F(Loader, RestoreRejectsAStateOfAnotherConfiguration) {
   try {
     b.restore(a.state());
     FAIL() << "no error";
-  } catch (const std::invalid_argument& e) {
+  } catch (const baton::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("data.train_batch_size was 3"), std::string::npos)
         << e.what();
   }
@@ -120,8 +120,8 @@ TEST_F(Loader, RestoreRejectsAStateOfAnotherConfiguration) {
 }
 
 TEST_F(Loader, TooFewRowsForOneBatchIsAnError) {
-  EXPECT_THROW(PromptLoader(*ds_, PromptLoaderOptions().set_batch_size(11)), std::invalid_argument);
-  EXPECT_THROW(PromptLoader(*ds_, PromptLoaderOptions().set_batch_size(0)), std::invalid_argument);
+  EXPECT_THROW(PromptLoader(*ds_, PromptLoaderOptions().set_batch_size(11)), baton::InvalidArgument);
+  EXPECT_THROW(PromptLoader(*ds_, PromptLoaderOptions().set_batch_size(0)), baton::InvalidArgument);
 }
 
 }  // namespace

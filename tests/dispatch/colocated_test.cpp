@@ -218,7 +218,8 @@ TEST(Colocated, BadRoleListsFailBeforeAnythingStarts) {
   std::string err = spawn_error({{"actor", "ActorRole", {1}}, {"actor", "RefRole", {1}}});
   EXPECT_NE(err.find("colocated role 'actor' is given twice"), std::string::npos) << err;
   err = spawn_error({{"actor", "ActorRole", {1}}, {"ref", "NoSuchRole", {}}});
-  EXPECT_NE(err.find("colocated role 'ref': no worker class named 'NoSuchRole'"), std::string::npos)
+  EXPECT_NE(err.find("colocated role 'ref': worker class 'NoSuchRole' is not registered"),
+            std::string::npos)
       << err;
   err = spawn_error({{"actor", "ActorRole", {1}}, {"", "RefRole", {1}}});
   EXPECT_NE(err.find("the role of class RefRole has no name"), std::string::npos) << err;

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "runtime/errors.h"
-#include "runtime/wire.capnp.h"
+#include "base/errors.h"
+#include "runtime/internal/wire.capnp.h"
 
 namespace baton {
 namespace {

@@ -11,9 +11,9 @@
 #include <fstream>
 #include <string>
 
-#include "engine/hf_model.h"
-#include "engine/safetensors.h"
-#include "engine/sharded_model.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/sharded_model.h"
 #include "tests/engine/temp_dir.h"
 
 namespace baton::engine {

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/run_program.h"
 #include "tests/engine/temp_dir.h"

@@ -1,7 +1,7 @@
 // Checkpoints, one process: round trip, a crash at each phase of a save
 // leaves the previous checkpoint loadable, corrupt files and layout
 // mismatches are errors naming what is wrong.
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -16,12 +16,12 @@
 #include <random>
 #include <thread>
 
-#include "engine/atomic_file.h"
+#include "base/atomic_file.h"
 #include "engine/errors.h"
-#include "engine/pipeline_schedule.h"
-#include "engine/safetensors.h"
-#include "engine/sharded_model.h"
-#include "engine/weight_conversion.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/sharded_model.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
 

@@ -2,7 +2,7 @@
 // that stops arriving makes the others throw within the deadline, naming the
 // group, the operation and the missing rank; with every rank arriving in time
 // nothing changes. Deadlines are 1-2 s so each test stays short.
-#include "engine/deadline_group.h"
+#include "engine/parallel/deadline_group.h"
 
 #include <gtest/gtest.h>
 
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "engine/errors.h"
-#include "engine/parallel_state.h"
-#include "engine/shm_group.h"
-#include "engine/tensor_parallel.h"
+#include "engine/parallel/parallel_state.h"
+#include "engine/parallel/shm_group.h"
+#include "engine/parallel/tensor_parallel.h"
 #include "tests/engine/multiprocess.h"
 
 namespace baton::engine {

@@ -1,10 +1,11 @@
-// The decode kernels (engine/decode_kernels.h) against the same computations
+// The decode kernels (engine/kernels/decode_kernels.h) against the same computations
 // in LibTorch operations: RMSNorm, silu · up, the sampler's argmax and
 // log-sum-exp, and paged attention (rotary, cache writes, causal softmax
 // attention through shuffled block tables) for head sizes that take each code
 // path (32: the unrolled one, 16: the 8-wide loop, 12: plain loops), one, two
 // and four query heads per kv head, and blocks of 4 and 16 positions.
-#include "engine/decode_kernels.h"
+#include "base/errors.h"
+#include "engine/kernels/decode_kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/transformer_layer.h"
+#include "engine/model/transformer_layer.h"
 #include "tests/tolerance.h"
 
 namespace baton::engine {
@@ -69,7 +70,7 @@ TEST(DecodeKernels, ArgmaxAndLogSumExpEqualTheirLibTorchForms) {
   }
   // A precondition (the sampler never passes 0): an invariant check.
   EXPECT_THROW(cpu::argmax_log_sum_exp(x.data_ptr<float>(), rows, v, 0, nullptr, nullptr),
-               std::logic_error);
+               baton::InternalError);
 }
 
 // HF's rotary embedding of x [..., d] at cos / sin rows [..., d].

@@ -1,10 +1,10 @@
-// The fused training ops (engine/fused_ops.h) against the composite LibTorch
+// The fused training ops (engine/kernels/fused_ops.h) against the composite LibTorch
 // ops they replace, forward and backward: RMSNorm, silu(gate) · up, and the
 // qkv split with rotary embedding (one, two and four query heads per kv head;
 // rotary tables per row and shared by every row), with the gradients of a
 // random upstream gradient. A wrong index or a missing term of a backward
 // formula is off by O(1), far outside the fp32 tolerances used here.
-#include "engine/fused_ops.h"
+#include "engine/kernels/fused_ops.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 
 #include <string>
 
-#include "engine/transformer_layer.h"
+#include "engine/model/transformer_layer.h"
 #include "tests/tolerance.h"
 
 namespace baton::engine {

@@ -2,7 +2,7 @@
 // KV cache against full forwards without a cache, continuous batching against
 // one-by-one generation, stop conditions, sleep/wake, the training-side batch
 // layout and rollout log-probs against the training log-probs.
-#include "engine/generation.h"
+#include "engine/rollout/generation.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/packed_linear.h"
-#include "engine/safetensors.h"
-#include "engine/weight_conversion.h"
+#include "engine/kernels/packed_linear.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/model_tolerance.h"
 
@@ -228,7 +228,7 @@ TEST_P(Generation, ContinuousBatchingEqualsOneByOne) {
   }
 }
 
-// The packed CPU step (engine/decode_kernels.h) against the padded step of
+// The packed CPU step (engine/kernels/decode_kernels.h) against the padded step of
 // LibTorch operations: the same tokens, greedy and sampled (the same draws
 // from probabilities equal up to fp32 rounding), and log-probs within the
 // chain of a log-prob over up to 23 tokens. Prefills of several sequences
@@ -256,7 +256,7 @@ TEST_P(Generation, PackedStepsEqualPaddedSteps) {
 }
 
 // The packed step multiplies by oneDNN-packed copies of the weights
-// (engine/packed_linear.h), taken at the start of each generate() and
+// (engine/kernels/packed_linear.h), taken at the start of each generate() and
 // dropped at its end, when the weights are large enough to be worth it. After
 // the parameters change, the next generate follows
 // them: the same tokens as the padded step, which multiplies the parameters
@@ -464,6 +464,28 @@ TEST(Generation, StopsOnStopTokensAndEos) {
   auto gen_ended = gen_engine.generate({prompt}, eos)[0];
   EXPECT_EQ(gen_ended.finish_reason, "stop");
   EXPECT_EQ(gen_ended.response, stopped.response);
+}
+
+// Every sequence of a prefill may end on its first token while nothing else
+// runs and prompts still wait (max_batch 1, every token a stop token): the
+// waiting prompts are admitted next (the scheduler, engine/rollout/scheduler.h)
+// and every sequence ends with one token. Before the scheduler this threw "no
+// sequence fits in the free KV cache".
+TEST(Generation, APrefillThatEndsEverySequenceAdmitsTheWaitingOnes) {
+  auto model = load_model("tiny-llama");
+  GenerationOptions one_at_a_time = GenerationOptions().set_cache_bytes(1 << 20);
+  one_at_a_time.max_batch = 1;
+  GenerationEngine engine(model, one_at_a_time);
+  auto params = greedy(8);
+  for (int64_t id = 0; id < model->config().vocab_size; ++id) params.stop_token_ids.push_back(id);
+  const std::vector<std::vector<int64_t>> ps{{5, 17, 33}, {9, 4}, {12, 40, 7, 3}};
+  const auto out = engine.generate(ps, params);
+  ASSERT_EQ(out.size(), ps.size());
+  for (const auto& s : out) {
+    EXPECT_EQ(s.response.size(), 1u) << "request " << s.request;
+    EXPECT_EQ(s.finish_reason, "stop") << "request " << s.request;
+  }
+  EXPECT_EQ(engine.cache().free_blocks(), engine.cache().usable_blocks());
 }
 
 TEST(Generation, SleepReleasesTheCacheAndWakeRestoresIt) {

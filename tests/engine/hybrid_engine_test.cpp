@@ -5,7 +5,7 @@
 // (within the rounding of a log-prob's chain, model_tolerance.h), free the
 // rollout memory on exit, and after an optimizer step generate from the new
 // weights.
-#include "engine/hybrid_engine.h"
+#include "engine/rollout/hybrid_engine.h"
 
 #include <gtest/gtest.h>
 
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/optimizer.h"
-#include "engine/pipeline_schedule.h"
-#include "engine/safetensors.h"
-#include "engine/weight_conversion.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/multiprocess.h"

@@ -1,4 +1,4 @@
-#include "engine/model_config.h"
+#include "engine/io/model_config.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -10,7 +10,7 @@
 
 #include "engine/errors.h"
 #include "tests/engine/expect_error.h"
-#include "engine/atomic_file.h"
+#include "base/atomic_file.h"
 
 namespace baton::engine {
 namespace {
@@ -111,7 +111,7 @@ TEST(ModelConfig, SaveThenLoadRoundTrips) {
   c.save(dir);
   auto d = ModelConfig::load(dir);
   EXPECT_EQ(d.to_hf_json(), c.to_hf_json());
-  baton::engine::remove_tree(dir);
+  baton::remove_tree(dir);
 }
 
 // generation_config.json's eos_token_id (a list in instruct checkpoints) is
@@ -141,7 +141,7 @@ TEST(ModelConfig, GenerationConfigEosIdsReplaceConfigsAsTheStopSet) {
   { std::ofstream(dir / "generation_config.json") << "{ not json"; }
   expect_error([&] { ModelConfig::load(dir); },
                {(dir / "generation_config.json").string(), "malformed JSON"});
-  baton::engine::remove_tree(dir);
+  baton::remove_tree(dir);
 }
 
 TEST(ModelConfig, MalformedFileNamesThePath) {

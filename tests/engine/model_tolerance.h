@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/model_config.h"
-#include "engine/transformer.h"
+#include "engine/io/model_config.h"
+#include "engine/model/transformer.h"
 #include "tests/tolerance.h"
 
 namespace baton::engine::test {

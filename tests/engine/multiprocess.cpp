@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/auth.h"
-#include "runtime/auth_store.h"
-#include "runtime/store_server.h"
+#include "net/auth.h"
+#include "runtime/internal/auth_store.h"
+#include "net/store_server.h"
 
 extern char** environ;
 

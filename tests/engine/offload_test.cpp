@@ -1,7 +1,7 @@
 // TensorOffload on the CPU: storages spill to a file and come back
 // bit-identical, with every view of them valid again; memory another
 // allocator owns stays and is counted apart.
-#include "engine/offload.h"
+#include "engine/optim/offload.h"
 
 #include <gtest/gtest.h>
 

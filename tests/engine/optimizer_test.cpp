@@ -1,8 +1,8 @@
-// Optimizer::step's AdamW on the CPU (engine/optimizer_kernels.h, one fused
+// Optimizer::step's AdamW on the CPU (engine/kernels/optimizer_kernels.h, one fused
 // pass per tensor) against AdamW written out in double-precision LibTorch
 // operations: two steps with weight decay (matrices only) and global-norm
 // clipping active, parameters, both moments and the gradient norm.
-#include "engine/optimizer.h"
+#include "engine/optim/optimizer.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <map>
 #include <string>
 
-#include "engine/model_config.h"
-#include "engine/transformer.h"
+#include "engine/io/model_config.h"
+#include "engine/model/transformer.h"
 #include "tests/tolerance.h"
 
 namespace baton::engine {

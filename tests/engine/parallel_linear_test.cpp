@@ -5,7 +5,7 @@
 // chain at the magnitude of its activations and gradients (DenseMlp::tol);
 // an embedding lookup copies rows and adds zeros from the other ranks, so its
 // output is exact, and its weight gradient sums up to B·S upstream rows.
-#include "engine/parallel_linear.h"
+#include "engine/parallel/parallel_linear.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include <algorithm>
 
 #include "engine/errors.h"
-#include "engine/tensor_parallel.h"
+#include "engine/parallel/tensor_parallel.h"
 #include "tests/engine/multiprocess.h"
 
 namespace baton::engine {

@@ -19,17 +19,17 @@
 #include <utility>
 #include <vector>
 
-#include "engine/checkpoint.h"
+#include "engine/io/checkpoint.h"
 #include "engine/errors.h"
-#include "engine/optimizer.h"
-#include "engine/pipeline_schedule.h"
-#include "engine/safetensors.h"
-#include "engine/shm_group.h"
-#include "engine/transformer.h"
-#include "engine/weight_conversion.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/io/safetensors.h"
+#include "engine/parallel/shm_group.h"
+#include "engine/model/transformer.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/multiprocess.h"
-#include "engine/atomic_file.h"
+#include "base/atomic_file.h"
 
 namespace baton::engine {
 namespace {
@@ -319,7 +319,7 @@ TEST(ParallelCheckpoint, ResumeIsExactOnAPp2Dp2Layout) {
     load_checkpoint(root, *m, o);
     for (int i = 2; i < 4; ++i) EXPECT_EQ(train(*m, o), straight[i]) << "step " << i;
     ps->world().pg->barrier()->wait();
-    if (rank == 0) baton::engine::remove_tree(root);
+    if (rank == 0) baton::remove_tree(root);
   });
 }
 

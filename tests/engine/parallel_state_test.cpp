@@ -1,11 +1,11 @@
 // ParallelConfig, coordinates, group memberships and layer ranges: pure
 // functions, one process. (Groups over real processes: parallel_state_world_test.)
-#include "engine/parallel_state.h"
+#include "engine/parallel/parallel_state.h"
 
 #include <gtest/gtest.h>
 
 #include "engine/errors.h"
-#include "engine/tensor_parallel.h"
+#include "engine/parallel/tensor_parallel.h"
 
 namespace baton::engine {
 namespace {
@@ -122,7 +122,7 @@ TEST(ParallelState, SingleIsAWorldOfOne) {
     EXPECT_EQ(g->rank, 0);
     EXPECT_EQ(g->ranks, std::vector<int64_t>{0});
   }
-  EXPECT_THROW(ps->layer_begin(), std::logic_error);  // set_num_layers first
+  EXPECT_THROW(ps->layer_begin(), baton::InternalError);  // set_num_layers first
   ps->set_num_layers(5);
   EXPECT_EQ(ps->num_layers(), 5);
   EXPECT_EQ(ps->layer_begin(), 0);

@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "engine/errors.h"
-#include "engine/parallel_state.h"
-#include "engine/tensor_parallel.h"
+#include "engine/parallel/parallel_state.h"
+#include "engine/parallel/tensor_parallel.h"
 #include "tests/engine/multiprocess.h"
 
 namespace baton::engine {

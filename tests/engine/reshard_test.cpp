@@ -18,15 +18,15 @@
 #include <string>
 #include <vector>
 
-#include "engine/optimizer.h"
-#include "engine/pipeline_schedule.h"
-#include "engine/reshard.h"
-#include "engine/sharded_model.h"
-#include "engine/transformer.h"
-#include "engine/weight_conversion.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/rollout/reshard.h"
+#include "engine/io/sharded_model.h"
+#include "engine/model/transformer.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/multiprocess.h"
-#include "engine/atomic_file.h"
+#include "base/atomic_file.h"
 
 namespace baton::engine {
 namespace {
@@ -190,7 +190,7 @@ TEST(Reshard, CarriesTheWeightsOfAnOptimizerStep) {
     ps->world().pg->barrier()->wait();
     auto trained = shards_to_hf(load_sharded_all(root), cfg, split, false);
     ps->world().pg->barrier()->wait();
-    if (rank == 0) baton::engine::remove_tree(root);
+    if (rank == 0) baton::remove_tree(root);
 
     auto want1 = hf_to_shard(trained, cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers}));
     auto want2 =

@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -7,7 +7,7 @@
 #include <fstream>
 #include <vector>
 
-#include "engine/atomic_file.h"
+#include "base/atomic_file.h"
 #include "engine/errors.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"

@@ -1,7 +1,7 @@
 // Sampling: the truncated distributions are the intended ones (checked against
 // hand-computed values), and draws follow them (a chi-square test over 20000
 // draws with fixed seeds; excluded tokens are never drawn).
-#include "engine/sampling.h"
+#include "engine/rollout/sampling.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "engine/sharded_model.h"
+#include "engine/io/sharded_model.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -7,8 +7,8 @@
 
 #include "engine/errors.h"
 #include "tests/engine/expect_error.h"
-#include "engine/hf_model.h"
-#include "engine/weight_conversion.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/temp_dir.h"
 
 namespace baton::engine {

@@ -21,7 +21,7 @@ class TempDir {
   }
   ~TempDir() {
     // nftw, not std::filesystem::remove_all: LibTorch 2.11's libtorch.so
-    // replaces that with a copy that crashes (engine/atomic_file.h); this
+    // replaces that with a copy that crashes (base/atomic_file.h); this
     // header also serves tests that link no engine.
     ::nftw(
         path_.c_str(),

@@ -3,7 +3,7 @@
 // Tolerances: copies and gathers are exact; a sum over the kTp ranks may add
 // in another order, so it gets Tolerance::fp32(kTp, largest term)
 // (tests/tolerance.h); sums of small integers are exact.
-#include "engine/tensor_parallel.h"
+#include "engine/parallel/tensor_parallel.h"
 
 #include <gtest/gtest.h>
 

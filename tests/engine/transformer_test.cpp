@@ -4,7 +4,7 @@
 // of every term summed on the way (model_tolerance.h) at the magnitude of
 // the logits (or values, gradients); positions HF pads are not compared
 // (their outputs are arbitrary, fixtures/README.md).
-#include "engine/transformer.h"
+#include "engine/model/transformer.h"
 
 #include <gtest/gtest.h>
 
@@ -14,9 +14,9 @@
 #include <torch/csrc/autograd/function.h>
 
 #include "engine/errors.h"
-#include "engine/safetensors.h"
-#include "engine/vocab_parallel.h"
-#include "engine/weight_conversion.h"
+#include "engine/io/safetensors.h"
+#include "engine/parallel/vocab_parallel.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/model_tolerance.h"
 
 namespace baton::engine {

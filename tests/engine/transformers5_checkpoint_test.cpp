@@ -10,10 +10,10 @@
 #include <cmath>
 #include <string>
 
-#include "engine/model_config.h"
-#include "engine/safetensors.h"
-#include "engine/transformer.h"
-#include "engine/weight_conversion.h"
+#include "engine/io/model_config.h"
+#include "engine/io/safetensors.h"
+#include "engine/model/transformer.h"
+#include "engine/io/weight_conversion.h"
 
 namespace baton::engine {
 namespace {

@@ -8,7 +8,7 @@
 // the compared quantity (model_tolerance.h), generation picks the same tokens,
 // and conversion, resharding and weight sync between layouts that pad
 // differently are bit-exact.
-#include "engine/vocab_padding.h"
+#include "engine/parallel/vocab_padding.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -20,17 +20,17 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint.h"
-#include "engine/generation.h"
-#include "engine/hybrid_engine.h"
-#include "engine/optimizer.h"
-#include "engine/reshard.h"
-#include "engine/safetensors.h"
-#include "engine/sharded_model.h"
-#include "engine/transformer.h"
-#include "engine/vocab_parallel.h"
-#include "engine/weight_conversion.h"
-#include "engine/weight_sync.h"
+#include "engine/io/checkpoint.h"
+#include "engine/rollout/generation.h"
+#include "engine/rollout/hybrid_engine.h"
+#include "engine/optim/optimizer.h"
+#include "engine/rollout/reshard.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/sharded_model.h"
+#include "engine/model/transformer.h"
+#include "engine/parallel/vocab_parallel.h"
+#include "engine/io/weight_conversion.h"
+#include "engine/rollout/weight_sync.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/multiprocess.h"

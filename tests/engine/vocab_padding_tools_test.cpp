@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/run_program.h"
 #include "tests/engine/temp_dir.h"

@@ -9,7 +9,7 @@
 // gradients, whose backward sums V more terms times the upstream gradient,
 // Tolerance::fp32(2V + 3, (1 + log V)·max|upstream|). For logits of
 // magnitude 1e5 the log-probs reach 1e4 and the relative part applies.
-#include "engine/vocab_parallel.h"
+#include "engine/parallel/vocab_parallel.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

@@ -3,7 +3,7 @@
 // processes. Received weights must equal hf_to_shard for the rollout rank bit
 // for bit, before and after an optimizer step; a rollout model that does not
 // match makes both sides fail with a clear error instead of hanging.
-#include "engine/weight_sync.h"
+#include "engine/rollout/weight_sync.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -14,14 +14,14 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/optimizer.h"
-#include "engine/pipeline_schedule.h"
-#include "engine/safetensors.h"
-#include "engine/sharded_model.h"
-#include "engine/weight_conversion.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/sharded_model.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/multiprocess.h"
-#include "engine/atomic_file.h"
+#include "base/atomic_file.h"
 
 namespace baton::engine {
 namespace {
@@ -149,7 +149,7 @@ TEST(WeightSync, Tp2Pp2TrainerToSeparateRolloutWorkerBeforeAndAfterAStep) {
     const std::filesystem::path root(std::string(bytes.begin(), bytes.end()));
     auto trained =
         shards_to_hf(load_sharded_all(root), cfg, even_layer_split(cfg.num_layers, 2), false);
-    baton::engine::remove_tree(root);
+    baton::remove_tree(root);
     expect_exact(*rollout, hf_to_shard(trained, cfg, spec), "version 2");
     int64_t changed = 0;
     for (const auto& [name, t] : rollout->state_dict()) changed += !at::equal(t, initial.at(name));

@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer.h"
-#include "engine/model_config.h"
-#include "engine/parallel_state.h"
-#include "engine/safetensors.h"
-#include "engine/transformer.h"
-#include "engine/weight_conversion.h"
+#include "text/tokenizer/tokenizer.h"
+#include "engine/io/model_config.h"
+#include "engine/parallel/parallel_state.h"
+#include "engine/io/safetensors.h"
+#include "engine/model/transformer.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/temp_dir.h"
 #include "tests/tolerance.h"
 

@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "data/prompt_dataset.h"
-#include "data/tokenizer.h"
-#include "engine/model_config.h"
-#include "engine/parallel_state.h"
-#include "engine/safetensors.h"
-#include "engine/transformer.h"
-#include "engine/weight_conversion.h"
+#include "text/tokenizer/tokenizer.h"
+#include "engine/io/model_config.h"
+#include "engine/parallel/parallel_state.h"
+#include "engine/io/safetensors.h"
+#include "engine/model/transformer.h"
+#include "engine/io/weight_conversion.h"
 #include "tests/engine/temp_dir.h"
 #include "workers/rewards/reward_registry.h"
 

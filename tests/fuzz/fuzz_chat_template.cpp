@@ -1,4 +1,4 @@
-// Fuzzes the Jinja chat-template interpreter (data/jinja.h, data/chat_template.h):
+// Fuzzes the Jinja chat-template interpreter (text/jinja/template.h, text/chat_template.h):
 // the input is a tokenizer's chat_template, parsed and rendered with a small
 // fixed conversation, as apply_chat_template would. A template outside the
 // supported subset, or one that fails while rendering, must throw JinjaError.
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "data/chat_template.h"
+#include "text/chat_template.h"
 
 namespace {
 

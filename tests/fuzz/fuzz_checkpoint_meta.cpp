@@ -1,5 +1,5 @@
 // Fuzzes a checkpoint's metadata as resume reads it, before any weight:
-//   the engine's (engine/checkpoint.h, find_checkpoint): root/latest, and
+//   the engine's (engine/io/checkpoint.h, find_checkpoint): root/latest, and
 //     step_00000003/checkpoint.json, layout.json and config.json;
 //   the trainer's (trainer/checkpoint_files.h): latest_checkpointed_iteration.txt,
 //     global_step_3/trainer_state.json and the async trainer's
@@ -24,12 +24,12 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/atomic_file.h"
-#include "engine/checkpoint.h"
+#include "base/atomic_file.h"
+#include "engine/io/checkpoint.h"
 #include "engine/errors.h"
-#include "runtime/errors.h"
+#include "base/errors.h"
 #include "trainer/checkpoint_files.h"
-#include "trainer/rollout_ledger.h"
+#include "trainer/async/rollout_ledger.h"
 
 namespace fs = std::filesystem;
 
@@ -70,9 +70,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const fs::path out = base / "out";
   static const bool made = fs::create_directories(step_dir) &&
                            fs::create_directories(out / "global_step_3" / "rollout_ledger");
-  // Removed when the run ends (remove_tree: see engine/atomic_file.h).
+  // Removed when the run ends (remove_tree: see base/atomic_file.h).
   static const struct Cleanup {
-    ~Cleanup() { baton::engine::remove_tree(base); }
+    ~Cleanup() { baton::remove_tree(base); }
   } cleanup;
   (void)made;
   (void)cleanup;

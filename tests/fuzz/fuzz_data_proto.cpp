@@ -18,7 +18,7 @@
 #include <string>
 
 #include "dispatch/data_proto.h"
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace {
 

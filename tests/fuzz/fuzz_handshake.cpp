@@ -1,4 +1,4 @@
-// Fuzzes the cluster-token handshake (runtime/auth.h) with whatever a peer may
+// Fuzzes the cluster-token handshake (net/auth.h) with whatever a peer may
 // send: the input is written to one end of a socketpair, which is then shut
 // down for writing, and the other end runs server_handshake (and, with the
 // same bytes from a "server", client_handshake). Each must return or throw
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "runtime/auth.h"
+#include "net/auth.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Fuzzes the safetensors reader (engine/safetensors.h) on a whole file: the
+// Fuzzes the safetensors reader (engine/io/safetensors.h) on a whole file: the
 // 8-byte header length, the JSON header (dtypes, shapes, data_offsets,
 // __metadata__) and the data area. A malformed file must throw (EngineError,
 // or a LibTorch error), never crash or read outside the file (ASan); a file
@@ -12,7 +12,7 @@
 #include <map>
 #include <string>
 
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const int fd = memfd_create("fuzz.safetensors", 0);

@@ -1,4 +1,4 @@
-// Fuzzes the rendezvous store's frame decoding (runtime/store_protocol.h): the
+// Fuzzes the rendezvous store's frame decoding (net/store_protocol.h): the
 // input is a frame body, as a StoreServer reads it from an authenticated peer
 // (a request) or an AuthStore client from the server (a reply). A body that is
 // malformed must throw ProtocolError; one that decodes must encode back to the
@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/store_protocol.h"
+#include "net/store_protocol.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Fuzzes loading an HF tokenizer (data/tokenizer.h) from a model directory's
+// Fuzzes loading an HF tokenizer (text/tokenizer/tokenizer.h) from a model directory's
 // files: the input is tokenizer.json, optionally followed by a NUL byte and
 // tokenizer_config.json (a NUL cannot appear in JSON text, so it is a safe
 // separator). A tokenizer that loads encodes and decodes a short fixed text.
@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Fuzzes the trainer's config (trainer/config.h): the input is a YAML config,
+// Fuzzes the trainer's config (trainer/config/config.h): the input is a YAML config,
 // optionally followed by a NUL byte and command-line overrides, one a line
 // (`a.b=1`, `+a.new=[x]`, ...). A config that loads is read as a driver reads
 // it: every leaf through its interpolations, resolved(), to_yaml(); and
@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 namespace {
 

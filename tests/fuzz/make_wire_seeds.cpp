@@ -11,9 +11,9 @@
 #include <string>
 
 #include "dispatch/data_proto.h"
-#include "runtime/channel.h"
-#include "runtime/shm_pool.h"
-#include "runtime/value_codec.h"
+#include "runtime/internal/channel.h"
+#include "runtime/internal/shm_pool.h"
+#include "runtime/internal/value_codec.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
-// The cluster token and its handshake (runtime/auth.h): SHA-256 and HMAC
+// The cluster token and its handshake (net/auth.h): SHA-256 and HMAC
 // against the published test vectors, token files, and the handshake over a
 // real socket pair.
-#include "runtime/auth.h"
+#include "net/auth.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>

@@ -1,5 +1,5 @@
 // The driver's side of a channel never blocks on a peer that does not read.
-#include "runtime/channel.h"
+#include "runtime/internal/channel.h"
 
 #include <capnp/serialize.h>
 #include <gtest/gtest.h>

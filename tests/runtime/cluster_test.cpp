@@ -1,7 +1,7 @@
-// Worker groups on node agents (runtime/cluster.h): real baton-agent
+// Worker groups on node agents (runtime/cluster/cluster.h): real baton-agent
 // processes, started here on this machine and connected to the driver over
 // TCP with the cluster token. The workers' messages and tensors go through
-// the relays (runtime/relay.h), their Gloo groups meet at the driver's store,
+// the relays (runtime/cluster/relay.h), their Gloo groups meet at the driver's store,
 // and an agent's death fails its workers naming its node. Several machines
 // proper (network namespaces) are scripts/test_multinode.sh's.
 #include <ATen/ops/arange.h>
@@ -22,13 +22,13 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/auth.h"
-#include "runtime/auth_store.h"
-#include "runtime/cluster.h"
-#include "runtime/errors.h"
-#include "runtime/relay.h"
-#include "runtime/wire.capnp.h"
-#include "runtime/tls.h"
+#include "net/auth.h"
+#include "runtime/internal/auth_store.h"
+#include "runtime/cluster/cluster.h"
+#include "base/errors.h"
+#include "runtime/cluster/relay.h"
+#include "runtime/internal/wire.capnp.h"
+#include "net/tls.h"
 #include "runtime/worker_group.h"
 #if defined(BATON_TEST_TLS)
 #include <filesystem>

@@ -88,7 +88,7 @@ TEST(MethodRegistration, MisspeltDispatchModeFailsAtSpawnNamingMethodAndKnownMod
   } catch (const CallError& e) {
     std::string err = e.what();
     EXPECT_NE(err.find("worker class MisspeltMode, method 'shard': dispatch mode 'ALL_TO_AL' "
-                       "is not registered (did you mean ALL_TO_ALL?); registered: ALL_TO_ALL, "
+                       "is not registered; did you mean 'ALL_TO_ALL'? known: ALL_TO_ALL, "
                        "ONE_TO_ALL"),
               std::string::npos)
         << err;

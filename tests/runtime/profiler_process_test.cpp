@@ -9,7 +9,7 @@
 #include <string>
 
 #include "runtime/baton.h"
-#include "runtime/profiler.h"
+#include "base/profiler.h"
 #include "tests/runtime/trace_checks.h"
 
 namespace baton {

@@ -1,7 +1,7 @@
 // The profiler's machinery in one process: spans record nothing when off,
 // nest on their thread, lanes keep overlapping spans apart, the clock offset
 // estimate and the shift of another process's events, and the trace JSON.
-#include "runtime/profiler.h"
+#include "base/profiler.h"
 
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
@@ -110,8 +110,8 @@ TEST_F(ProfilerTest, TheClockOffsetComesFromTheShortestRoundTrip) {
   EXPECT_EQ(o.applied_ns(), o.estimated_ns);
   // One clock domain: the offset is known to be 0, whatever the estimate.
   EXPECT_EQ(estimate_clock_offset(samples, true).applied_ns(), 0);
-  EXPECT_THROW(estimate_clock_offset({}, false), std::invalid_argument);
-  EXPECT_THROW(estimate_clock_offset({{10, 0, 5}}, false), std::invalid_argument);
+  EXPECT_THROW(estimate_clock_offset({}, false), baton::InvalidArgument);
+  EXPECT_THROW(estimate_clock_offset({{10, 0, 5}}, false), baton::InvalidArgument);
 }
 
 TEST_F(ProfilerTest, AnotherClocksEventsAreShiftedOntoTheDriversTimeline) {

@@ -1,8 +1,8 @@
-// The relay between machines (runtime/relay.h), on socket pairs in one
+// The relay between machines (runtime/cluster/relay.h), on socket pairs in one
 // process: a message and its memfds go in on one side's Unix socket, cross a
 // stream socket as a frame, and come out on the other side's with new memfds
 // holding the same bytes; malformed frames stop the relay with a message.
-#include "runtime/relay.h"
+#include "runtime/cluster/relay.h"
 
 #include <capnp/serialize.h>
 #include <gtest/gtest.h>
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/channel.h"
+#include "runtime/internal/channel.h"
 
 namespace baton {
 namespace {

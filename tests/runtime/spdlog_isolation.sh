@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # spdlog (built against Debian's fmt 9) and LibTorch's headers (which carry
-# fmt 12) must never meet in one translation unit (runtime/log.h). Fails if a
+# fmt 12) must never meet in one translation unit (base/log.h). Fails if a
 # source file that includes spdlog includes a LibTorch header, directly or
 # through the project's own headers, or is compiled with LibTorch's include
 # directories (compile_commands.json of the build).
@@ -32,7 +32,7 @@ users=$(grep -rlE '#[[:space:]]*include[[:space:]]*[<"]spdlog/' "$src" \
   --include='*.cpp' --include='*.h' --exclude-dir=build --exclude-dir='build-*' \
   --exclude-dir=.whl --exclude-dir=.git || true)
 if [[ -z "$users" ]]; then
-  echo "no file includes spdlog (runtime/log.cpp should)"
+  echo "no file includes spdlog (base/log.cpp should)"
   exit 1
 fi
 status=0

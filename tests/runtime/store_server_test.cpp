@@ -1,9 +1,9 @@
-// The rendezvous store (runtime/store_server.h, runtime/auth_store.h): c10d's
+// The rendezvous store (net/store_server.h, runtime/internal/auth_store.h): c10d's
 // store semantics through AuthStore, and a server that only serves clients
 // holding the cluster token — while clients with a wrong token, no token, a
 // replayed handshake, garbage or silence are dropped without holding up the
 // others.
-#include "runtime/store_server.h"
+#include "net/store_server.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/auth.h"
-#include "runtime/auth_store.h"
-#include "runtime/store_protocol.h"
+#include "net/auth.h"
+#include "runtime/internal/auth_store.h"
+#include "net/store_protocol.h"
 
 namespace baton {
 namespace {

@@ -1,4 +1,4 @@
-// Certificates for the TLS tests (runtime/tls.h), made with OpenSSL's API in a
+// Certificates for the TLS tests (net/tls.h), made with OpenSSL's API in a
 // directory: ca.pem (a CA), other_ca.pem (another CA), server.pem/server.key
 // (for IP 127.0.0.1, issued by ca.pem) and elsewhere.pem/elsewhere.key (for
 // IP 10.9.8.7, issued by ca.pem).

@@ -1,5 +1,5 @@
 // A worker group whose driver has BATON_TLS_CERT/BATON_TLS_KEY and whose
-// workers trust BATON_TLS_CA: the workers meet over TLS 1.3 (runtime/tls.h),
+// workers trust BATON_TLS_CA: the workers meet over TLS 1.3 (net/tls.h),
 // and the group's store refuses a plain client. Built only when OpenSSL's
 // headers are found (tests/runtime/CMakeLists.txt).
 #include <ATen/ops/full.h>
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/auth_store.h"
-#include "runtime/tls.h"
+#include "runtime/internal/auth_store.h"
+#include "net/tls.h"
 #include "runtime/worker_group.h"
 #include "tests/runtime/test_certificates.h"
 

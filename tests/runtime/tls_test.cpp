@@ -1,9 +1,9 @@
-// TLS 1.3 under the cluster-token handshake (runtime/tls.h): the rendezvous
+// TLS 1.3 under the cluster-token handshake (net/tls.h): the rendezvous
 // store served and reached over TLS, and refused to a plain client, to a client
 // that does not trust the server's certificate, and to a certificate that names
 // another host (certificates from test_certificates.h). Built only when
 // OpenSSL's headers are found (tests/runtime/CMakeLists.txt).
-#include "runtime/tls.h"
+#include "net/tls.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,9 +12,9 @@
 #include <filesystem>
 #include <string>
 
-#include "runtime/auth.h"
-#include "runtime/auth_store.h"
-#include "runtime/store_server.h"
+#include "net/auth.h"
+#include "runtime/internal/auth_store.h"
+#include "net/store_server.h"
 #include "tests/runtime/test_certificates.h"
 
 namespace baton {

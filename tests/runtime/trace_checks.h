@@ -1,4 +1,4 @@
-// Checks of a Chrome trace written by the profiler (runtime/profiler.h), for
+// Checks of a Chrome trace written by the profiler (base/profiler.h), for
 // the runtime's and the trainer's profiling tests: the file parses as
 // trace-event JSON, spans on one track nest, and each worker-side span of a
 // call lies inside the driver-side span of that call.

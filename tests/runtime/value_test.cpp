@@ -11,10 +11,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 #include "runtime/shared_tensor.h"
-#include "runtime/shm_pool.h"
-#include "runtime/value_codec.h"
+#include "runtime/internal/shm_pool.h"
+#include "runtime/internal/value_codec.h"
 
 namespace baton {
 namespace {

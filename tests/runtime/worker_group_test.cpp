@@ -1,8 +1,8 @@
 // Calls on real groups of worker processes.
 #include "runtime/worker_group.h"
 #include "runtime/shared_tensor.h"
-#include "runtime/auth.h"
-#include "runtime/auth_store.h"
+#include "net/auth.h"
+#include "runtime/internal/auth_store.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -29,7 +29,7 @@
 #include <string>
 
 #include "runtime/baton.h"
-#include "runtime/log.h"
+#include "base/log.h"
 
 namespace baton {
 namespace {
@@ -352,7 +352,7 @@ TEST_F(WorkerGroupTest, ConstructorFailureFailsSpawnNamingTheRank) {
             std::string::npos)
       << err;
   err = error_of([&] { WorkerGroup::spawn("NoSuchWorker", pool4); });
-  EXPECT_NE(err.find("no worker class named 'NoSuchWorker'"), std::string::npos) << err;
+  EXPECT_NE(err.find("worker class 'NoSuchWorker' is not registered"), std::string::npos) << err;
   // The pool was given back: a new group can use it.
   WorkerGroup g = WorkerGroup::spawn("TestWorker", pool4);
   EXPECT_TRUE(g.alive());
@@ -414,7 +414,7 @@ TEST_F(WorkerGroupTest, WorkerOutputReachesTheDriverConsolePrefixedWithClassAndR
 
 namespace fs = std::filesystem;
 
-// The run's log file (runtime/log.h, spdlog's rotating sink) gets the
+// The run's log file (base/log.h, spdlog's rotating sink) gets the
 // driver's log lines and both workers' output lines, each with its prefix and
 // a timestamp; past max_bytes it rotates, keeping max_files old files.
 TEST_F(WorkerGroupTest, TheRunLogFileGetsEveryProcessesLinesAndRotates) {

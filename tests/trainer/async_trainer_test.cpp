@@ -1,4 +1,4 @@
-// The fully-async trainer end to end (trainer/async_trainer.h), and its
+// The fully-async trainer end to end (trainer/async/async_trainer.h), and its
 // RolloutWorker's weight sync: one actor and one RolloutWorker process on the toy task's data and
 // its untrained tiny model, the rollouter generating while the actor trains, weights synced through
 // WeightSender/WeightReceiver.
@@ -21,16 +21,16 @@
 #include <string>
 #include <vector>
 
-#include "engine/hf_model.h"
+#include "engine/io/hf_model.h"
 #include "runtime/resource_pool.h"
 #include "runtime/worker_group.h"
 #include "tests/engine/temp_dir.h"
 #include "tests/tolerance.h"
 #include "tests/trainer/toy_task_fixture.h"
-#include "trainer/config.h"
-#include "trainer/chunked_rollout.h"
+#include "trainer/config/config.h"
+#include "trainer/async/chunked_rollout.h"
 #include "trainer/ppo_trainer.h"
-#include "trainer/rollout_ledger.h"
+#include "trainer/async/rollout_ledger.h"
 #include "workers/rewards/reward_registry.h"
 #include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/roles/rollout_worker.h"

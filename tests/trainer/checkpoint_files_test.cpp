@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
 

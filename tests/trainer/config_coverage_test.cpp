@@ -1,7 +1,7 @@
 // Every key of configs/ppo_trainer.yaml is read by something: the trainer's
-// settings (trainer/settings.h) or the validation before it. A key that is
+// settings (trainer/config/settings.h) or the validation before it. A key that is
 // accepted and then ignored (issue 24 found six) fails here, named.
-#include "trainer/settings.h"
+#include "trainer/config/settings.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/config_validation.h"
+#include "trainer/config/config_validation.h"
 
 namespace baton::trainer {
 namespace {

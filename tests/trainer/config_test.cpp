@@ -1,6 +1,6 @@
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
-#include "runtime/did_you_mean.h"
+#include "base/did_you_mean.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include "engine/atomic_file.h"
+#include "base/atomic_file.h"
 
 namespace baton::trainer {
 namespace {
@@ -39,7 +39,7 @@ class TempDir {
             ("baton_config_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
     fs::create_directories(path_);
   }
-  ~TempDir() { baton::engine::remove_tree(path_); }
+  ~TempDir() { baton::remove_tree(path_); }
   const fs::path& path() const { return path_; }
   fs::path write(const std::string& name, const std::string& text) const {
     const fs::path p = path_ / name;
@@ -441,7 +441,7 @@ TEST(Config, CommandLineGivesFileOverridesAndTheRest) {
 TEST(Config, ClosestMatchIsByEditDistance) {
   EXPECT_EQ(closest_match("lamb", {"gamma", "lam", "kl_ctrl"}), "lam");
   EXPECT_EQ(closest_match("x", {}), "");
-  // The one edit distance every module's "did you mean" uses (runtime/did_you_mean.h).
+  // The one edit distance every module's "did you mean" uses (base/did_you_mean.h).
   EXPECT_EQ(closest_match("vanila", {"gspo", "vanilla"}, 2), "vanilla");
   EXPECT_EQ(closest_match("ppo", {"gspo", "vanilla"}, 0), "");
   EXPECT_EQ(closest_match("dp_comput_proto", {"DP_COMPUTE_PROTO", "ONE_TO_ALL"}, 3, true),

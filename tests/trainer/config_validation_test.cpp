@@ -1,4 +1,4 @@
-#include "trainer/config_validation.h"
+#include "trainer/config/config_validation.h"
 
 #include <gtest/gtest.h>
 

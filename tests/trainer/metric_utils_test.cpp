@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "dispatch/data_proto.h"
-#include "runtime/errors.h"
+#include "base/errors.h"
 #include "tests/tolerance.h"
 
 namespace baton::trainer {

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/errors.h"
-#include "engine/atomic_file.h"
+#include "base/errors.h"
+#include "base/atomic_file.h"
 
 namespace baton::trainer {
 namespace {
@@ -31,9 +31,9 @@ class MetricsLoggerTest : public ::testing::Test {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     dir_ = fs::temp_directory_path() /
            ("baton_metrics_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    baton::engine::remove_tree(dir_);
+    baton::remove_tree(dir_);
   }
-  void TearDown() override { baton::engine::remove_tree(dir_); }
+  void TearDown() override { baton::remove_tree(dir_); }
 
   MetricsLoggerOptions file_only() const {
     return MetricsLoggerOptions().set_dir(dir_).set_loggers({"file"});

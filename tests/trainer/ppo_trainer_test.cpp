@@ -17,11 +17,11 @@
 #include <set>
 #include <string>
 
-#include "engine/hf_model.h"
+#include "engine/io/hf_model.h"
 #include "tests/engine/temp_dir.h"
 #include "tests/tolerance.h"
 #include "tests/trainer/toy_task_fixture.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 #include "trainer/ppo_trainer.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/policy_loss.h"

@@ -1,7 +1,7 @@
 // The async trainer's rollout ledger (rollout_ledger.h): what is queued or in
 // flight is kept until the trainer takes it, saved and loaded with the
 // loader's position, and handed back first after a resume or a restart.
-#include "trainer/rollout_ledger.h"
+#include "trainer/async/rollout_ledger.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 #include "tests/engine/temp_dir.h"
 
 namespace baton::trainer {

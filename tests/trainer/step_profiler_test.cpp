@@ -19,7 +19,7 @@
 
 #include "tests/engine/temp_dir.h"
 #include "tests/runtime/trace_checks.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 #include "trainer/ppo_trainer.h"
 
 namespace baton::trainer {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "tests/engine/temp_dir.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 #include "trainer/ppo_trainer.h"
 
 namespace baton::trainer {

@@ -1,6 +1,6 @@
 // The fully-async trainer's queue and staleness control (trajectory_queue.h)
 // and its config checks (async_training.*), without workers.
-#include "trainer/trajectory_queue.h"
+#include "trainer/async/trajectory_queue.h"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include <future>
 #include <thread>
 
-#include "trainer/config.h"
-#include "trainer/settings.h"
+#include "trainer/config/config.h"
+#include "trainer/config/settings.h"
 
 namespace baton::trainer {
 namespace {

@@ -79,8 +79,8 @@ TEST(Gae, WithGammaLambdaOneIsTheUndiscountedReturnMinusValue) {
 
 TEST(Gae, RefusesFewerThanTwoValidTokensAndMismatchedShapes) {
   const at::Tensor r = rows({{1, 0}});
-  EXPECT_THROW(compute_gae(r, r, rows({{1, 0}}), 1, 1), std::invalid_argument);
-  EXPECT_THROW(compute_gae(r, rows({{1, 0, 0}}), rows({{1, 1}}), 1, 1), std::invalid_argument);
+  EXPECT_THROW(compute_gae(r, r, rows({{1, 0}}), 1, 1), baton::InvalidArgument);
+  EXPECT_THROW(compute_gae(r, rows({{1, 0, 0}}), rows({{1, 1}}), 1, 1), baton::InvalidArgument);
 }
 
 // --- GRPO --------------------------------------------------------------------
@@ -156,8 +156,8 @@ TEST(GrpoVectorized, EqualsTheLoopVersion) {
 
 TEST(Grpo, RefusesAUidListOfTheWrongLength) {
   const GroupBatch g;
-  EXPECT_THROW(compute_grpo(g.rewards, g.mask, {"a", "b"}), std::invalid_argument);
-  EXPECT_THROW(compute_grpo_vectorized(g.rewards, g.mask, {"a"}), std::invalid_argument);
+  EXPECT_THROW(compute_grpo(g.rewards, g.mask, {"a", "b"}), baton::InvalidArgument);
+  EXPECT_THROW(compute_grpo_vectorized(g.rewards, g.mask, {"a"}), baton::InvalidArgument);
 }
 
 // --- GRPO pass@k ---------------------------------------------------------------
@@ -181,7 +181,7 @@ TEST(GrpoPassk, RefusesASingletonGroup) {
   try {
     compute_grpo_passk(rows({{1}, {2}, {3}}), rows({{1}, {1}, {1}}), {"a", "a", "lonely"});
     FAIL() << "no throw";
-  } catch (const std::invalid_argument& e) {
+  } catch (const baton::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("'lonely'"), std::string::npos) << e.what();
   }
 }
@@ -245,7 +245,7 @@ TEST(Remax, ReturnsAreSuffixSumsOfMaskedRewardsMinusTheGreedyBaseline) {
   const AdvantageResult out = compute_remax(r, at::tensor({0.5, 2.0}), m);
   expect_close(out.returns, rows({{1, 1, 0}, {4, 1, 1}}), Tolerance::exact(), "returns");
   expect_close(out.advantages, rows({{0.5, 0.5, 0}, {2, 1, -1}}), Tolerance::exact(), "advantages");
-  EXPECT_THROW(compute_remax(r, at::tensor({1.0}), m), std::invalid_argument);
+  EXPECT_THROW(compute_remax(r, at::tensor({1.0}), m), baton::InvalidArgument);
 }
 
 TEST(Opo, UsesALengthWeightedGroupBaseline) {

@@ -66,7 +66,7 @@ TEST(AggLoss, DataParallelWithoutGlobalCountsIsRefused) {
     try {
       agg(mode, info);
       ADD_FAILURE() << to_string(mode) << " accepted dp_size 2 without global counts";
-    } catch (const std::invalid_argument& e) {
+    } catch (const baton::InvalidArgument& e) {
       const std::string field =
           mode == LossAggMode::TokenMean ? "batch_num_tokens" : "global_batch_size";
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
@@ -74,9 +74,9 @@ TEST(AggLoss, DataParallelWithoutGlobalCountsIsRefused) {
   }
   EXPECT_DOUBLE_EQ(agg(LossAggMode::TokenSum, info), 14);  // needs no count
   info.dp_size = 0;
-  EXPECT_THROW(agg(LossAggMode::TokenSum, info), std::invalid_argument);
+  EXPECT_THROW(agg(LossAggMode::TokenSum, info), baton::InvalidArgument);
   EXPECT_THROW(agg_loss(loss3x3(), mask3x3().narrow(1, 0, 2), LossAggMode::TokenMean),
-               std::invalid_argument);
+               baton::InvalidArgument);
 }
 
 TEST(AggLoss, LocalEmptyMaskGivesNanLossButZeroGradient) {
@@ -128,7 +128,7 @@ TEST(ParseLossAggMode, RoundTripsEveryModeAndNamesAnUnknownOne) {
   try {
     parse_loss_agg_mode("token_mean");
     FAIL() << "no throw";
-  } catch (const std::invalid_argument& e) {
+  } catch (const baton::InvalidArgument& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("'token_mean'"), std::string::npos) << what;
     EXPECT_NE(what.find("token-mean"), std::string::npos) << what;

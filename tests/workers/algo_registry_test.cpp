@@ -22,10 +22,10 @@ using test::Tolerance;
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const std::invalid_argument& e) {
+  } catch (const baton::InvalidArgument& e) {
     return e.what();
   }
-  ADD_FAILURE() << "no std::invalid_argument";
+  ADD_FAILURE() << "no baton::InvalidArgument";
   return "";
 }
 
@@ -145,13 +145,13 @@ TEST(AlgoRegistry, AUsersEstimatorAndLossAreSelectedByName) {
                                             [](const AdvantageInputs&, const AdvantageOptions&) {
                                               return AdvantageResult{};
                                             }),
-               std::invalid_argument);
+               baton::InvalidArgument);
   EXPECT_THROW(
       register_advantage_estimator(
           "", [](const AdvantageInputs&, const AdvantageOptions&) { return AdvantageResult{}; }),
-      std::invalid_argument);
+      baton::InvalidArgument);
   EXPECT_THROW(register_advantage_estimator("test_empty", AdvantageEstimator()),
-               std::invalid_argument);
+               baton::InvalidArgument);
 
   register_policy_loss(
       "test_scaled_gpg",

@@ -87,7 +87,7 @@ TEST(KlPenalty, FullAndUnknownKindsAreRefusedByName) {
     try {
       kl_penalty(kLogprob, kRef, kind);
       ADD_FAILURE() << "'" << kind << "' accepted";
-    } catch (const std::invalid_argument& e) {
+    } catch (const baton::InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("'"), std::string::npos) << e.what();
     }
   }
@@ -114,7 +114,7 @@ TEST(KlController, AdaptiveMovesTowardTheTargetWithAClampedError) {
   EXPECT_NEAR(c.value, 0.1 * 1.02 * 1.02, 1e-15);
   c.update(0.02, 50);  // e = −0.6, clamped to −0.2: ×(1 − 0.2·50/100)
   EXPECT_NEAR(c.value, 0.1 * 1.02 * 1.02 * 0.9, 1e-15);
-  EXPECT_THROW(AdaptiveKLController(0.1, 0.05, 0), std::invalid_argument);
+  EXPECT_THROW(AdaptiveKLController(0.1, 0.05, 0), baton::InvalidArgument);
 }
 
 TEST(KlController, MadeFromOptionsByType) {
@@ -129,7 +129,7 @@ TEST(KlController, MadeFromOptionsByType) {
   try {
     make_kl_controller(o);
     FAIL() << "no throw";
-  } catch (const std::invalid_argument& e) {
+  } catch (const baton::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("'pid'"), std::string::npos) << e.what();
   }
 }

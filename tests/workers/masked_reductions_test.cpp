@@ -79,14 +79,14 @@ TEST(MaskedVar, UnbiasedRefusesFewerThanTwoValidElementsBiasedGivesZero) {
   const at::Tensor v = t2({{1, 2}, {3, 4}});
   const at::Tensor one = t2({{0, 1}, {0, 0}});
   const at::Tensor none = at::zeros_like(one);
-  EXPECT_THROW(masked_var(v, one), std::invalid_argument);
-  EXPECT_THROW(masked_var(v, none), std::invalid_argument);
+  EXPECT_THROW(masked_var(v, one), baton::InvalidArgument);
+  EXPECT_THROW(masked_var(v, none), baton::InvalidArgument);
   EXPECT_EQ(masked_var(v, one, false).item<double>(), 0.0);
   EXPECT_EQ(masked_var(v, none, false).item<double>(), 0.0);
   try {
     masked_var(v, one);
     FAIL() << "no throw";
-  } catch (const std::invalid_argument& e) {
+  } catch (const baton::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("only 1 valid element"), std::string::npos) << e.what();
   }
 }
@@ -99,7 +99,7 @@ TEST(MaskedWhiten, WhitensEveryPositionWithStatisticsOfValidOnes) {
   const Tolerance tol = Tolerance::fp32(8, 6);  // 3-term mean and variance, a few ops after
   expect_close(masked_whiten(v, m), t2({{-1, 0}, {1, -2}}), tol, "shifted");
   expect_close(masked_whiten(v, m, false), t2({{3, 4}, {5, 2}}), tol, "mean added back");
-  EXPECT_THROW(masked_whiten(v, t2({{0, 0}, {1, 0}})), std::invalid_argument);
+  EXPECT_THROW(masked_whiten(v, t2({{0, 0}, {1, 0}})), baton::InvalidArgument);
 }
 
 }  // namespace

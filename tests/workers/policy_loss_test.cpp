@@ -118,10 +118,10 @@ TEST(VanillaPolicyLoss, RefusesClipRatioCNotAboveOne) {
   PolicyLossOptions o;
   o.clip_ratio_c = 1.0;
   EXPECT_THROW(policy_loss("vanilla", c.old_log_prob, c.log_prob, c.advantages, c.mask, o),
-               std::invalid_argument);
+               baton::InvalidArgument);
   EXPECT_THROW(
       policy_loss("vanilla", c.old_log_prob, c.log_prob.narrow(1, 0, 3), c.advantages, c.mask, {}),
-      std::invalid_argument);
+      baton::InvalidArgument);
 }
 
 TEST(VanillaPolicyLoss, UsesTheAggregationModeAndGlobalInfo) {
@@ -232,10 +232,10 @@ TEST(DroPolicyLoss, PenalisesTheSquaredLogRatioAndNeedsBeta) {
   expect_metrics(e.result, {{"actor/ppo_kl", -0.25}}, "dro");
   o.dro_beta.reset();
   EXPECT_THROW(policy_loss("dro", row({0}), row({0}), row({1}), row({1}), o),
-               std::invalid_argument);
+               baton::InvalidArgument);
   o.dro_beta = 0;
   EXPECT_THROW(policy_loss("dro", row({0}), row({0}), row({1}), row({1}), o),
-               std::invalid_argument);
+               baton::InvalidArgument);
 }
 
 // --- geo_mean ------------------------------------------------------------------
@@ -350,7 +350,7 @@ TEST(ClipCovPolicyLoss, ZeroesUnclippedValidTokensWithCovarianceInRange) {
   expect_metrics(e.result, {{"actor/pg_clipfrac", 0.25}, {"actor/ppo_kl", -std::log(1.5) / 4}},
                  "clip_cov");
   o.clip_cov_ratio = 0;  // verl asserts clip_cov_ratio > 0
-  EXPECT_THROW(policy_loss("clip_cov", old, lp, a, m, o), std::invalid_argument);
+  EXPECT_THROW(policy_loss("clip_cov", old, lp, a, m, o), baton::InvalidArgument);
 }
 
 TEST(ClipCovPolicyLoss, PicksTheWantedNumberOfCandidatesAtRandomRepeatably) {
@@ -397,7 +397,7 @@ TEST(KlCovPolicyLoss, PenalisesTheLargestCovarianceTokensWithAbsKl) {
   expect_near(d.result.loss.item<double>(), (sum - 0.04) / 4, Tolerance::fp32(8, 2),
               "default ratio");
   o.kl_cov_ratio = 0;  // verl asserts kl_cov_ratio > 0
-  EXPECT_THROW(policy_loss("kl_cov", lp - delta, lp, a, m, o), std::invalid_argument);
+  EXPECT_THROW(policy_loss("kl_cov", lp - delta, lp, a, m, o), baton::InvalidArgument);
 }
 
 // --- every loss -------------------------------------------------------------------

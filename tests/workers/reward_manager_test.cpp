@@ -1,5 +1,5 @@
 // The reward manager on batches tokenized with the byte-level BPE fixture of
-// tests/data (a Qwen2-style tokenizer: <|endoftext|> pads, <|im_end|> ends).
+// tests/text (a Qwen2-style tokenizer: <|endoftext|> pads, <|im_end|> ends).
 // Expected scores are those of the rule-based functions for the decoded text
 // (reward_test.cpp checks the functions themselves); positions are each row's
 // last valid response token. Everything is exact: scores are small binary
@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton::rewards {
 namespace {
@@ -383,13 +383,13 @@ TEST(RewardManager, MissingOrMalformedInputsAreNamed) {
 
 TEST(RewardManager, ConstructorRejectsBadOptions) {
   EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_reward_fn_name("no_such_fn")),
-               std::invalid_argument);
-  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_num_examine(-1)), std::invalid_argument);
+               baton::InvalidArgument);
+  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_num_examine(-1)), baton::InvalidArgument);
   EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_overlong_buffer({.enable = true})),
-               std::invalid_argument);
+               baton::InvalidArgument);
   EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_overlong_buffer(
                                         {.enable = true, .len = 9, .max_resp_len = 8})),
-               std::invalid_argument);
+               baton::InvalidArgument);
 }
 
 }  // namespace

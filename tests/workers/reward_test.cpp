@@ -218,7 +218,7 @@ TEST(RewardRegistry, UnknownDataSourceNamesItAndTheKnownOnes) {
   try {
     compute_score({.data_source = "my/dataset", .response = "x", .ground_truth = "x"});
     FAIL() << "no error";
-  } catch (const std::invalid_argument& e) {
+  } catch (const baton::InvalidArgument& e) {
     const std::string message = e.what();
     EXPECT_CONTAINS(message, "no reward function for data_source 'my/dataset'");
     EXPECT_CONTAINS(message, "openai/gsm8k");
@@ -228,8 +228,10 @@ TEST(RewardRegistry, UnknownDataSourceNamesItAndTheKnownOnes) {
   try {
     find_reward_function("gsm9k");
     FAIL() << "no error";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_CONTAINS(e.what(), "no reward function named 'gsm9k' (registered: exact_match, gsm8k");
+  } catch (const baton::InvalidArgument& e) {
+    EXPECT_CONTAINS(e.what(),
+                    "reward function 'gsm9k' is not registered; did you mean 'gsm8k'? known: "
+                    "exact_match, gsm8k");
   }
 }
 
@@ -237,10 +239,10 @@ TEST(RewardRegistry, UserFunctionsAreRegisteredAndSelectedByName) {
   register_reward_function(
       "test_length", [](const RewardInput& in) { return static_cast<double>(in.response.size()); });
   EXPECT_THROW(register_reward_function("test_length", [](const RewardInput&) { return 0.0; }),
-               std::invalid_argument);
+               baton::InvalidArgument);
   EXPECT_THROW(register_reward_function("gsm8k", [](const RewardInput&) { return 0.0; }),
-               std::invalid_argument);
-  EXPECT_THROW(register_reward_function("test_empty", nullptr), std::invalid_argument);
+               baton::InvalidArgument);
+  EXPECT_THROW(register_reward_function("test_empty", nullptr), baton::InvalidArgument);
 
   // custom_reward_function.name selects it for every sample...
   const RewardFunction selected = select_reward_function("test_length");
@@ -263,7 +265,7 @@ TEST(RewardRegistry, UserFunctionsAreRegisteredAndSelectedByName) {
   EXPECT_EQ(compute_score({.data_source = "test_toy", .response = "abcd", .ground_truth = "4"}),
             0.0);
   EXPECT_THROW(register_reward_data_source("test_other", "no_such_function"),
-               std::invalid_argument);
+               baton::InvalidArgument);
   const auto sources = reward_data_sources();
   EXPECT_NE(std::find(sources.begin(), sources.end(), "test_arith_*"), sources.end());
 }

@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton::workers {
 namespace {

@@ -17,11 +17,11 @@
 #include <string>
 
 #include "dispatch/data_proto.h"
-#include "engine/atomic_file.h"
-#include "engine/hf_model.h"
-#include "engine/model_config.h"
-#include "engine/transformer.h"
-#include "engine/weight_conversion.h"
+#include "base/atomic_file.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/model_config.h"
+#include "engine/model/transformer.h"
+#include "engine/io/weight_conversion.h"
 #include "runtime/baton.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/tolerance.h"
@@ -279,7 +279,7 @@ TEST(ActorRolloutRefWorker, AnExportThatFailsOnOneRankFailsOnAllAndLeavesTheGrou
   // at a barrier for the group timeout, and the group still works after it.
   const fs::path tmp =
       fs::temp_directory_path() / ("baton_export_fail_" + std::to_string(::getpid()));
-  baton::engine::remove_tree(tmp);
+  baton::remove_tree(tmp);
   fs::create_directories(tmp);
   { std::ofstream(tmp / "a_file") << "x"; }
   WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
@@ -291,7 +291,7 @@ TEST(ActorRolloutRefWorker, AnExportThatFailsOnOneRankFailsOnAllAndLeavesTheGrou
   }
   g.call("export_hf", {(tmp / "hf").string()}).get();
   EXPECT_TRUE(fs::exists(tmp / "hf" / "config.json"));
-  baton::engine::remove_tree(tmp);
+  baton::remove_tree(tmp);
 }
 
 TEST(CriticWorker, ValuesComeFromAFreshHeadAndUpdatesFitTheReturns) {

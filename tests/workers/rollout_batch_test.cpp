@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "dispatch/data_proto.h"
-#include "engine/generation.h"
-#include "engine/hf_model.h"
-#include "engine/transformer.h"
-#include "engine/weight_conversion.h"
-#include "runtime/errors.h"
+#include "engine/rollout/generation.h"
+#include "engine/io/hf_model.h"
+#include "engine/model/transformer.h"
+#include "engine/io/weight_conversion.h"
+#include "base/errors.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/tolerance.h"
 

@@ -52,7 +52,7 @@ TEST(ValueLoss, UsesGlobalBatchInfo) {
   expect_near(r.loss.item<double>(), 0.5 * 6.5 / 16 * 2, Tolerance::fp32(6, 3), "loss");
   EXPECT_THROW(compute_value_loss(c.vpreds, c.returns.narrow(1, 0, 2), c.values, c.mask, 0.5,
                                   LossAggMode::TokenMean),
-               std::invalid_argument);
+               baton::InvalidArgument);
 }
 
 TEST(Entropy, IsLogSumExpMinusExpectedLogit) {

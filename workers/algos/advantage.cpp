@@ -9,6 +9,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "base/errors.h"
 #include "workers/algos/masked_reductions.h"
 
 namespace baton::algos {
@@ -16,14 +17,14 @@ namespace {
 
 void check_batch(std::string_view fn, const at::Tensor& rewards, const at::Tensor& mask) {
   if (rewards.dim() != 2 || rewards.sizes() != mask.sizes())
-    throw std::invalid_argument(std::string(fn) + ": rewards and mask must both be [B, L]; got " +
+    throw baton::InvalidArgument(std::string(fn) + ": rewards and mask must both be [B, L]; got " +
                                 "rewards " + c10::str(rewards.sizes()) + " and mask " +
                                 c10::str(mask.sizes()));
 }
 
 void check_uids(std::string_view fn, const at::Tensor& rewards, const Uids& uids) {
   if (static_cast<int64_t>(uids.size()) != rewards.size(0))
-    throw std::invalid_argument(std::string(fn) + ": uids has " + std::to_string(uids.size()) +
+    throw baton::InvalidArgument(std::string(fn) + ": uids has " + std::to_string(uids.size()) +
                                 " entries but the batch has " + std::to_string(rewards.size(0)) +
                                 " rows (one uid per row)");
 }
@@ -88,7 +89,7 @@ AdvantageResult compute_gae(const at::Tensor& rewards, const at::Tensor& values,
                             const at::Tensor& mask, double gamma, double lam) {
   check_batch("compute_gae", rewards, mask);
   if (values.sizes() != rewards.sizes())
-    throw std::invalid_argument("compute_gae: values must be [B, L] like rewards " +
+    throw baton::InvalidArgument("compute_gae: values must be [B, L] like rewards " +
                                 c10::str(rewards.sizes()) + "; got " + c10::str(values.sizes()));
   c10::NoGradGuard no_grad;
   const int64_t length = rewards.size(1);
@@ -157,7 +158,7 @@ AdvantageResult compute_grpo_passk(const at::Tensor& rewards, const at::Tensor& 
   std::vector<double> a(s.size(), 0.0);
   for (const std::vector<int64_t>& rows : group_rows(uids)) {
     if (rows.size() < 2)
-      throw std::invalid_argument("compute_grpo_passk: group '" + uids[rows[0]] + "' has " +
+      throw baton::InvalidArgument("compute_grpo_passk: group '" + uids[rows[0]] + "' has " +
                                   std::to_string(rows.size()) +
                                   " row; pass@k advantages need at least 2 rows per group "
                                   "(rollout.n >= 2)");
@@ -243,7 +244,7 @@ AdvantageResult compute_remax(const at::Tensor& rewards, const at::Tensor& rewar
                               const at::Tensor& mask) {
   check_batch("compute_remax", rewards, mask);
   if (reward_baselines.dim() != 1 || reward_baselines.size(0) != rewards.size(0))
-    throw std::invalid_argument(
+    throw baton::InvalidArgument(
         "compute_remax: reward_baselines must be [B] with B = " + std::to_string(rewards.size(0)) +
         "; got " + c10::str(reward_baselines.sizes()));
   c10::NoGradGuard no_grad;

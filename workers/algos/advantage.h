@@ -8,7 +8,7 @@
 // result is a_i·mask[i, t] and returns == advantages. A group is the set of
 // rows with equal uid, wherever they sit in the batch; rows whose mask is all
 // zero still count in their group's statistics. Bad shapes or a uid list of
-// the wrong length throw std::invalid_argument naming the argument.
+// the wrong length throw baton::InvalidArgument naming the argument.
 //
 // Example:
 //   Uids uids = {"p0", "p0", "p1", "p1"};               // 2 prompts, n = 2
@@ -22,6 +22,8 @@
 
 #include <string>
 #include <vector>
+
+#include "base/errors.h"
 
 namespace baton::algos {
 

@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/errors.h"
 #include "workers/algos/masked_reductions.h"
 
 namespace baton::algos {
@@ -23,7 +24,7 @@ constexpr ModeName kModes[] = {
 // Without global info a DP rank would normalise by its own share only, and the
 // all-reduce would then average means of unequal parts: refuse instead.
 [[noreturn]] void missing_global(std::string_view mode, std::string_view field, int64_t dp) {
-  throw std::invalid_argument("agg_loss(" + std::string(mode) + "): dp_size is " +
+  throw baton::InvalidArgument("agg_loss(" + std::string(mode) + "): dp_size is " +
                               std::to_string(dp) + " but GlobalBatchInfo::" + std::string(field) +
                               " is not set; the engine must pass the mini-batch's global " +
                               std::string(field) + " when data parallelism is used");
@@ -46,23 +47,23 @@ LossAggMode parse_loss_agg_mode(std::string_view name) {
     if (m.name == name) return m.mode;
   std::string known;
   for (const ModeName& m : kModes) known += (known.empty() ? "" : ", ") + std::string(m.name);
-  throw std::invalid_argument("unknown loss_agg_mode '" + std::string(name) + "'; known: " + known);
+  throw baton::InvalidArgument("unknown loss_agg_mode '" + std::string(name) + "'; known: " + known);
 }
 
 std::string_view to_string(LossAggMode mode) {
   for (const ModeName& m : kModes)
     if (m.mode == mode) return m.name;
-  throw std::invalid_argument("to_string: invalid LossAggMode " +
+  throw baton::InvalidArgument("to_string: invalid LossAggMode " +
                               std::to_string(static_cast<int>(mode)));
 }
 
 at::Tensor agg_loss(const at::Tensor& loss_mat, const at::Tensor& mask, LossAggMode mode,
                     const GlobalBatchInfo& info) {
   if (loss_mat.sizes() != mask.sizes() || loss_mat.dim() != 2)
-    throw std::invalid_argument("agg_loss: loss_mat and mask must both be [B, L]; got loss_mat " +
+    throw baton::InvalidArgument("agg_loss: loss_mat and mask must both be [B, L]; got loss_mat " +
                                 c10::str(loss_mat.sizes()) + " and mask " + c10::str(mask.sizes()));
   if (info.dp_size < 1)
-    throw std::invalid_argument("agg_loss: GlobalBatchInfo::dp_size must be >= 1, got " +
+    throw baton::InvalidArgument("agg_loss: GlobalBatchInfo::dp_size must be >= 1, got " +
                                 std::to_string(info.dp_size));
   const double dp = static_cast<double>(info.dp_size);
   switch (mode) {
@@ -83,7 +84,7 @@ at::Tensor agg_loss(const at::Tensor& loss_mat, const at::Tensor& mask, LossAggM
       return seq_mean(masked_sum(loss_mat, mask, -1), mask, mode, info) / scale;
     }
   }
-  throw std::invalid_argument("agg_loss: invalid LossAggMode " +
+  throw baton::InvalidArgument("agg_loss: invalid LossAggMode " +
                               std::to_string(static_cast<int>(mode)));
 }
 

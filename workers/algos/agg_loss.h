@@ -20,6 +20,8 @@
 #include <optional>
 #include <string_view>
 
+#include "base/errors.h"
+
 namespace baton::algos {
 
 enum class LossAggMode {
@@ -31,7 +33,7 @@ enum class LossAggMode {
 };
 
 // "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-// "seq-mean-token-sum-norm"; anything else throws std::invalid_argument naming
+// "seq-mean-token-sum-norm"; anything else throws baton::InvalidArgument naming
 // the value and the known modes.
 LossAggMode parse_loss_agg_mode(std::string_view name);
 // The config spelling of a mode (inverse of parse_loss_agg_mode).
@@ -56,7 +58,7 @@ struct GlobalBatchInfo {
 //   seq-mean-token-sum-norm  seq-mean-token-sum / C   (C absent: L, the padded width)
 // Local normalisation of an all-zero mask gives NaN (0/0) in every mode but
 // token-sum, with a zero gradient. Loss values at masked positions are ignored.
-// Throws std::invalid_argument for mismatched shapes or dp_size < 1.
+// Throws baton::InvalidArgument for mismatched shapes or dp_size < 1.
 at::Tensor agg_loss(const at::Tensor& loss_mat, const at::Tensor& mask, LossAggMode mode,
                     const GlobalBatchInfo& info = {});
 

@@ -1,76 +1,26 @@
 #include "workers/algos/algo_registry.h"
 
-#include <algorithm>
-#include <map>
-#include <mutex>
-#include <stdexcept>
 #include <utility>
 
-#include "runtime/did_you_mean.h"
+#include "base/errors.h"
+#include "base/registry.h"
 
 namespace baton::algos {
 namespace {
 
-// Name → function, guarded by a mutex; `what` names the kind in errors.
-template <typename Fn>
-class Registry {
- public:
-  Registry(std::string what, std::string register_call)
-      : what_(std::move(what)), register_call_(std::move(register_call)) {}
-
-  void add(std::string name, Fn fn) {
-    if (name.empty()) throw std::invalid_argument("register " + what_ + ": the name is empty");
-    if (!fn) throw std::invalid_argument("register " + what_ + " '" + name + "': no function");
-    std::lock_guard lock(mutex_);
-    if (entries_.count(name))
-      throw std::invalid_argument(what_ + " '" + name +
-                                  "' is already registered; choose another name");
-    entries_.emplace(std::move(name), std::move(fn));
-  }
-
-  Fn find(std::string_view name) const {
-    std::lock_guard lock(mutex_);
-    const auto it = entries_.find(name);
-    if (it != entries_.end()) return it->second;
-    std::string known;
-    std::vector<std::string> keys;
-    for (const auto& [key, fn] : entries_) {
-      known += (known.empty() ? "" : ", ") + key;
-      keys.push_back(key);
-    }
-    std::string message = "unknown " + what_ + " '" + std::string(name) + "'";
-    const std::string closest = closest_match(name, keys, std::max<size_t>(2, name.size() / 3));
-    if (!closest.empty()) message += " (did you mean '" + closest + "'?)";
-    throw std::invalid_argument(message + "; known: " + known + ". Register your own with " +
-                                register_call_);
-  }
-
-  std::vector<std::string> names() const {
-    std::lock_guard lock(mutex_);
-    std::vector<std::string> out;
-    for (const auto& entry : entries_) out.push_back(entry.first);
-    return out;
-  }
-
- private:
-  std::string what_, register_call_;
-  mutable std::mutex mutex_;
-  std::map<std::string, Fn, std::less<>> entries_;
-};
-
 const Uids& need_uids(std::string_view name, const AdvantageInputs& in) {
   if (in.uids.empty() && in.token_level_rewards.defined() && in.token_level_rewards.size(0) > 0)
-    throw std::invalid_argument("advantage estimator '" + std::string(name) +
-                                "' needs AdvantageInputs::uids (one uid per row: the rows of one "
-                                "prompt share it)");
+    throw baton::InvalidArgument("advantage estimator '" + std::string(name) +
+                                 "' needs AdvantageInputs::uids (one uid per row: the rows of one "
+                                 "prompt share it)");
   return in.uids;
 }
 
 const at::Tensor& need(std::string_view name, const at::Tensor& t, const char* field,
                        const char* what) {
   if (!t.defined())
-    throw std::invalid_argument("advantage estimator '" + std::string(name) +
-                                "' needs AdvantageInputs::" + field + " (" + what + ")");
+    throw baton::InvalidArgument("advantage estimator '" + std::string(name) +
+                                 "' needs AdvantageInputs::" + field + " (" + what + ")");
   return t;
 }
 
@@ -140,15 +90,16 @@ void add_builtin_policy_losses(Registry<PolicyLossFn>& r) {
 // Built-ins are added on first use, so a static initialiser of the user's
 // that registers a name already finds them (and a clash is reported).
 Registry<AdvantageEstimator>& estimators() {
-  static Registry<AdvantageEstimator> registry("advantage estimator",
-                                               "baton::algos::register_advantage_estimator");
+  static Registry<AdvantageEstimator> registry(
+      "advantage estimator", "register your own with baton::algos::register_advantage_estimator");
   static const bool seeded = (add_builtin_estimators(registry), true);
   (void)seeded;
   return registry;
 }
 
 Registry<PolicyLossFn>& policy_losses() {
-  static Registry<PolicyLossFn> registry("policy loss", "baton::algos::register_policy_loss");
+  static Registry<PolicyLossFn> registry(
+      "policy loss", "register your own with baton::algos::register_policy_loss");
   static const bool seeded = (add_builtin_policy_losses(registry), true);
   (void)seeded;
   return registry;
@@ -157,18 +108,20 @@ Registry<PolicyLossFn>& policy_losses() {
 }  // namespace
 
 void register_advantage_estimator(std::string name, AdvantageEstimator fn) {
+  if (!fn) throw baton::InvalidArgument("register advantage estimator '" + name + "': no function");
   estimators().add(std::move(name), std::move(fn));
 }
 
 void register_policy_loss(std::string name, PolicyLossFn fn) {
+  if (!fn) throw baton::InvalidArgument("register policy loss '" + name + "': no function");
   policy_losses().add(std::move(name), std::move(fn));
 }
 
 AdvantageEstimator find_advantage_estimator(std::string_view name) {
-  return estimators().find(name);
+  return estimators().get(name);
 }
 
-PolicyLossFn find_policy_loss(std::string_view name) { return policy_losses().find(name); }
+PolicyLossFn find_policy_loss(std::string_view name) { return policy_losses().get(name); }
 
 std::vector<std::string> advantage_estimator_names() { return estimators().names(); }
 

@@ -30,11 +30,12 @@
 //   AdvantageResult r = compute_advantage("my_baseline", inputs, options);
 //
 // Thread safety: registration and lookup may happen from any thread. A lookup
-// of an unknown name throws std::invalid_argument naming it, the closest known
+// of an unknown name throws baton::InvalidArgument naming it, the closest known
 // name and every known one.
 #pragma once
 
-#include "runtime/static_registration.h"
+#include "base/errors.h"
+#include "base/static_registration.h"
 
 #include <ATen/ATen.h>
 
@@ -50,7 +51,7 @@
 namespace baton::algos {
 
 // What an estimator may need; each built-in uses its own fields and throws
-// std::invalid_argument naming a missing one.
+// baton::InvalidArgument naming a missing one.
 struct AdvantageInputs {
   at::Tensor token_level_rewards;  // [B, L]
   at::Tensor response_mask;        // [B, L]
@@ -78,7 +79,7 @@ using PolicyLossFn = std::function<PolicyLossResult(
     const at::Tensor& mask, const PolicyLossOptions& options,
     const std::optional<at::Tensor>& rollout_is_weights)>;
 
-// Registers `fn` under `name`. Throws std::invalid_argument for an empty name
+// Registers `fn` under `name`. Throws baton::InvalidArgument for an empty name
 // or function, or a name already registered (built-ins included).
 void register_advantage_estimator(std::string name, AdvantageEstimator fn);
 void register_policy_loss(std::string name, PolicyLossFn fn);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "base/errors.h"
 #include "workers/algos/clamp.h"
 
 namespace baton::algos {
@@ -23,11 +24,11 @@ at::Tensor kl_penalty(const at::Tensor& logprob, const at::Tensor& ref_logprob,
     const at::Tensor x = clamp_inclusive(-d, -20, 20);
     value = clamp_inclusive(x.exp() - x - 1, -10, 10);
   } else if (base == "full") {
-    throw std::invalid_argument("kl_penalty: kind '" + std::string(kind) +
+    throw baton::InvalidArgument("kl_penalty: kind '" + std::string(kind) +
                                 "' (the full-vocabulary KL) is not implemented; use kl/k1, abs, "
                                 "mse/k2 or low_var_kl/k3 (optionally with a trailing '+')");
   } else {
-    throw std::invalid_argument("kl_penalty: unknown kind '" + std::string(kind) +
+    throw baton::InvalidArgument("kl_penalty: unknown kind '" + std::string(kind) +
                                 "'; known: kl, k1, abs, mse, k2, low_var_kl, k3, each optionally "
                                 "followed by '+' (k2's gradient)");
   }
@@ -48,7 +49,7 @@ void FixedKLController::update(double, int64_t) {}
 AdaptiveKLController::AdaptiveKLController(double init_kl_coef, double target_kl, double horizon)
     : target_kl_(target_kl), horizon_(horizon) {
   if (!(horizon > 0))
-    throw std::invalid_argument("AdaptiveKLController: horizon must be > 0, got " +
+    throw baton::InvalidArgument("AdaptiveKLController: horizon must be > 0, got " +
                                 std::to_string(horizon));
   value = init_kl_coef;
 }
@@ -63,7 +64,7 @@ std::unique_ptr<KLController> make_kl_controller(const KLControlOptions& options
   if (options.type == "adaptive")
     return std::make_unique<AdaptiveKLController>(options.kl_coef, options.target_kl,
                                                   options.horizon);
-  throw std::invalid_argument("kl_ctrl.type '" + options.type +
+  throw baton::InvalidArgument("kl_ctrl.type '" + options.type +
                               "' is not a KL controller; known: fixed, adaptive");
 }
 

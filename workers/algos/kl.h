@@ -17,6 +17,8 @@
 #include <string>
 #include <string_view>
 
+#include "base/errors.h"
+
 namespace baton::algos {
 
 // Per-token KL estimate with d = logprob − ref_logprob, by kind:
@@ -26,7 +28,7 @@ namespace baton::algos {
 //   "low_var_kl", "k3"  x = clamp(−d, −20, 20); clamp(eˣ − x − 1, −10, 10)
 //   any of these + "+"  the base kind's value with the gradient of k2
 //                       (straight-through: k2 − sg(k2) + sg(value))
-// "full" and anything else throw std::invalid_argument naming the kind.
+// "full" and anything else throw baton::InvalidArgument naming the kind.
 at::Tensor kl_penalty(const at::Tensor& logprob, const at::Tensor& ref_logprob,
                       std::string_view kind);
 
@@ -72,7 +74,7 @@ struct KLControlOptions {
 };
 
 // The controller named by options.type; another type throws
-// std::invalid_argument naming it.
+// baton::InvalidArgument naming it.
 std::unique_ptr<KLController> make_kl_controller(const KLControlOptions& options);
 
 }  // namespace baton::algos

@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/errors.h"
+
 namespace baton::algos {
 
 at::Tensor masked_sum(const at::Tensor& values, const at::Tensor& mask,
@@ -26,11 +28,11 @@ at::Tensor masked_var(const at::Tensor& values, const at::Tensor& mask, bool unb
   if (unbiased) {
     const double count = mask.ne(0).sum().item<double>();
     if (count == 0)
-      throw std::invalid_argument(
+      throw baton::InvalidArgument(
           "masked_var: the mask has no valid element (the unbiased "
           "variance needs at least 2)");
     if (count == 1)
-      throw std::invalid_argument(
+      throw baton::InvalidArgument(
           "masked_var: the mask has only 1 valid element (the unbiased "
           "variance needs at least 2)");
     var = var * (count / (count - 1));

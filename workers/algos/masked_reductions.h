@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "base/errors.h"
+
 namespace baton::algos {
 
 // Σ values·mask over `dim` (every element when absent).
@@ -28,7 +30,7 @@ at::Tensor masked_mean(const at::Tensor& values, const at::Tensor& mask,
 
 // Variance over all valid elements: masked_mean((values − m)²) with
 // m = masked_mean(values). `unbiased` multiplies by M/(M−1), M = Σ mask, and
-// throws std::invalid_argument when M is 0 or 1 (this reads M back to the
+// throws baton::InvalidArgument when M is 0 or 1 (this reads M back to the
 // host). Without it there are no checks (M = 0 or 1 gives 0).
 at::Tensor masked_var(const at::Tensor& values, const at::Tensor& mask, bool unbiased = true);
 

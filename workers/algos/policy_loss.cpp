@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "base/errors.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/clamp.h"
 #include "workers/algos/masked_reductions.h"
@@ -19,12 +20,12 @@ void check_inputs(std::string_view name, const at::Tensor& old_log_prob, const a
                   const at::Tensor& advantages, const at::Tensor& mask,
                   const std::optional<at::Tensor>& weights) {
   const auto bad = [&](const char* what, const at::Tensor& t) {
-    throw std::invalid_argument("policy loss '" + std::string(name) + "': " + what + " is " +
+    throw baton::InvalidArgument("policy loss '" + std::string(name) + "': " + what + " is " +
                                 c10::str(t.sizes()) + " but log_prob is " +
                                 c10::str(log_prob.sizes()) + " (all must be [B, L])");
   };
   if (log_prob.dim() != 2)
-    throw std::invalid_argument("policy loss '" + std::string(name) + "': log_prob must be " +
+    throw baton::InvalidArgument("policy loss '" + std::string(name) + "': log_prob must be " +
                                 "[B, L], got " + c10::str(log_prob.sizes()));
   if (old_log_prob.sizes() != log_prob.sizes()) bad("old_log_prob", old_log_prob);
   if (advantages.sizes() != log_prob.sizes()) bad("advantages", advantages);
@@ -70,7 +71,7 @@ PolicyLossResult vanilla_policy_loss(const at::Tensor& old_log_prob, const at::T
                                      const std::optional<at::Tensor>& w) {
   check_inputs("vanilla", old_log_prob, log_prob, advantages, mask, w);
   if (!(o.clip_ratio_c > 1))
-    throw std::invalid_argument(
+    throw baton::InvalidArgument(
         "policy loss 'vanilla': clip_ratio_c must be > 1 (the dual-clip "
         "cap), got " +
         std::to_string(o.clip_ratio_c));
@@ -158,7 +159,7 @@ PolicyLossResult dro_policy_loss(const at::Tensor& old_log_prob, const at::Tenso
                                  const PolicyLossOptions& o, const std::optional<at::Tensor>& w) {
   check_inputs("dro", old_log_prob, log_prob, advantages, mask, w);
   if (!o.dro_beta || !(*o.dro_beta > 0))
-    throw std::invalid_argument("policy loss 'dro': dro_beta must be set and > 0, got " +
+    throw baton::InvalidArgument("policy loss 'dro': dro_beta must be set and > 0, got " +
                                 (o.dro_beta ? std::to_string(*o.dro_beta) : std::string("none")));
   const at::Tensor delta = log_prob - old_log_prob;
   const at::Tensor loss = -(advantages * log_prob - 0.5 * *o.dro_beta * delta.square());
@@ -255,7 +256,7 @@ PolicyLossResult clip_cov_policy_loss(const at::Tensor& old_log_prob, const at::
                                       const std::optional<at::Tensor>& w) {
   check_inputs("clip_cov", old_log_prob, log_prob, advantages, mask, w);
   if (!(o.clip_cov_ratio > 0))
-    throw std::invalid_argument("policy loss 'clip_cov': clip_cov_ratio must be > 0, got " +
+    throw baton::InvalidArgument("policy loss 'clip_cov': clip_cov_ratio must be > 0, got " +
                                 std::to_string(o.clip_cov_ratio));
   const at::Tensor& A = advantages;
   const at::Tensor delta = log_prob - old_log_prob;
@@ -295,7 +296,7 @@ PolicyLossResult kl_cov_policy_loss(const at::Tensor& old_log_prob, const at::Te
                                     const std::optional<at::Tensor>& w) {
   check_inputs("kl_cov", old_log_prob, log_prob, advantages, mask, w);
   if (!(o.kl_cov_ratio > 0))
-    throw std::invalid_argument("policy loss 'kl_cov': kl_cov_ratio must be > 0, got " +
+    throw baton::InvalidArgument("policy loss 'kl_cov': kl_cov_ratio must be > 0, got " +
                                 std::to_string(o.kl_cov_ratio));
   const at::Tensor& A = advantages;
   const at::Tensor delta = log_prob - old_log_prob;

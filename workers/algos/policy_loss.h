@@ -28,6 +28,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/errors.h"
 #include "workers/algos/agg_loss.h"
 
 namespace baton::algos {
@@ -51,14 +52,14 @@ struct PolicyLossResult {
 };
 
 // The registered loss `name` (built-in or the user's); an unknown name throws
-// std::invalid_argument naming it, the closest known name and all known ones.
+// baton::InvalidArgument naming it, the closest known name and all known ones.
 PolicyLossResult policy_loss(std::string_view name, const at::Tensor& old_log_prob,
                              const at::Tensor& log_prob, const at::Tensor& advantages,
                              const at::Tensor& mask, const PolicyLossOptions& options,
                              const std::optional<at::Tensor>& rollout_is_weights = std::nullopt);
 
 // The built-in losses (registered under the names in quotes). All take
-// [B, L] tensors and throw std::invalid_argument on mismatched shapes.
+// [B, L] tensors and throw baton::InvalidArgument on mismatched shapes.
 #define BATON_DECLARE_POLICY_LOSS(fn)                                             \
   PolicyLossResult fn(const at::Tensor& old_log_prob, const at::Tensor& log_prob, \
                       const at::Tensor& advantages, const at::Tensor& mask,       \

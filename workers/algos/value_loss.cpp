@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "base/errors.h"
 #include "workers/algos/masked_reductions.h"
 
 namespace baton::algos {
@@ -14,7 +15,7 @@ ValueLossResult compute_value_loss(const at::Tensor& vpreds, const at::Tensor& r
                                    const GlobalBatchInfo& info) {
   if (returns.sizes() != vpreds.sizes() || values.sizes() != vpreds.sizes() ||
       mask.sizes() != vpreds.sizes())
-    throw std::invalid_argument(
+    throw baton::InvalidArgument(
         "compute_value_loss: vpreds, returns, values and mask must have "
         "one shape; got " +
         c10::str(vpreds.sizes()) + ", " + c10::str(returns.sizes()) + ", " +

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton::rewards {
 namespace {
@@ -78,14 +78,14 @@ std::vector<int32_t> masked_ids(const int32_t* ids, const int64_t* mask, int64_t
 RewardManager::RewardManager(const data::Tokenizer& tokenizer, RewardManagerOptions options)
     : tokenizer_(&tokenizer), options_(std::move(options)) {
   if (options_.num_examine < 0)
-    throw std::invalid_argument("RewardManager: num_examine must be >= 0, got " +
+    throw baton::InvalidArgument("RewardManager: num_examine must be >= 0, got " +
                                 std::to_string(options_.num_examine));
   const OverlongBufferOptions& o = options_.overlong_buffer;
   if (o.enable && o.len <= 0)
-    throw std::invalid_argument("RewardManager: overlong_buffer.len must be > 0 when enabled, got " +
+    throw baton::InvalidArgument("RewardManager: overlong_buffer.len must be > 0 when enabled, got " +
                                 std::to_string(o.len));
   if (o.enable && o.max_resp_len < o.len)
-    throw std::invalid_argument(
+    throw baton::InvalidArgument(
         "RewardManager: overlong_buffer.max_resp_len (" + std::to_string(o.max_resp_len) +
         ") must be >= overlong_buffer.len (" + std::to_string(o.len) + ")");
   if (options_.reward_fn_name) named_function_ = find_reward_function(*options_.reward_fn_name);
@@ -165,7 +165,7 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
       if (it == functions.end()) {
         try {
           it = functions.emplace(data_source, find_reward_function_for(data_source)).first;
-        } catch (const std::invalid_argument& e) {
+        } catch (const baton::InvalidArgument& e) {
           fail("row " + std::to_string(i) + " (column '" + options_.reward_fn_key +
                "'): " + e.what());
         }

@@ -44,7 +44,8 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer.h"
+#include "base/errors.h"
+#include "text/tokenizer/tokenizer.h"
 #include "dispatch/data_proto.h"
 #include "workers/rewards/reward_registry.h"
 
@@ -119,7 +120,7 @@ struct RewardResult {
 
 class RewardManager {
  public:
-  // Throws std::invalid_argument for an unknown reward_fn_name (naming the
+  // Throws baton::InvalidArgument for an unknown reward_fn_name (naming the
   // registered ones), a negative num_examine, or an enabled overlong buffer
   // with len <= 0 or max_resp_len < len.
   RewardManager(const data::Tokenizer& tokenizer, RewardManagerOptions options = {});

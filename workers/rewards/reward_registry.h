@@ -32,7 +32,8 @@
 // functions themselves are called without a lock.
 #pragma once
 
-#include "runtime/static_registration.h"
+#include "base/errors.h"
+#include "base/static_registration.h"
 
 #include <functional>
 #include <optional>
@@ -54,7 +55,7 @@ struct RewardInput {
 // A reward function: the sample's score (the reward at its last token).
 using RewardFunction = std::function<double(const RewardInput&)>;
 
-// Registers `fn` under `name`. Throws std::invalid_argument for an empty name
+// Registers `fn` under `name`. Throws baton::InvalidArgument for an empty name
 // or function, or a name already registered (built-ins included).
 void register_reward_function(std::string name, RewardFunction fn);
 
@@ -62,14 +63,14 @@ void register_reward_function(std::string name, RewardFunction fn);
 // `function_name` (which must exist), replacing any earlier choice for it (a
 // built-in source too). A data source ending in '*' matches every source with
 // that prefix; an exact name wins over prefixes, a longer prefix over a
-// shorter one. Throws std::invalid_argument naming an unknown function.
+// shorter one. Throws baton::InvalidArgument naming an unknown function.
 void register_reward_data_source(std::string data_source, std::string function_name);
 
-// The function registered as `name`. Throws std::invalid_argument naming it
+// The function registered as `name`. Throws baton::InvalidArgument naming it
 // and every registered name.
 RewardFunction find_reward_function(std::string_view name);
 
-// The function for samples of `data_source`. Throws std::invalid_argument
+// The function for samples of `data_source`. Throws baton::InvalidArgument
 // naming it and every known data source, saying how to register one.
 RewardFunction find_reward_function_for(std::string_view data_source);
 // The name of that function ("" when none is registered for it).

@@ -8,10 +8,10 @@
 #include <map>
 
 #include "dispatch/dispatch_modes.h"
-#include "engine/checkpoint.h"
-#include "engine/hf_model.h"
-#include "engine/sharded_model.h"
-#include "runtime/errors.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/sharded_model.h"
+#include "base/errors.h"
 #include "runtime/process_group.h"
 #include "workers/algos/agg_loss.h"
 #include "workers/algos/kl.h"

@@ -39,8 +39,8 @@
 #include <string>
 
 #include "dispatch/data_proto.h"
-#include "engine/hybrid_engine.h"
-#include "engine/weight_sync.h"
+#include "engine/rollout/hybrid_engine.h"
+#include "engine/rollout/weight_sync.h"
 #include "runtime/method_table.h"
 #include "runtime/value.h"
 #include "runtime/worker.h"

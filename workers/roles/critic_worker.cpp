@@ -4,8 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dispatch/dispatch_modes.h"
-#include "engine/checkpoint.h"
-#include "runtime/errors.h"
+#include "engine/io/checkpoint.h"
+#include "base/errors.h"
 #include "workers/algos/value_loss.h"
 #include "workers/roles/role_update.h"
 

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "dispatch/dispatch_modes.h"
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton::workers {
 

@@ -7,13 +7,13 @@
 #include <chrono>
 #include <set>
 
-#include "engine/atomic_file.h"
-#include "engine/hf_model.h"
-#include "engine/sharded_model.h"
-#include "engine/vocab_parallel.h"
-#include "engine/weight_conversion.h"
-#include "runtime/errors.h"
-#include "runtime/log.h"
+#include "base/atomic_file.h"
+#include "base/errors.h"
+#include "base/log.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/sharded_model.h"
+#include "engine/io/weight_conversion.h"
+#include "engine/parallel/vocab_parallel.h"
 #include "runtime/process_group.h"
 
 #if defined(BATON_CUDA)
@@ -39,10 +39,7 @@ RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const 
                 " (spawn the group with that tp and pp)");
   }
   engine::ParallelConfig pc;
-  pc.tp = layout.tp;
-  pc.cp = layout.cp;
-  pc.dp = layout.dp;
-  pc.pp = layout.pp;
+  static_cast<ParallelLayout&>(pc) = layout;
   pc.make_vocab_size_divisible_by = options.vocab_divisible_by;
   auto backend = engine::CollectiveBackend::kGloo;
 #if defined(BATON_CUDA)
@@ -398,7 +395,7 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
   layout.make_vocab_size_divisible_by = ps.config().make_vocab_size_divisible_by;
   part_then_agree(ps, "preparing the shard folder", [&] {
     if (ps.rank() != 0) return;
-    engine::remove_tree(shards);
+    baton::remove_tree(shards);
     fs::create_directories(shards);
     engine::write_sharded_layout(shards, cfg, layout, &base);
   });
@@ -413,7 +410,7 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
         engine::shards_to_hf(engine::load_sharded_all(shards), cfg, saved.layer_split,
                              saved.value_model, saved.make_vocab_size_divisible_by);
     engine::save_hf_model(out, cfg, hf, saved.value_model, engine::kDefaultMaxShardBytes, &base);
-    engine::remove_tree(shards);
+    baton::remove_tree(shards);
     // The source directory's other files (tokenizer, generation config).
     for (const auto& e : fs::directory_iterator(role.options().path)) {
       const std::string name = e.path().filename().string();

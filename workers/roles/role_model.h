@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "dispatch/data_proto.h"
-#include "engine/offload.h"
-#include "engine/optimizer.h"
-#include "engine/pipeline_schedule.h"
-#include "engine/transformer.h"
+#include "engine/optim/offload.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/pipeline_schedule.h"
+#include "engine/model/transformer.h"
 #include "runtime/worker.h"
 #include "workers/roles/role_options.h"
 
@@ -85,7 +85,7 @@ class RoleModel {
   // keeps (tp 0, cp 0, the last stage).
   bool is_collector() const;
 
-  // Offload (ModelOptions::offload, engine/offload.h). A phase of the role
+  // Offload (ModelOptions::offload, engine/optim/offload.h). A phase of the role
   // calls resident() first — the parameters come back, and for `training`
   // (an update, a checkpoint) the gradients and optimizer state too — and
   // idle() last: what the options name leaves the device. Without offload

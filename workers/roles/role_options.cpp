@@ -5,7 +5,7 @@
 #include <string>
 #include <type_traits>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 
 namespace baton::workers {
 namespace {

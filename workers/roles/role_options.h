@@ -21,7 +21,7 @@ namespace baton::workers {
 
 // What of a role leaves the device between the phases that need it (verl's
 // megatron.param_offload / grad_offload / optimizer_offload;
-// engine/offload.h): parameters outside the role's forwards, gradients and
+// engine/optim/offload.h): parameters outside the role's forwards, gradients and
 // optimizer state outside its updates.
 struct OffloadOptions {
   bool params = false;
@@ -43,7 +43,7 @@ struct ModelOptions {
   std::string dtype = "float32";
   OffloadOptions offload;
   // The deadline of every collective of the role's groups and of its weight
-  // syncs (engine/deadline_group.h): a rank that waits longer for another
+  // syncs (engine/parallel/deadline_group.h): a rank that waits longer for another
   // throws, naming the group, the operation and the ranks that did not
   // arrive (trainer.collective_timeout_s).
   int64_t collective_timeout_ms = 600'000;

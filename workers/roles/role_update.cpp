@@ -9,7 +9,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 #include "workers/roles/role_model.h"
 
 namespace baton::workers {

@@ -13,7 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "dispatch/data_proto.h"
-#include "engine/parallel_state.h"
+#include "engine/parallel/parallel_state.h"
 #include "workers/algos/agg_loss.h"
 #include "workers/roles/role_options.h"
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "runtime/errors.h"
+#include "base/errors.h"
 #include "workers/roles/role_model.h"
 
 namespace baton::workers {

@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "dispatch/data_proto.h"
-#include "engine/generation.h"
+#include "engine/rollout/generation.h"
 
 namespace baton::workers {
 

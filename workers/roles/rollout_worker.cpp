@@ -3,8 +3,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "dispatch/dispatch_modes.h"
-#include "runtime/auth_store.h"
-#include "runtime/errors.h"
+#include "runtime/internal/auth_store.h"
+#include "base/errors.h"
 #include "workers/roles/rollout_batch.h"
 
 namespace baton::workers {

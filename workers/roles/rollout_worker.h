@@ -36,8 +36,8 @@
 #include <string>
 
 #include "dispatch/data_proto.h"
-#include "engine/generation.h"
-#include "engine/weight_sync.h"
+#include "engine/rollout/generation.h"
+#include "engine/rollout/weight_sync.h"
 #include "runtime/method_table.h"
 #include "runtime/value.h"
 #include "runtime/worker.h"

@@ -11,9 +11,9 @@
 
 #include "dispatch/data_proto.h"
 #include "dispatch/dispatch_modes.h"
-#include "engine/model_config.h"
+#include "engine/io/model_config.h"
 #include "runtime/baton.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 #include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/algos/algo_registry.h"
 

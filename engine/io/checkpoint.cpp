@@ -1,0 +1,139 @@
+#include "engine/io/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "base/atomic_file.h"
+#include "engine/errors.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/sharded_model.h"
+#include "engine/io/weight_conversion.h"
+
+namespace fs = std::filesystem;
+
+namespace baton::engine {
+namespace {
+
+std::string shard_suffix(const ParallelState& ps) {
+  return detail::cat("tp", ps.coords().tp, "-pp", ps.coords().pp);
+}
+
+ShardedLayout sharded_layout(const Transformer& model) {
+  const ParallelConfig& pc = model.parallel().config();
+  ShardedLayout l;
+  l.tp = pc.tp;
+  l.pp = pc.pp;
+  l.layer_split =
+      pc.layer_split.empty() ? even_layer_split(model.config().num_layers, pc.pp) : pc.layer_split;
+  l.value_model = model.options().value_model;
+  l.make_vocab_size_divisible_by = pc.make_vocab_size_divisible_by;
+  return l;
+}
+
+nlohmann::json checkpoint_json(const Transformer& model, int64_t step) {
+  const ParallelConfig& pc = model.parallel().config();
+  return {{"format", kCheckpointFormat}, {"step", step}, {"dp", pc.dp}, {"cp", pc.cp}};
+}
+
+at::Tensor rng_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
+
+void set_rng_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
+void save_checkpoint(const fs::path& root, int64_t step, const Transformer& model,
+                     const Optimizer& optimizer, const nlohmann::json& extra,
+                     const SaveOptions& options) {
+  auto phase = [&](const char* name) {
+    if (options.on_phase) options.on_phase(name);
+  };
+  const ParallelState& ps = model.parallel();
+  auto final_dir = root / detail::step_dir_name(step);
+  auto partial = root / (detail::step_dir_name(step) + ".partial");
+  if (ps.rank() == 0) {
+    fs::create_directories(root);
+    remove_tree(partial);
+    fs::create_directories(partial);
+  }
+  barrier(ps.world());
+  const Coords& c = ps.coords();
+  // The distributed optimizer gathers its state over DP: every rank takes part.
+  std::map<std::string, at::Tensor> optim_state;
+  if (optimizer.options().distributed || (c.dp == 0 && c.cp == 0))
+    optim_state = optimizer.state_dict();
+  if (c.dp == 0 && c.cp == 0) {
+    write_sharded_rank(partial, c.tp, c.pp, model.state_dict());
+    write_safetensors(partial / ("optim-" + shard_suffix(ps) + ".safetensors"), optim_state);
+  }
+  write_safetensors(partial / detail::cat("rng-", ps.rank(), ".safetensors"),
+                    {{"cpu", rng_state()}});
+  if (ps.rank() == 0) {
+    write_sharded_layout(partial, model.config(), sharded_layout(model));
+    write_file_atomically(partial / "checkpoint.json", checkpoint_json(model, step).dump(2));
+    write_file_atomically(partial / "extra.json", extra.dump(2));
+  }
+  phase("files_written");
+  barrier(ps.world());  // every rank's files are on disk
+  if (ps.rank() == 0) {
+    fsync_directory(partial);
+    phase("before_publish");
+    if (fs::exists(final_dir)) {
+      auto old = root / (detail::step_dir_name(step) + ".old");
+      remove_tree(old);
+      fs::rename(final_dir, old);
+      fs::rename(partial, final_dir);
+      remove_tree(old);
+    } else {
+      fs::rename(partial, final_dir);
+    }
+    fsync_directory(root);
+    write_file_atomically(root / "latest", std::to_string(step) + "\n");
+  }
+  barrier(ps.world());
+}
+
+nlohmann::json load_checkpoint(const fs::path& root, Transformer& model, Optimizer& optimizer,
+                               std::optional<int64_t> step) {
+  const SavedCheckpoint found = find_checkpoint(root, step);
+  const fs::path& dir = found.dir;
+  const ShardedLayout& saved = found.layout;
+  const ParallelState& ps = model.parallel();
+  ShardedLayout want = sharded_layout(model);
+  auto mismatch = [&](const char* key, const std::string& a, const std::string& b) {
+    throw EngineError(detail::cat(dir.string(), ": checkpoint ", key, " = ", a,
+                                  " but the model has ", b,
+                                  "; convert it first (baton-convert --to-hf, then --to-sharded)"));
+  };
+  auto split_text = [](const std::vector<int64_t>& v) { return nlohmann::json(v).dump(); };
+  if (saved.tp != want.tp) mismatch("tp", std::to_string(saved.tp), std::to_string(want.tp));
+  if (saved.pp != want.pp) mismatch("pp", std::to_string(saved.pp), std::to_string(want.pp));
+  if (saved.layer_split != want.layer_split)
+    mismatch("layer_split", split_text(saved.layer_split), split_text(want.layer_split));
+  if (saved.value_model != want.value_model)
+    mismatch("value_model", saved.value_model ? "true" : "false",
+             want.value_model ? "true" : "false");
+  // The shards' vocabulary rows (the padded sizes may agree for different divisors).
+  const ModelConfig& cfg = model.config();
+  if (saved.padded_vocab_size(cfg) != want.padded_vocab_size(cfg))
+    mismatch("padded_vocab_size",
+             detail::cat(saved.padded_vocab_size(cfg), " (make_vocab_size_divisible_by ",
+                         saved.make_vocab_size_divisible_by, ")"),
+             detail::cat(want.padded_vocab_size(cfg), " (make_vocab_size_divisible_by ",
+                         want.make_vocab_size_divisible_by, ")"));
+  const Coords& c = ps.coords();
+  model.load_state_dict(load_sharded_rank(dir, c.tp, c.pp));
+  optimizer.load_state_dict(read_safetensors(dir / ("optim-" + shard_suffix(ps) + ".safetensors")));
+  auto rng_file = dir / detail::cat("rng-", ps.rank(), ".safetensors");
+  if (fs::exists(rng_file)) {
+    auto rng = read_safetensors(rng_file);
+    if (rng.count("cpu")) set_rng_state(rng.at("cpu"));
+  }
+  return detail::read_checkpoint_json(dir / "extra.json");
+}
+
+}  // namespace baton::engine

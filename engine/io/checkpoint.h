@@ -1,0 +1,84 @@
+// Sharded training checkpoints: model, optimizer (moments, master weights,
+// step — the schedule position), RNG state and a JSON of the caller's own
+// (data-loader position, ...), one directory per step:
+//
+//   root/latest                        "12" (the newest complete checkpoint)
+//   root/step_00000012/               a baton-sharded-v1 model directory (so
+//                                      baton-convert --to-hf exports it) plus:
+//     config.json, layout.json         the model's HF config; tp, pp, layer split,
+//                                      vocabulary padding
+//     model-tp{t}-pp{p}.safetensors    engine-named weights (DP rank 0 writes)
+//     checkpoint.json                  step, dp, cp
+//     optim-tp{t}-pp{p}.safetensors    optimizer state (DP rank 0 writes)
+//     rng-{rank}.safetensors           every rank's generator state
+//     extra.json                       the caller's JSON
+//
+// Atomic: every rank writes into `step_N.partial/`; after a barrier rank 0
+// renames it to `step_N` and then rewrites `latest` by rename. A crash at any
+// point leaves the previous checkpoint and `latest` intact; a leftover
+// `.partial` directory is ignored and replaced by the next save.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "engine/optim/optimizer.h"
+#include "engine/io/sharded_model.h"
+#include "engine/model/transformer.h"
+
+namespace baton::engine {
+
+inline constexpr const char* kCheckpointFormat = "baton-checkpoint-v1";
+namespace detail {
+// "step_00000012".
+std::string step_dir_name(int64_t step);
+// One of a checkpoint's JSON files: EngineError "<file>: missing checkpoint
+// file" when it is absent, else read_json_file's (hf_model.h).
+nlohmann::json read_checkpoint_json(const std::filesystem::path& file);
+}  // namespace detail
+
+struct SaveOptions {
+  // Test seam: called on every rank at each phase of a save ("files_written"
+  // after this rank's files, "before_publish" on rank 0 before the rename).
+  // A hook that throws (or kills the process) simulates a crash there.
+  std::function<void(const std::string& phase)> on_phase;
+};
+
+// Collective over the model's world: every rank calls it with the same
+// arguments. Blocks until the checkpoint is complete on disk.
+void save_checkpoint(const std::filesystem::path& root, int64_t step, const Transformer& model,
+                     const Optimizer& optimizer, const nlohmann::json& extra = {},
+                     const SaveOptions& options = {});
+
+// The newest complete checkpoint's step under `root`, if any. Throws
+// EngineError when `latest` holds anything but a step number (whitespace
+// around it aside) or names a step whose directory is missing.
+std::optional<int64_t> latest_checkpoint(const std::filesystem::path& root);
+
+// A complete checkpoint's metadata, read and checked without a model.
+struct SavedCheckpoint {
+  int64_t step = 0;
+  std::filesystem::path dir;  // root/step_NNNNNNNN
+  ShardedLayout layout;       // layout.json, checked against config.json
+};
+// The checkpoint under `root` at `step` (the latest when empty): its
+// checkpoint.json must be this format's and name that step, its layout.json
+// and config.json must agree. Throws EngineError naming the file otherwise,
+// or when there is no checkpoint.
+SavedCheckpoint find_checkpoint(const std::filesystem::path& root,
+                                std::optional<int64_t> step = std::nullopt);
+
+// Restores this rank's model, optimizer and RNG from `root` at `step` (the
+// latest when empty) and returns the caller's JSON. Throws EngineError when
+// there is no checkpoint, a file is missing or corrupt, or the checkpoint's
+// layout (tp, pp, layer split, model kind, padded vocabulary size) differs
+// from the model's.
+nlohmann::json load_checkpoint(const std::filesystem::path& root, Transformer& model,
+                               Optimizer& optimizer, std::optional<int64_t> step = std::nullopt);
+
+}  // namespace baton::engine

@@ -1,0 +1,178 @@
+#include "engine/io/sharded_model.h"
+
+#include <nlohmann/json.hpp>
+
+#include <regex>
+#include <set>
+
+#include "base/atomic_file.h"
+#include "engine/errors.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/weight_conversion.h"
+
+namespace baton::engine {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The layout with its split filled in, checked against the config.
+ShardedLayout checked(const ModelConfig& cfg, ShardedLayout layout, const std::string& where) {
+  try {
+    if (layout.tp < 1 || layout.pp < 1)
+      throw EngineError(detail::cat("tp ", layout.tp, " and pp ", layout.pp, " must be positive"));
+    if (layout.layer_split.empty())
+      layout.layer_split = even_layer_split(cfg.num_layers, layout.pp);
+    if (static_cast<int64_t>(layout.layer_split.size()) != layout.pp)
+      throw EngineError(detail::cat("layer split has ", layout.layer_split.size(),
+                                    " entries but pp is ", layout.pp));
+    validate_layer_split(layout.layer_split, cfg.num_layers);
+    validate_tensor_parallel(cfg, layout.tp);
+    layout.padded_vocab_size(cfg);  // throws for a divisor below 1
+  } catch (const EngineError& e) {
+    throw EngineError(where + ": " + e.what());
+  }
+  return layout;
+}
+
+int64_t json_int(const nlohmann::json& j, const char* key, const fs::path& file) {
+  if (!j.contains(key) || !j[key].is_number_integer())
+    throw EngineError(detail::cat(file.string(), ": \"", key, "\" is missing or not an integer"));
+  return j[key].get<int64_t>();
+}
+
+}  // namespace
+
+std::string sharded_rank_file(int64_t tp_rank, int64_t pp_rank) {
+  return detail::cat("model-tp", tp_rank, "-pp", pp_rank, ".safetensors");
+}
+
+std::vector<std::vector<TensorMap>> shard_all(const TensorMap& hf, const ModelConfig& cfg,
+                                              const ShardedLayout& layout_in) {
+  auto layout = checked(cfg, layout_in, "shard_all");
+  std::vector<std::vector<TensorMap>> shards(layout.pp);
+  for (int64_t p = 0; p < layout.pp; ++p)
+    for (int64_t k = 0; k < layout.tp; ++k) {
+      auto spec = ShardSpec::for_rank(cfg, k, layout.tp, p, layout.layer_split, layout.value_model);
+      spec.make_vocab_size_divisible_by = layout.make_vocab_size_divisible_by;
+      shards[p].push_back(hf_to_shard(hf, cfg, spec));
+    }
+  return shards;
+}
+
+void write_sharded_layout(const fs::path& dir, const ModelConfig& cfg,
+                          const ShardedLayout& layout_in, const nlohmann::json* base_config) {
+  auto layout = checked(cfg, layout_in, (dir / "layout.json").string());
+  write_file_atomically(dir / "config.json",
+                        hf_config_json(cfg, layout.value_model, base_config).dump(2) + "\n");
+  nlohmann::json j = {{"format", kShardedFormat},
+                      {"tp", layout.tp},
+                      {"pp", layout.pp},
+                      {"layer_split", layout.layer_split},
+                      {"value_model", layout.value_model},
+                      {"make_vocab_size_divisible_by", layout.make_vocab_size_divisible_by},
+                      {"padded_vocab_size", layout.padded_vocab_size(cfg)}};
+  write_file_atomically(dir / "layout.json", j.dump(2) + "\n");
+}
+
+void write_sharded_rank(const fs::path& dir, int64_t tp_rank, int64_t pp_rank,
+                        const TensorMap& shard) {
+  write_safetensors(dir / sharded_rank_file(tp_rank, pp_rank), shard,
+                    {{"format", kShardedFormat},
+                     {"tp_rank", std::to_string(tp_rank)},
+                     {"pp_rank", std::to_string(pp_rank)}});
+}
+
+void save_sharded(const fs::path& dir, const ModelConfig& cfg, const ShardedLayout& layout_in,
+                  const std::vector<std::vector<TensorMap>>& shards,
+                  const nlohmann::json* base_config) {
+  auto layout = checked(cfg, layout_in, dir.string());
+  if (static_cast<int64_t>(shards.size()) != layout.pp)
+    throw EngineError(
+        detail::cat(dir.string(), ": ", shards.size(), " stages of shards for pp ", layout.pp));
+  std::set<std::string> written;
+  for (int64_t p = 0; p < layout.pp; ++p) {
+    if (static_cast<int64_t>(shards[p].size()) != layout.tp)
+      throw EngineError(detail::cat(dir.string(), ": stage ", p, " has ", shards[p].size(),
+                                    " shards for tp ", layout.tp));
+    for (int64_t k = 0; k < layout.tp; ++k) {
+      write_sharded_rank(dir, k, p, shards[p][k]);
+      written.insert(sharded_rank_file(k, p));
+    }
+  }
+  write_sharded_layout(dir, cfg, layout, base_config);
+  static const std::regex rank_file(R"(model-tp\d+-pp\d+\.safetensors)");
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::string name = entry.path().filename().string();
+    if (std::regex_match(name, rank_file) && !written.count(name)) fs::remove(entry.path());
+  }
+}
+
+ShardedLayout load_sharded_layout(const fs::path& dir) {
+  const fs::path file = dir / "layout.json";
+  if (!fs::exists(file))
+    throw EngineError(detail::cat(file.string(), ": missing; not a baton sharded model"));
+  nlohmann::json j = read_json_file(file);
+  if (!j.is_object() || !j.contains("format") || j["format"] != kShardedFormat)
+    throw EngineError(detail::cat(file.string(), ": \"format\" is not \"", kShardedFormat, "\""));
+  ShardedLayout layout;
+  layout.tp = json_int(j, "tp", file);
+  layout.pp = json_int(j, "pp", file);
+  if (!j.contains("layer_split") || !j["layer_split"].is_array())
+    throw EngineError(detail::cat(file.string(), ": \"layer_split\" is missing or not a list"));
+  for (const auto& n : j["layer_split"]) {
+    if (!n.is_number_integer())
+      throw EngineError(detail::cat(file.string(), ": \"layer_split\" holds a non-integer"));
+    layout.layer_split.push_back(n.get<int64_t>());
+  }
+  if (!j.contains("value_model") || !j["value_model"].is_boolean())
+    throw EngineError(detail::cat(file.string(), ": \"value_model\" is missing or not a bool"));
+  layout.value_model = j["value_model"].get<bool>();
+  // Written before vocabulary padding existed: the vocabulary divided tp.
+  layout.make_vocab_size_divisible_by =
+      j.contains("make_vocab_size_divisible_by") ? json_int(j, "make_vocab_size_divisible_by", file)
+                                                 : 1;
+  const auto cfg = ModelConfig::load(dir);
+  layout = checked(cfg, layout, file.string());
+  if (j.contains("padded_vocab_size") &&
+      json_int(j, "padded_vocab_size", file) != layout.padded_vocab_size(cfg))
+    throw EngineError(detail::cat(file.string(), ": \"padded_vocab_size\" ",
+                                  json_int(j, "padded_vocab_size", file), " is not vocab_size ",
+                                  cfg.vocab_size, " padded by make_vocab_size_divisible_by ",
+                                  layout.make_vocab_size_divisible_by, " x tp ", layout.tp, " (",
+                                  layout.padded_vocab_size(cfg), ")"));
+  return layout;
+}
+
+namespace {
+
+TensorMap load_rank(const fs::path& dir, const ShardedLayout& layout, int64_t tp_rank,
+                    int64_t pp_rank) {
+  if (tp_rank < 0 || tp_rank >= layout.tp || pp_rank < 0 || pp_rank >= layout.pp)
+    throw EngineError(detail::cat(dir.string(), ": rank (tp ", tp_rank, ", pp ", pp_rank,
+                                  ") is outside the layout tp ", layout.tp, " x pp ", layout.pp));
+  const fs::path file = dir / sharded_rank_file(tp_rank, pp_rank);
+  if (!fs::exists(file)) throw EngineError(detail::cat(file.string(), ": missing rank file"));
+  std::map<std::string, std::string> metadata;
+  TensorMap shard = read_safetensors(file, &metadata);
+  if (metadata.count("tp_rank") && (metadata["tp_rank"] != std::to_string(tp_rank) ||
+                                    metadata["pp_rank"] != std::to_string(pp_rank)))
+    throw EngineError(detail::cat(file.string(), ": holds rank (tp ", metadata["tp_rank"], ", pp ",
+                                  metadata["pp_rank"], "), not the one its name says"));
+  return shard;
+}
+
+}  // namespace
+
+TensorMap load_sharded_rank(const fs::path& dir, int64_t tp_rank, int64_t pp_rank) {
+  return load_rank(dir, load_sharded_layout(dir), tp_rank, pp_rank);
+}
+
+std::vector<std::vector<TensorMap>> load_sharded_all(const fs::path& dir) {
+  const auto layout = load_sharded_layout(dir);
+  std::vector<std::vector<TensorMap>> shards(layout.pp);
+  for (int64_t p = 0; p < layout.pp; ++p)
+    for (int64_t k = 0; k < layout.tp; ++k) shards[p].push_back(load_rank(dir, layout, k, p));
+  return shards;
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,548 @@
+#include "engine/model/transformer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "engine/errors.h"
+#include "engine/kernels/packed_linear.h"
+#include "engine/parallel/tensor_parallel.h"
+#include "engine/parallel/vocab_parallel.h"
+
+namespace baton::engine {
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// One layer under full activation recomputation: forward runs without
+// autograd and keeps only the layer's input; backward runs the layer again
+// with autograd and differentiates it. The layer's parameters are inputs of
+// the node so that their gradients flow (they accumulate into .grad()).
+// Collectives inside the layer run again in backward, in the same order on
+// every TP rank, because every rank recomputes the same layer.
+class RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
+ public:
+  // Autograd functions take defined tensors only: a packed batch passes an
+  // empty `bias` beside its lengths.
+  static AttentionMask mask_of(const at::Tensor& bias, std::vector<int64_t> lengths) {
+    if (!lengths.empty()) return AttentionMask{at::Tensor(), std::move(lengths)};
+    return AttentionMask{bias, {}};
+  }
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, TransformerLayer* layer,
+                            const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& bias, std::vector<int64_t> lengths,
+                            at::TensorList params) {
+    ctx->saved_data["layer"] = reinterpret_cast<int64_t>(layer);
+    ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    ctx->saved_data["lengths"] = lengths;
+    ctx->save_for_backward({x, cos, sin, bias});
+    at::AutoGradMode no_grad(false);
+    return layer->forward(x, Rotary{cos, sin}, mask_of(bias, std::move(lengths)));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto* layer = reinterpret_cast<TransformerLayer*>(ctx->saved_data["layer"].toInt());
+    auto saved = ctx->get_saved_variables();
+    auto x = saved[0].detach().requires_grad_(true);
+    at::Tensor out;
+    {
+      at::AutoGradMode grad(true);
+      out = layer->forward(x, Rotary{saved[1], saved[2]},
+                           mask_of(saved[3], ctx->saved_data["lengths"].toIntVector()));
+    }
+    torch::autograd::variable_list inputs{x};
+    for (const auto& p : layer->parameters()) inputs.push_back(p);
+    auto grads = torch::autograd::grad({out}, inputs, {grad_out[0]}, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    // One gradient per forward input: layer, x, cos, sin, bias, lengths, then
+    // params.
+    torch::autograd::variable_list result{at::Tensor(), grads[0],     at::Tensor(),
+                                          at::Tensor(), at::Tensor(), at::Tensor()};
+    result.insert(result.end(), grads.begin() + 1, grads.end());
+    return result;
+  }
+};
+
+// Packed sequences' lengths must tile the one row of a packed batch.
+void check_packed_lengths(const std::vector<int64_t>& lengths, int64_t b, int64_t s) {
+  int64_t total = 0;
+  for (int64_t len : lengths) {
+    if (len < 1)
+      throw EngineError(detail::cat("Transformer::forward: a packed sequence of ", len, " tokens"));
+    total += len;
+  }
+  if (b != 1 || total != s)
+    throw EngineError(detail::cat("Transformer::forward: packed sequences (", lengths.size(),
+                                  " of ", total, " tokens) must fill one row, got [", b, ", ", s,
+                                  "]"));
+}
+
+}  // namespace
+
+Transformer::Transformer(ModelConfig config, std::shared_ptr<ParallelState> state,
+                         TransformerOptions options)
+    : config_(std::move(config)), state_(std::move(state)), options_(options) {
+  if (config_.family == ModelFamily::kLlama && (config_.qkv_bias || config_.mlp_bias))
+    throw EngineError(config_.architecture +
+                      ": attention_bias / mlp_bias are not supported for Llama models");
+  const Group& tp = state_->tp();
+  int64_t h = config_.hidden_size;
+  padded_vocab_ = state_->config().padded_vocab_size(config_.vocab_size);
+  vocab_shard_ = engine::vocab_shard(config_.vocab_size, padded_vocab_, tp.size, tp.rank);
+  // Padding rows start as zeros (checkpoints and exports are deterministic);
+  // they stay so, since their gradients are zero (vocab_padding.h).
+  auto zero_padding = [&](const at::Tensor& w) {
+    at::NoGradGuard no_grad;
+    if (vocab_shard_.padding() > 0) w.narrow(0, vocab_shard_.real, vocab_shard_.padding()).zero_();
+  };
+  if (first_stage()) {
+    VocabParallelEmbeddingOptions emb;
+    emb.vocab_size = padded_vocab_;
+    emb.hidden_size = h;
+    emb.sequence_parallel = options_.sequence_parallel;
+    embedding_ = register_module("embedding", VocabParallelEmbedding(emb, tp));
+    zero_padding(embedding_->weight);
+  }
+  auto [begin, end] = stage_layer_range(state_->coords().pp, config_.num_layers, state_->config());
+  for (int64_t id = begin; id < end; ++id) {
+    auto layer = std::make_shared<TransformerLayer>(config_, tp, id, options_.sequence_parallel);
+    layers_.push_back(register_module("layer" + std::to_string(id), layer));
+  }
+  if (last_stage()) {
+    final_norm_ = register_parameter("final_norm", at::ones({h}));
+    if (options_.value_model) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(options_.value_head_seed);
+      value_head_ = register_parameter("value_head", at::normal(0.0, 0.02, {1, h}, gen));
+      value_bias_ = register_parameter("value_bias", at::zeros({1}));
+    } else if (!(config_.tie_word_embeddings && first_stage())) {
+      output_weight_ =
+          register_parameter("output_layer", at::normal(0.0, 0.02, {vocab_shard_.rows, h}));
+      zero_padding(output_weight_);
+    }
+  }
+}
+
+bool Transformer::first_stage() const { return state_->is_first_stage(); }
+bool Transformer::last_stage() const { return state_->is_last_stage(); }
+
+at::Device Transformer::device() const {
+  // Every parameter lives on one device: the first one found says which
+  // (without building named_params(), as forward asks on every call).
+  if (embedding_) return embedding_->weight.device();
+  if (final_norm_.defined()) return final_norm_.device();
+  auto params = named_params();
+  return params.empty() ? at::Device(at::kCPU) : params.front().second.device();
+}
+
+ShardSpec Transformer::shard_spec() const {
+  const ParallelConfig& pc = state_->config();
+  auto split =
+      pc.layer_split.empty() ? even_layer_split(config_.num_layers, pc.pp) : pc.layer_split;
+  auto spec = ShardSpec::for_rank(config_, state_->coords().tp, pc.tp, state_->coords().pp, split,
+                                  options_.value_model);
+  spec.make_vocab_size_divisible_by = pc.make_vocab_size_divisible_by;
+  return spec;
+}
+
+void Transformer::check_token_ids(const at::Tensor& ids, const char* who) const {
+  // The embedding checks against its padded rows; padding rows are no tokens.
+  if (padded_vocab_ == config_.vocab_size || ids.numel() == 0) return;
+  const int64_t hi = ids.max().item<int64_t>();
+  if (hi >= config_.vocab_size)
+    throw EngineError(detail::cat(who, ": token id ", hi, " is outside the vocabulary [0, ",
+                                  config_.vocab_size, ")"));
+}
+
+at::Tensor Transformer::forward(const at::Tensor& input_arg, const at::Tensor& position_ids_arg,
+                                const at::Tensor& attention_mask_arg,
+                                const std::vector<int64_t>& packed_lengths) {
+  // Inputs on another device (a host batch for a GPU model) are moved to the
+  // parameters' device; on the same device this copies nothing.
+  const at::Device dev = device();
+  const at::Tensor input = input_arg.to(dev);
+  const at::Tensor position_ids = position_ids_arg.to(dev);
+  const at::Tensor attention_mask = attention_mask_arg.to(dev);
+  if (position_ids.dim() != 2 || attention_mask.sizes() != position_ids.sizes())
+    throw EngineError("Transformer::forward: position_ids " + shape_of(position_ids) +
+                      " and attention_mask " + shape_of(attention_mask) + " must both be [B, S]");
+  int64_t b = position_ids.size(0), s = position_ids.size(1);
+  if (!packed_lengths.empty()) check_packed_lengths(packed_lengths, b, s);
+  int64_t tp = state_->tp().size;
+  if (options_.sequence_parallel && s % tp != 0)
+    throw EngineError(detail::cat("Transformer::forward: sequence length ", s,
+                                  " is not divisible by tp ", tp, " (sequence parallelism)"));
+  at::Tensor h;
+  if (first_stage()) {
+    if (input.dim() != 2 || input.size(0) != b || input.size(1) != s ||
+        input.scalar_type() != at::kLong)
+      throw EngineError("Transformer::forward: input_ids must be int64 [" + std::to_string(b) +
+                        ", " + std::to_string(s) + "], got " + shape_of(input));
+    check_token_ids(input, "Transformer::forward");
+    h = embedding_->forward(input);
+  } else {
+    int64_t local_s = options_.sequence_parallel ? s / tp : s;
+    if (input.dim() != 3 || input.size(0) != b || input.size(1) != local_s ||
+        input.size(2) != config_.hidden_size)
+      throw EngineError(detail::cat("Transformer::forward: stage ", state_->coords().pp,
+                                    " expects hidden states [", b, ", ", local_s, ", ",
+                                    config_.hidden_size, "], got ", shape_of(input)));
+    h = input;
+  }
+  auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
+  AttentionMask mask;
+  const bool dense = options_.packed_attention == PackedAttention::kDenseBias ||
+                     (options_.packed_attention == PackedAttention::kAuto &&
+                      s <= (dev.is_cuda() ? kDenseBiasMaxTokens : kDenseBiasMaxTokensCpu));
+  if (packed_lengths.empty()) {
+    mask.bias = causal_attention_bias(attention_mask, h.scalar_type());
+  } else if (dense) {
+    mask.bias = packed_attention_bias(packed_lengths, h.scalar_type(), dev);
+  } else {
+    mask.lengths = packed_lengths;
+  }
+  bool recompute = options_.recompute_activations && at::GradMode::is_enabled();
+  for (auto& layer : layers_) {
+    if (recompute) {
+      // As a TensorList, so that autograd sees each parameter as an input.
+      auto params = layer->parameters();
+      const at::Tensor bias = mask.packed() ? at::empty({0}, h.options()) : mask.bias;
+      h = RecomputedLayer::apply(layer.get(), h, rotary.cos, rotary.sin, bias, mask.lengths,
+                                 at::TensorList(params));
+    } else {
+      h = layer->forward(h, rotary, mask);
+    }
+  }
+  if (!last_stage()) return h;
+  h = rms_norm(h, final_norm_, config_.rms_norm_eps);
+  return options_.value_model ? value_head(h) : lm_head(h);
+}
+
+std::unique_ptr<KvCache> Transformer::make_kv_cache(const KvCacheOptions& options) const {
+  auto tensors = final_norm_.defined() ? final_norm_.options() : at::TensorOptions();
+  return std::make_unique<KvCache>(config_, static_cast<int64_t>(layers_.size()),
+                                   config_.num_kv_heads / state_->tp().size,
+                                   tensors.requires_grad(false), options);
+}
+
+at::Tensor Transformer::forward_cached(const at::Tensor& ids, const at::Tensor& position_ids,
+                                       const CacheStep& step, KvCache& cache,
+                                       const at::Tensor& last) {
+  if (!first_stage() || !last_stage() || options_.value_model || options_.sequence_parallel)
+    throw EngineError(
+        "Transformer::forward_cached: generation needs the whole model on one stage (pp = 1), "
+        "an LM head and no sequence parallelism");
+  if (ids.dim() != 2 || ids.scalar_type() != at::kLong || position_ids.sizes() != ids.sizes())
+    throw EngineError("Transformer::forward_cached: ids " + shape_of(ids) + " and position_ids " +
+                      shape_of(position_ids) + " must both be int64 [B, Q]");
+  ENGINE_CHECK(cache.awake(), "Transformer::forward_cached: the KV cache is asleep");
+  const int64_t b = ids.size(0), q = ids.size(1);
+  const int64_t l = step.read_slots.dim() == 2 ? step.read_slots.size(1) : -1;
+  if (step.write_slots.dim() != 1 || step.write_slots.size(0) != b * q ||
+      step.read_slots.dim() != 2 || step.read_slots.size(0) != b || step.bias.dim() != 4 ||
+      step.bias.size(0) != b || step.bias.size(1) != 1 || step.bias.size(2) != q ||
+      step.bias.size(3) != l || last.dim() != 1 || last.size(0) != b)
+    throw EngineError(detail::cat("Transformer::forward_cached: for ids [", b, ", ", q,
+                                  "] the step needs write_slots [", b * q, "], read_slots [", b,
+                                  ", L], bias [", b, ", 1, ", q, ", L] and last [", b, "]; got ",
+                                  shape_of(step.write_slots), ", ", shape_of(step.read_slots), ", ",
+                                  shape_of(step.bias), " and ", shape_of(last)));
+  const int64_t slots = cache.keys(0).size(0);
+  auto out_of_range = [](const at::Tensor& t, int64_t end) {
+    return t.numel() > 0 && (t.min().item<int64_t>() < 0 || t.max().item<int64_t>() >= end);
+  };
+  if (out_of_range(step.write_slots, slots) || out_of_range(step.read_slots, slots) ||
+      out_of_range(last, q))
+    throw EngineError(detail::cat("Transformer::forward_cached: a cache slot outside [0, ", slots,
+                                  ") or a last index outside [0, ", q, ")"));
+  check_token_ids(ids, "Transformer::forward_cached");
+  at::NoGradGuard no_grad;
+  auto h = embedding_->forward(ids);
+  auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
+  for (size_t i = 0; i < layers_.size(); ++i)
+    h = layers_[i]->forward_cached(h, rotary, step, cache.keys(static_cast<int64_t>(i)),
+                                   cache.values(static_cast<int64_t>(i)));
+  auto flat = at::arange(b, last.options()) * q + last;
+  h = h.reshape({b * q, h.size(2)}).index_select(0, flat);  // [B, H]: the sampled-from tokens
+  h = rms_norm(h, final_norm_, config_.rms_norm_eps);
+  auto logits = gather_from_tp_region(lm_head(h), state_->tp());
+  return padded_vocab_ == config_.vocab_size ? logits : logits.narrow(1, 0, config_.vocab_size);
+}
+
+namespace {
+
+// The whole LM on this stage, without sequence parallelism: the layouts a
+// packed step can run (supports_paged_step adds fp32 host parameters).
+bool whole_lm_without_sp(const Transformer& m) {
+  return m.first_stage() && m.last_stage() && !m.options().value_model &&
+         !m.options().sequence_parallel;
+}
+
+}  // namespace
+
+bool Transformer::supports_paged_step() const {
+  if (!whole_lm_without_sp(*this)) return false;
+  for (const auto& [name, t] : named_params())
+    if (!t.device().is_cpu() || t.scalar_type() != at::kFloat) return false;
+  return true;
+}
+
+at::Tensor Transformer::forward_paged(const PagedStep& step, KvCache& cache) {
+  const char* who = "Transformer::forward_paged";
+  if (!whole_lm_without_sp(*this) || !final_norm_.device().is_cpu() ||
+      final_norm_.scalar_type() != at::kFloat)
+    throw EngineError(std::string(who) +
+                      ": the packed step needs the whole LM on one stage, without sequence "
+                      "parallelism, with fp32 parameters on the CPU");
+  ENGINE_CHECK(cache.awake(), who, ": the KV cache is asleep");
+  auto host_long = [](const at::Tensor& x, int64_t dim) {
+    return x.defined() && x.dim() == dim && x.scalar_type() == at::kLong && x.device().is_cpu() &&
+           x.is_contiguous();
+  };
+  const int64_t t = step.ids.defined() ? step.ids.numel() : 0;
+  const int64_t b = step.last.defined() ? step.last.numel() : 0;
+  for (const at::Tensor* x : {&step.ids, &step.positions, &step.write_slots, &step.rows})
+    if (!host_long(*x, 1) || x->numel() != t)
+      throw EngineError(detail::cat(who, ": ids, positions, write_slots and rows must be int64 [",
+                                    t, "] on the host, got ", shape_of(*x)));
+  if (!host_long(step.last, 1) || !host_long(step.block_tables, 2) ||
+      step.block_tables.size(0) != b || t == 0 || b == 0)
+    throw EngineError(detail::cat(who, ": for ", t, " tokens of ", b,
+                                  " sequences the step needs last [B] and block_tables [B, M] "
+                                  "(int64, host, B >= 1); got ",
+                                  shape_of(step.last), " and ", shape_of(step.block_tables)));
+  const at::Tensor& k0 = cache.keys(0);
+  ENGINE_CHECK(k0.scalar_type() == at::kFloat && k0.device().is_cpu(), who,
+               ": the KV cache must be fp32 on the host");
+  const int64_t slots = k0.size(0), bs = cache.block_size(), blocks = slots / bs;
+  const int64_t width = step.block_tables.size(1);
+  const int64_t* ids = step.ids.data_ptr<int64_t>();
+  const int64_t* pos = step.positions.data_ptr<int64_t>();
+  const int64_t* write = step.write_slots.data_ptr<int64_t>();
+  const int64_t* rows = step.rows.data_ptr<int64_t>();
+  const int64_t* tables = step.block_tables.data_ptr<int64_t>();
+  const int64_t* last = step.last.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t i = 0; i < t; ++i) {
+    if (ids[i] < 0 || ids[i] >= config_.vocab_size)
+      throw EngineError(detail::cat(who, ": token id ", ids[i], " is outside the vocabulary [0, ",
+                                    config_.vocab_size, ")"));
+    if (pos[i] < 0 || pos[i] >= width * bs || rows[i] < 0 || rows[i] >= b || write[i] < 0 ||
+        write[i] >= slots)
+      throw EngineError(detail::cat(who, ": token ", i, " has position ", pos[i], ", row ", rows[i],
+                                    " and write slot ", write[i], "; positions must be in [0, ",
+                                    width * bs, "), rows in [0, ", b, "), slots in [0, ", slots,
+                                    ")"));
+    longest = std::max(longest, pos[i] + 1);
+  }
+  for (int64_t i = 0; i < b * width; ++i)
+    if (tables[i] < 0 || tables[i] >= blocks)
+      throw EngineError(detail::cat(who, ": block id ", tables[i], " outside [0, ", blocks, ")"));
+  for (int64_t i = 0; i < b; ++i)
+    if (last[i] < 0 || last[i] >= t)
+      throw EngineError(detail::cat(who, ": last token index ", last[i], " outside [0, ", t, ")"));
+
+  at::NoGradGuard no_grad;
+  const int64_t d = config_.head_dim;
+  if (!paged_rotary_.cos.defined() || paged_rotary_.cos.size(0) < longest) {
+    int64_t n = std::max<int64_t>(
+        {longest, 256, paged_rotary_.cos.defined() ? 2 * paged_rotary_.cos.size(0) : 0});
+    auto r =
+        rotary_tables(at::arange(n, at::kLong).view({1, n}), d, config_.rope_theta, at::kFloat);
+    paged_rotary_ = {r.cos.view({n, d}).contiguous(), r.sin.view({n, d}).contiguous()};
+  }
+  for (const auto& layer : layers_) layer->reserve(paged_ws_, t);
+  // The residual stream, in a reused buffer; with one TP rank the embedding
+  // is a copy of rows (LibTorch's index_select of a few thousand rows costs
+  // milliseconds), otherwise the vocabulary-parallel lookup and its all-reduce.
+  const int64_t hidden = config_.hidden_size;
+  if (!paged_hidden_.defined() || paged_hidden_.size(0) < t)
+    paged_hidden_ = at::empty(
+        {std::max<int64_t>(t, 2 * (paged_hidden_.defined() ? paged_hidden_.size(0) : 0)), hidden},
+        at::kFloat);
+  auto h = paged_hidden_.narrow(0, 0, t);
+  if (state_->tp().size == 1) {
+    const float* table = embedding_->weight.data_ptr<float>();
+    float* out = h.data_ptr<float>();
+    for (int64_t i = 0; i < t; ++i)
+      std::memcpy(out + i * hidden, table + ids[i] * hidden, hidden * sizeof(float));
+  } else {
+    h.copy_(embedding_->forward(step.ids.view({1, t})).view({t, hidden}));
+  }
+  cpu::PagedAttention a;
+  a.groups = layers_.front()->local_kv_heads();
+  a.ratio = config_.num_heads / config_.num_kv_heads;
+  a.head_dim = d;
+  a.block_size = bs;
+  a.cos = paged_rotary_.cos.data_ptr<float>();
+  a.sin = paged_rotary_.sin.data_ptr<float>();
+  a.positions = pos;
+  a.write_slots = write;
+  a.rows = rows;
+  a.block_tables = tables;
+  a.table_stride = width;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    a.k_cache = cache.keys(static_cast<int64_t>(i)).data_ptr<float>();
+    a.v_cache = cache.values(static_cast<int64_t>(i)).data_ptr<float>();
+    layers_[i]->forward_paged(h, a, paged_ws_);
+  }
+  auto hl = rms_norm(h.index_select(0, step.last), final_norm_, config_.rms_norm_eps);
+  auto logits = gather_from_tp_region(lm_head(hl, packed_lm_head_), state_->tp());
+  return padded_vocab_ == config_.vocab_size ? logits : logits.narrow(1, 0, config_.vocab_size);
+}
+
+bool Transformer::pack_paged_weights() {
+  if (!supports_paged_step() || !packed_linear_available()) return false;
+  at::NoGradGuard no_grad;  // copies, not part of any graph
+  try {
+    for (const auto& layer : layers_) layer->pack_paged_weights();
+    packed_lm_head_ =
+        pack_linear_weight(output_weight_.defined() ? output_weight_ : embedding_->weight);
+  } catch (...) {
+    drop_paged_weights();
+    throw;
+  }
+  return true;
+}
+
+void Transformer::drop_paged_weights() {
+  for (const auto& layer : layers_) layer->drop_paged_weights();
+  packed_lm_head_ = at::Tensor();
+}
+
+at::Tensor Transformer::lm_head(const at::Tensor& h, const at::Tensor& packed) {
+  const Group& tp = state_->tp();
+  auto x =
+      options_.sequence_parallel ? gather_from_sequence_region(h, tp) : copy_to_tp_region(h, tp);
+  const at::Tensor& w = output_weight_.defined() ? output_weight_ : embedding_->weight;
+  at::Tensor logits =
+      packed.defined() ? packed_linear(x.contiguous(), packed, at::Tensor()) : at::linear(x, w);
+  // Padded columns can never win: probability exactly 0 in any softmax, never
+  // a max or argmax, and (the fill's backward) zero gradient.
+  if (vocab_shard_.padding() > 0)
+    logits.narrow(-1, vocab_shard_.real, vocab_shard_.padding())
+        .fill_(-std::numeric_limits<double>::infinity());
+  return logits;
+}
+
+at::Tensor Transformer::value_head(const at::Tensor& h) {
+  auto v = at::linear(h, value_head_, value_bias_);  // [B, S(/tp), 1]
+  if (!options_.sequence_parallel) return v;
+  // Values of the local sequence part, gathered along the sequence; the
+  // backward keeps each rank's own part (no sum: every rank computed its own).
+  return gather_from_tp_region(v.transpose(1, 2), state_->tp()).transpose(1, 2);
+}
+
+int64_t Transformer::param_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, p] : named_params()) bytes += static_cast<int64_t>(p.nbytes());
+  return bytes;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::named_params() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (embedding_) out.emplace_back("embedding.word_embeddings.weight", embedding_->weight);
+  for (const auto& layer : layers_) {
+    auto p = layer->named_params();
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  if (final_norm_.defined()) out.emplace_back("decoder.final_layernorm.weight", final_norm_);
+  if (output_weight_.defined()) out.emplace_back("output_layer.weight", output_weight_);
+  if (value_head_.defined()) {
+    out.emplace_back("value_head.weight", value_head_);
+    out.emplace_back("value_head.bias", value_bias_);
+  }
+  return out;
+}
+
+std::vector<std::string> Transformer::sequence_parallel_params() const {
+  std::vector<std::string> out;
+  if (!options_.sequence_parallel || state_->tp().size == 1) return out;
+  for (const auto& [name, t] : named_params())
+    if (tp_replicated(name)) out.push_back(name);
+  return out;
+}
+
+bool Transformer::tp_replicated(const std::string& name) {
+  return name.find("layer_norm_weight") != std::string::npos ||
+         name == "decoder.final_layernorm.weight" || name.rfind("value_head.", 0) == 0;
+}
+
+std::map<std::string, at::Tensor> Transformer::state_dict() const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : named_params()) out.emplace(name, t.detach().clone());
+  return out;
+}
+
+void Transformer::load_state_dict(const std::map<std::string, at::Tensor>& weights) {
+  std::vector<std::string> missing, mismatched;
+  std::set<std::string> known;
+  for (const auto& [name, param] : named_params()) {
+    known.insert(name);
+    auto it = weights.find(name);
+    if (it == weights.end()) {
+      if (name.rfind("value_head.", 0) == 0) {
+        std::fprintf(stderr,
+                     "[baton] [info] value model: no %s in the checkpoint (a causal-LM "
+                     "checkpoint?); it keeps its fresh initialisation\n",
+                     name.c_str());
+        continue;
+      }
+      missing.push_back(name);
+      continue;
+    }
+    if (it->second.sizes() != param.sizes()) {
+      std::string hint;
+      if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight")
+        hint = detail::cat("; this layout pads vocab_size ", config_.vocab_size, " to ",
+                           padded_vocab_, " rows (make_vocab_size_divisible_by ",
+                           state_->config().make_vocab_size_divisible_by, " x tp ",
+                           state_->tp().size, ")");
+      mismatched.push_back(name + " (checkpoint " + shape_of(it->second) + ", model " +
+                           shape_of(param) + hint + ")");
+      continue;
+    }
+    at::NoGradGuard no_grad;
+    param.copy_(it->second);
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : weights)
+    if (!known.count(name)) unexpected.push_back(name);
+  if (missing.empty() && mismatched.empty() && unexpected.empty()) return;
+  std::string msg = detail::cat("Transformer::load_state_dict (tp rank ", state_->coords().tp,
+                                ", pp stage ", state_->coords().pp, "):");
+  auto list = [&](const char* what, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    msg += std::string(" ") + what + ":";
+    for (const auto& n : names) msg += " " + n;
+    msg += ";";
+  };
+  list("missing", missing);
+  list("wrong shape", mismatched);
+  list("unexpected", unexpected);
+  throw EngineError(msg);
+}
+
+at::Tensor next_token_log_probs(const at::Tensor& logits_shard, const at::Tensor& input_ids,
+                                const Group& tp) {
+  int64_t s = input_ids.size(1);
+  if (logits_shard.dim() != 3 || logits_shard.size(1) != s)
+    throw EngineError("next_token_log_probs: logits " + shape_of(logits_shard) +
+                      " do not match input_ids " + shape_of(input_ids));
+  auto logits = logits_shard.narrow(1, 0, s - 1);
+  auto targets = input_ids.narrow(1, 1, s - 1);
+  return vocab_parallel_log_probs(logits, targets, tp);
+}
+
+}  // namespace baton::engine

@@ -1,0 +1,314 @@
+#include "engine/model/transformer_layer.h"
+
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "engine/errors.h"
+#include "engine/kernels/fused_ops.h"
+#include "engine/kernels/packed_linear.h"
+#include "engine/parallel/tensor_parallel.h"
+
+namespace baton::engine {
+
+Rotary rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
+                     at::ScalarType dtype) {
+  // As HF: inv_freq in fp32 from integer exponents, angles in fp32, then cast.
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(position_ids.device());
+  auto exponents = at::arange(0, head_dim, 2, opts.dtype(at::kLong)).to(at::kFloat) / head_dim;
+  auto inv_freq = at::pow(theta, exponents).reciprocal();              // [d/2]
+  auto angles = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, S, d/2]
+  auto emb = at::cat({angles, angles}, -1);                            // [B, S, d]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (fusable(x) && fusable(weight)) return fused_rms_norm(x, weight, eps);
+  auto xf = x.to(at::kFloat);
+  auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor causal_attention_bias(const at::Tensor& attention_mask, at::ScalarType dtype) {
+  ENGINE_CHECK(attention_mask.dim() == 2, "attention_mask must be [B, S], got ",
+               attention_mask.sizes());
+  int64_t s = attention_mask.size(1);
+  auto dev = attention_mask.device();
+  auto causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(dev)).tril();
+  auto keys = attention_mask.to(at::kBool).unsqueeze(1).unsqueeze(1);  // [B, 1, 1, S]
+  auto allowed = causal.unsqueeze(0).unsqueeze(0).logical_and(keys);   // [B, 1, S, S]
+  auto bias = at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype).device(dev));
+  return bias.masked_fill(allowed.logical_not(), masked_score(dtype));
+}
+
+at::Tensor packed_attention_bias(const std::vector<int64_t>& lengths, at::ScalarType dtype,
+                                 at::Device device) {
+  const auto k = static_cast<int64_t>(lengths.size());
+  const at::Tensor counts = at::tensor(lengths, at::kLong);
+  const at::Tensor segment =
+      at::repeat_interleave(at::arange(k, at::kLong), counts).to(device);  // [S]
+  const int64_t s = segment.size(0);
+  auto causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(device)).tril();
+  auto allowed = causal.logical_and(segment.unsqueeze(1).eq(segment.unsqueeze(0)));
+  auto bias = at::zeros({s, s}, at::TensorOptions().dtype(dtype).device(device));
+  return bias.masked_fill(allowed.logical_not(), masked_score(dtype)).view({1, 1, s, s});
+}
+
+double masked_score(at::ScalarType dtype) {
+  return dtype == at::kDouble     ? std::numeric_limits<double>::lowest()
+         : dtype == at::kBFloat16 ? -3.38e38
+         : dtype == at::kHalf     ? -65504.0
+                                  : std::numeric_limits<float>::lowest();
+}
+
+namespace {
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const Rotary& r) {
+  auto cos = r.cos.unsqueeze(1);  // [B, 1, S, d] against x [B, heads, S, d]
+  auto sin = r.sin.unsqueeze(1);
+  return x * cos + rotate_half(x) * sin;
+}
+
+void require_divisible(int64_t n, int64_t tp, const char* what, const ModelConfig& c) {
+  if (n % tp != 0)
+    throw EngineError(detail::cat(c.architecture, ": ", what, " ", n,
+                                  " is not divisible by the tensor-parallel size ", tp));
+}
+
+}  // namespace
+
+TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
+                                   bool sequence_parallel)
+    : config_(config), layer_id_(layer_id) {
+  require_divisible(config.num_kv_heads, tp.size, "num_key_value_heads", config);
+  require_divisible(config.intermediate_size, tp.size, "intermediate_size", config);
+  local_groups_ = config.num_kv_heads / tp.size;
+  int64_t h = config.hidden_size;
+  input_norm_ = register_parameter("input_norm", at::ones({h}));
+  post_norm_ = register_parameter("post_norm", at::ones({h}));
+
+  ColumnParallelLinearOptions qkv;
+  qkv.in_features = h;
+  qkv.out_features = config.q_size() + 2 * config.kv_size();
+  qkv.bias = config.qkv_bias;
+  qkv.sequence_parallel = sequence_parallel;
+  qkv_ = register_module("linear_qkv", ColumnParallelLinear(qkv, tp));
+
+  RowParallelLinearOptions proj;
+  proj.in_features = config.q_size();
+  proj.out_features = h;
+  proj.sequence_parallel = sequence_parallel;
+  proj_ = register_module("linear_proj", RowParallelLinear(proj, tp));
+
+  ColumnParallelLinearOptions fc1;
+  fc1.in_features = h;
+  fc1.out_features = 2 * config.intermediate_size;
+  fc1.sequence_parallel = sequence_parallel;
+  fc1_ = register_module("linear_fc1", ColumnParallelLinear(fc1, tp));
+
+  RowParallelLinearOptions fc2;
+  fc2.in_features = config.intermediate_size;
+  fc2.out_features = h;
+  fc2.sequence_parallel = sequence_parallel;
+  fc2_ = register_module("linear_fc2", RowParallelLinear(fc2, tp));
+}
+
+at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary,
+                                       const AttentionMask& mask) {
+  int64_t d = config_.head_dim;
+  int64_t r = config_.num_heads / config_.num_kv_heads;
+  int64_t g = local_groups_;
+  auto qkv = qkv_->forward(x);  // [B, S, g * (r + 2) * d], full sequence
+  int64_t b = qkv.size(0), s = qkv.size(1);
+  if (fusable(qkv) && fusable(rotary.cos) && d % 2 == 0) {
+    QkvHeads heads = fused_qkv_rotary(qkv, rotary.cos, rotary.sin, g, r, d);
+    return proj_->forward(attend(heads.q, heads.k, heads.v, mask));
+  }
+  auto grouped = qkv.view({b, s, g, r + 2, d});
+  auto q = grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2);
+  auto k = grouped.select(3, r).transpose(1, 2);      // [B, g, S, d]
+  auto v = grouped.select(3, r + 1).transpose(1, 2);  // [B, g, S, d]
+  q = apply_rotary(q, rotary);
+  k = apply_rotary(k, rotary);
+  return proj_->forward(attend(q, k, v, mask));
+}
+
+at::Tensor TransformerLayer::attend(const at::Tensor& q, at::Tensor k, at::Tensor v,
+                                    const AttentionMask& mask) {
+  int64_t d = config_.head_dim;
+  int64_t r = config_.num_heads / config_.num_kv_heads;
+  if (r > 1) {
+    // Each kv head serves r consecutive query heads (repeat_interleave's
+    // result, without its index computation).
+    auto repeat = [r](const at::Tensor& x) {
+      return x.unsqueeze(2)
+          .expand({x.size(0), x.size(1), r, x.size(2), x.size(3)})
+          .reshape({x.size(0), x.size(1) * r, x.size(2), x.size(3)});
+    };
+    k = repeat(k);
+    v = repeat(v);
+  }
+  int64_t b = q.size(0), s = q.size(2);
+  at::Tensor ctx;
+  if (mask.packed()) {
+    // Causal attention of each packed sequence over itself alone.
+    std::vector<at::Tensor> parts;
+    parts.reserve(mask.lengths.size());
+    int64_t start = 0;
+    for (int64_t len : mask.lengths) {
+      parts.push_back(at::scaled_dot_product_attention(
+          q.narrow(2, start, len), k.narrow(2, start, len), v.narrow(2, start, len),
+          /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true));
+      start += len;
+    }
+    ctx = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+  } else {
+    ctx = at::scaled_dot_product_attention(q, k, v, mask.bias);
+  }
+  return ctx.transpose(1, 2).reshape({b, s, q.size(1) * d});
+}
+
+at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& rotary,
+                                            const CacheStep& step, at::Tensor& k_cache,
+                                            at::Tensor& v_cache) {
+  auto normed = rms_norm(x, input_norm_, config_.rms_norm_eps);
+  int64_t d = config_.head_dim;
+  int64_t r = config_.num_heads / config_.num_kv_heads;
+  int64_t g = local_groups_;
+  auto qkv = qkv_->forward(normed);  // [B, Q, g * (r + 2) * d]
+  int64_t b = qkv.size(0), s = qkv.size(1);
+  auto grouped = qkv.view({b, s, g, r + 2, d});
+  auto q = apply_rotary(grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2), rotary);
+  auto k_new = apply_rotary(grouped.select(3, r).transpose(1, 2), rotary);  // [B, g, Q, d]
+  auto v_new = grouped.select(3, r + 1);                                    // [B, Q, g, d]
+  k_cache.index_copy_(0, step.write_slots, k_new.transpose(1, 2).reshape({b * s, g, d}));
+  v_cache.index_copy_(0, step.write_slots, v_new.reshape({b * s, g, d}));
+  int64_t l = step.read_slots.size(1);
+  auto slots = step.read_slots.reshape({-1});
+  auto k = k_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
+  auto v = v_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
+  auto h = x + proj_->forward(attend(q, k, v, AttentionMask{step.bias, {}}));
+  return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
+}
+
+namespace {
+
+// x · Wᵀ + bias of a column-parallel layer's local shard (no TP
+// communication: the input is replicated): into the preallocated `out` by
+// mm, or, with packed weights, a new tensor from oneDNN.
+at::Tensor column_parallel(at::Tensor out, const at::Tensor& x, const ColumnParallelLinear& layer,
+                           const at::Tensor& packed) {
+  if (packed.defined()) return packed_linear(x, packed, layer->bias);
+  if (layer->bias.defined())
+    at::addmm_out(out, layer->bias, x, layer->weight.t());
+  else
+    at::mm_out(out, x, layer->weight.t());
+  return out;
+}
+
+// h += reduce_tp(x · Wᵀ) + bias of a row-parallel layer; by mm with one TP
+// rank the product accumulates straight into h (BLAS beta = 1).
+void add_row_parallel(at::Tensor& h, const at::Tensor& x, const RowParallelLinear& layer,
+                      const at::Tensor& packed) {
+  const bool one = layer->tp().size == 1;
+  if (packed.defined()) {
+    at::Tensor y = packed_linear(x, packed, at::Tensor());
+    h.add_(one ? y : reduce_from_tp_region(y, layer->tp()));
+  } else if (one) {
+    h.addmm_(x, layer->weight.t());
+  } else {
+    h.add_(reduce_from_tp_region(at::mm(x, layer->weight.t()), layer->tp()));
+  }
+  if (layer->bias.defined()) h.add_(layer->bias);
+}
+
+}  // namespace
+
+void TransformerLayer::forward_paged(at::Tensor& h, const cpu::PagedAttention& attention,
+                                     PagedWorkspace& ws) {
+  const int64_t t = h.size(0), hidden = h.size(1);
+  auto normed = ws.normed.narrow(0, 0, t);
+  auto ctx = ws.ctx.narrow(0, 0, t);
+  auto act = ws.act.narrow(0, 0, t);
+  // The kernels show in LibTorch's profiler traces under these names.
+  {
+    RECORD_FUNCTION("baton::rms_norm", std::vector<c10::IValue>());
+    cpu::rms_norm(h.data_ptr<float>(), input_norm_.data_ptr<float>(), normed.data_ptr<float>(), t,
+                  hidden, config_.rms_norm_eps);
+  }
+  at::Tensor qkv = column_parallel(ws.qkv.narrow(0, 0, t), normed, qkv_, packed_.qkv);
+  {
+    RECORD_FUNCTION("baton::paged_attention", std::vector<c10::IValue>());
+    attention.rotate_and_store(qkv.data_ptr<float>(), t);
+    attention.attend(qkv.data_ptr<float>(), t, ctx.data_ptr<float>());
+  }
+  add_row_parallel(h, ctx, proj_, packed_.proj);
+  {
+    RECORD_FUNCTION("baton::rms_norm", std::vector<c10::IValue>());
+    cpu::rms_norm(h.data_ptr<float>(), post_norm_.data_ptr<float>(), normed.data_ptr<float>(), t,
+                  hidden, config_.rms_norm_eps);
+  }
+  at::Tensor gate_up = column_parallel(ws.gate_up.narrow(0, 0, t), normed, fc1_, packed_.fc1);
+  {
+    RECORD_FUNCTION("baton::silu_mul", std::vector<c10::IValue>());
+    cpu::silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), t, act.size(1));
+  }
+  add_row_parallel(h, act, fc2_, packed_.fc2);
+}
+
+void TransformerLayer::pack_paged_weights() {
+  packed_ = {pack_linear_weight(qkv_->weight), pack_linear_weight(proj_->weight),
+             pack_linear_weight(fc1_->weight), pack_linear_weight(fc2_->weight)};
+}
+
+void TransformerLayer::drop_paged_weights() { packed_ = {}; }
+
+void TransformerLayer::reserve(PagedWorkspace& ws, int64_t tokens) const {
+  const int64_t g = local_groups_, r = config_.num_heads / config_.num_kv_heads;
+  const int64_t d = config_.head_dim, fc1 = fc1_->weight.size(0);
+  auto fit = [tokens](at::Tensor& buf, int64_t width) {
+    if (buf.defined() && buf.size(0) >= tokens && buf.size(1) == width) return;
+    buf = at::empty({std::max<int64_t>(tokens, buf.defined() ? 2 * buf.size(0) : 0), width},
+                    at::kFloat);
+  };
+  fit(ws.normed, config_.hidden_size);
+  fit(ws.qkv, g * (r + 2) * d);
+  fit(ws.ctx, g * r * d);
+  fit(ws.gate_up, fc1);
+  fit(ws.act, fc1 / 2);
+}
+
+at::Tensor TransformerLayer::mlp(const at::Tensor& x) {
+  auto gate_up = fc1_->forward(x);
+  if (fusable(gate_up)) return fc2_->forward(fused_silu_mul(gate_up));
+  auto parts = gate_up.chunk(2, -1);
+  return fc2_->forward(at::silu(parts[0]) * parts[1]);
+}
+
+at::Tensor TransformerLayer::forward(const at::Tensor& x, const Rotary& rotary,
+                                     const AttentionMask& mask) {
+  auto h = x + attention(rms_norm(x, input_norm_, config_.rms_norm_eps), rotary, mask);
+  return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> TransformerLayer::named_params() const {
+  std::string p = "decoder.layers." + std::to_string(layer_id_) + ".";
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.emplace_back(p + "self_attention.linear_qkv.layer_norm_weight", input_norm_);
+  out.emplace_back(p + "self_attention.linear_qkv.weight", qkv_->weight);
+  if (qkv_->bias.defined()) out.emplace_back(p + "self_attention.linear_qkv.bias", qkv_->bias);
+  out.emplace_back(p + "self_attention.linear_proj.weight", proj_->weight);
+  out.emplace_back(p + "mlp.linear_fc1.layer_norm_weight", post_norm_);
+  out.emplace_back(p + "mlp.linear_fc1.weight", fc1_->weight);
+  out.emplace_back(p + "mlp.linear_fc2.weight", fc2_->weight);
+  return out;
+}
+
+}  // namespace baton::engine

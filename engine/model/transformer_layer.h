@@ -1,0 +1,147 @@
+// TransformerLayer: one decoder block of the Llama/Qwen2 family, tensor
+// parallel. Pre-norm residual block:
+//   h = x + linear_proj(attention(rope(linear_qkv(rmsnorm(x)))))
+//   y = h + linear_fc2(silu(gate) * up),  [gate; up] = linear_fc1(rmsnorm(h))
+// Attention is causal with grouped-query heads; the fused QKV rows of one TP
+// rank are its kv groups, each `r` query heads then one key and one value head
+// (docs/engine.md). With sequence parallelism `x` and `y` are [B, S/tp, H].
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/kernels/decode_kernels.h"
+#include "engine/io/model_config.h"
+#include "engine/parallel/parallel_linear.h"
+#include "engine/parallel/parallel_state.h"
+
+namespace baton::engine {
+
+// Rotary tables for given positions: cos and sin, each [B, S, head_dim], in
+// HF's layout (the frequency vector repeated twice along the last dim).
+struct Rotary {
+  at::Tensor cos;
+  at::Tensor sin;
+};
+Rotary rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
+                     at::ScalarType dtype);
+
+// x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 as HF does.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The additive bias of a masked-out attention score: the dtype's lowest
+// finite value (a fully masked row then stays finite, never NaN).
+double masked_score(at::ScalarType dtype);
+
+// The additive attention bias [B, 1, S, S]: 0 where query i may see key j
+// (j <= i and key j is not padding), the dtype's lowest value elsewhere.
+at::Tensor causal_attention_bias(const at::Tensor& attention_mask, at::ScalarType dtype);
+
+// The additive bias [1, 1, S, S] of one packed row of sequences of `lengths`
+// (summing to S): 0 where query i may see key j (j <= i, the same sequence),
+// the dtype's lowest value elsewhere.
+at::Tensor packed_attention_bias(const std::vector<int64_t>& lengths, at::ScalarType dtype,
+                                 at::Device device);
+
+// Which keys each query of TransformerLayer::forward sees. Padded rows: the
+// dense additive `bias` above, [B, 1, S, S]. One packed row (B = 1, dynamic
+// batching): `lengths` of the sequences laid back to back in it (summing to
+// S); each attends causally within itself and never to another, computed
+// sequence by sequence (no S × S bias: the cost is the sum of the squared
+// lengths, not the square of their sum).
+struct AttentionMask {
+  at::Tensor bias;
+  std::vector<int64_t> lengths;
+
+  bool packed() const { return !lengths.empty(); }
+};
+
+// One generation step over a paged KV cache (engine/rollout/kv_cache.h): which cache
+// slots the step's B×Q input tokens write their keys and values to, and which
+// slots each row reads back as its context, in position order.
+struct CacheStep {
+  at::Tensor write_slots;  // [B·Q] int64; padding tokens write to a scratch slot
+  at::Tensor read_slots;   // [B, L] int64; slot of position j of row b
+  at::Tensor bias;         // [B, 1, Q, L] additive: 0 where query may see key
+};
+
+// One generation step in packed form (the CPU fp32 path of the generation
+// engine, Transformer::forward_paged): the step's T new tokens of B
+// sequences back to back, without padding. Keys and values are read from the
+// cache through each sequence's block table. All int64 on the host.
+struct PagedStep {
+  at::Tensor ids;           // [T] token ids
+  at::Tensor positions;     // [T] each token's position in its sequence
+  at::Tensor write_slots;   // [T] the cache slot of that position
+  at::Tensor rows;          // [T] the token's sequence: a row of block_tables
+  at::Tensor block_tables;  // [B, max blocks] cache block ids (unused entries 0)
+  at::Tensor last;          // [B] the index in [0, T) of each sequence's last new token
+};
+
+// Step buffers of forward_paged, reused from step to step (grown on demand)
+// so that a decode step allocates nothing per layer.
+struct PagedWorkspace {
+  at::Tensor normed, qkv, ctx, gate_up, act;  // [capacity, width] fp32
+};
+
+class TransformerLayer : public torch::nn::Module {
+ public:
+  // `layer_id` is the global layer index (names and nothing else).
+  TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
+                   bool sequence_parallel);
+
+  // x: [B, S(/tp), H]; rotary and mask as built above for the full sequence.
+  at::Tensor forward(const at::Tensor& x, const Rotary& rotary, const AttentionMask& mask);
+
+  // Generation (no autograd): x [B, Q, H] are the step's new tokens. Their
+  // keys and values go into `k_cache` / `v_cache` ([slots, kv heads/tp, d])
+  // at step.write_slots before attention reads step.read_slots, so a token
+  // sees itself. Collective over the TP group like forward().
+  at::Tensor forward_cached(const at::Tensor& x, const Rotary& rotary, const CacheStep& step,
+                            at::Tensor& k_cache, at::Tensor& v_cache);
+
+  // The packed CPU step (fp32, no autograd): `h` [T, H] is updated in place
+  // (both residual adds); the new tokens' keys and values go into the
+  // layer's cache, whose pointers, with the step's, are in `attention`.
+  // `ws` holds at least T rows. Collective over the TP group.
+  void forward_paged(at::Tensor& h, const cpu::PagedAttention& attention, PagedWorkspace& ws);
+  // Grows `ws` to hold `tokens` rows of this layer's buffers.
+  void reserve(PagedWorkspace& ws, int64_t tokens) const;
+  // forward_paged's weights packed for oneDNN (engine/kernels/packed_linear.h), a
+  // copy taken now: until dropped, forward_paged multiplies by them and not
+  // by the parameters. REQUIRES packed_linear_available().
+  void pack_paged_weights();
+  void drop_paged_weights();
+
+  // Kv heads this rank holds (num_key_value_heads / tp).
+  int64_t local_kv_heads() const { return local_groups_; }
+
+  // Parameters under their engine names ("decoder.layers.{id}.…").
+  std::vector<std::pair<std::string, at::Tensor>> named_params() const;
+
+ private:
+  at::Tensor attention(const at::Tensor& x, const Rotary& rotary, const AttentionMask& mask);
+  // Scaled dot-product attention of q [B, g·r, Q, d] over k, v [B, g, L, d].
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const AttentionMask& mask);
+  at::Tensor mlp(const at::Tensor& x);
+
+  ModelConfig config_;
+  int64_t layer_id_;
+  int64_t local_groups_;  // kv heads on this TP rank
+  at::Tensor input_norm_;
+  at::Tensor post_norm_;
+  ColumnParallelLinear qkv_{nullptr};
+  RowParallelLinear proj_{nullptr};
+  ColumnParallelLinear fc1_{nullptr};
+  RowParallelLinear fc2_{nullptr};
+  struct PackedWeights {
+    at::Tensor qkv, proj, fc1, fc2;  // undefined: forward_paged uses mm
+  } packed_;
+};
+
+}  // namespace baton::engine

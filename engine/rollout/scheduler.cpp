@@ -1,0 +1,111 @@
+#include "engine/rollout/scheduler.h"
+
+#include <algorithm>
+#include <map>
+
+#include "engine/errors.h"
+
+namespace baton::engine {
+
+Scheduler::Scheduler(SchedulerOptions options, SequenceBlocks& blocks)
+    : options_(options), blocks_(blocks) {
+  ENGINE_CHECK(options_.max_batch >= 1, "Scheduler: max_batch must be >= 1, got ",
+               options_.max_batch);
+}
+
+SequenceId Scheduler::add(int64_t request, int64_t tokens) {
+  ENGINE_CHECK(tokens >= 1, "Scheduler::add: a sequence needs a token, got ", tokens);
+  const SequenceId id{static_cast<int64_t>(entries_.size())};
+  entries_.push_back({request, tokens});
+  waiting_.push_back(id);
+  return id;
+}
+
+int64_t Scheduler::blocks_for(int64_t tokens) const {
+  return (tokens + blocks_.block_size() - 1) / blocks_.block_size();
+}
+
+Scheduler::Prefill Scheduler::admit() {
+  ENGINE_CHECK(stepping_.empty(), "Scheduler::admit: the last step was not completed");
+  Prefill batch;
+  std::map<int64_t, size_t> leader_of;  // request -> the row of its fresh sample
+  int64_t longest = 0, copies = 0;      // copies: followers' partly filled blocks to come
+  while (!waiting_.empty() && static_cast<int64_t>(running_.size() + batch.rows.size() +
+                                                   batch.followers.size()) < options_.max_batch) {
+    const SequenceId s = waiting_.front();
+    Entry& e = entries_[s.value];
+    auto leader = leader_of.find(e.request);
+    if (options_.share_prompt_prefill && !e.admitted_before && leader != leader_of.end()) {
+      const int64_t copy = e.tokens % blocks_.block_size() != 0;
+      if (blocks_.free_blocks() - copies < copy) break;
+      copies += copy;
+      e.admitted_before = true;
+      batch.followers.push_back({s, leader->second});
+      waiting_.pop_front();
+      continue;
+    }
+    const int64_t padded =
+        std::max(longest, e.tokens) * static_cast<int64_t>(batch.rows.size() + 1);
+    if (!batch.rows.empty() && padded > options_.max_prefill_tokens) break;
+    if (blocks_.free_blocks() - copies < blocks_for(e.tokens) || !blocks_.reserve(s, e.tokens))
+      break;
+    longest = std::max(longest, e.tokens);
+    if (!e.admitted_before) leader_of.emplace(e.request, batch.rows.size());
+    e.admitted_before = true;
+    batch.rows.push_back(s);
+    waiting_.pop_front();
+  }
+  // With nothing running every block is free: the first waiting sequence
+  // can never fit (GenerationEngine::generate checks each against the whole
+  // cache first).
+  if (batch.rows.empty() && running_.empty() && !waiting_.empty()) {
+    const SequenceId s = waiting_.front();
+    throw EngineError(detail::cat(
+        "Scheduler: no sequence fits in the free KV cache: sequence ", s.value, " needs ",
+        blocks_for(entries_[s.value].tokens), " blocks for its ", entries_[s.value].tokens,
+        " tokens, nothing runs and ", blocks_.free_blocks(), " are free"));
+  }
+  stepping_ = batch.rows;
+  for (const Follower& f : batch.followers) stepping_.push_back(f.seq);
+  prefilling_ = true;
+  return batch;
+}
+
+std::vector<SequenceId> Scheduler::decode() {
+  ENGINE_CHECK(stepping_.empty(), "Scheduler::decode: the last step was not completed");
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const SequenceId s = running_[i];
+    // The sequence feeds its last token: `tokens` positions.
+    while (!blocks_.reserve(s, entries_[s.value].tokens)) {
+      const SequenceId victim = running_.back();
+      blocks_.release(victim);
+      waiting_.push_front(victim);
+      running_.pop_back();
+      ++preemptions_;
+      if (victim == s) break;
+    }
+  }
+  stepping_ = running_;
+  prefilling_ = false;
+  return running_;
+}
+
+void Scheduler::complete(const std::vector<SequenceId>& finished) {
+  ENGINE_CHECK(!stepping_.empty(), "Scheduler::complete: no step in flight");
+  auto is_finished = [&](SequenceId s) {
+    return std::find(finished.begin(), finished.end(), s) != finished.end();
+  };
+  for (SequenceId s : finished)
+    ENGINE_CHECK(std::find(stepping_.begin(), stepping_.end(), s) != stepping_.end(),
+                 "Scheduler::complete: sequence ", s.value, " was not in the step");
+  for (SequenceId s : stepping_) ++entries_[s.value].tokens;
+  if (prefilling_)
+    for (SequenceId s : stepping_)
+      if (!is_finished(s)) running_.push_back(s);
+  for (SequenceId s : stepping_)
+    if (is_finished(s)) blocks_.release(s);
+  if (!prefilling_) std::erase_if(running_, is_finished);
+  stepping_.clear();
+}
+
+}  // namespace baton::engine
