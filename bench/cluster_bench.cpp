@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "net/auth.h"
 #include "bench/call_timing.h"
+#include "net/auth.h"
 #include "runtime/baton.h"
 #include "runtime/cluster/cluster.h"
 

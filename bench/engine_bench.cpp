@@ -61,11 +61,11 @@
 #include <vector>
 
 #include "engine/errors.h"
-#include "engine/parallel/local_world.h"
-#include "engine/optim/optimizer.h"
-#include "engine/parallel/pipeline_schedule.h"
-#include "engine/model/transformer.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/local_world.h"
+#include "engine/parallel/pipeline_schedule.h"
 #include "tools/cli.h"
 
 using namespace baton::engine;

@@ -30,9 +30,9 @@
 
 #include "dispatch/data_proto.h"
 #include "engine/io/model_config.h"
+#include "engine/model/transformer.h"
 #include "engine/parallel/parallel_state.h"
 #include "engine/parallel/pipeline_schedule.h"
-#include "engine/model/transformer.h"
 #include "workers/roles/role_model.h"
 
 namespace {

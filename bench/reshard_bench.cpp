@@ -52,9 +52,9 @@
 #include <vector>
 
 #include "engine/errors.h"
+#include "engine/model/transformer.h"
 #include "engine/parallel/local_world.h"
 #include "engine/rollout/reshard.h"
-#include "engine/model/transformer.h"
 #include "engine/rollout/weight_sync.h"
 #include "tools/cli.h"
 

@@ -16,9 +16,9 @@
 #include <cstring>
 #include <vector>
 
+#include "base/profiler.h"
 #include "bench/call_timing.h"
 #include "runtime/baton.h"
-#include "base/profiler.h"
 
 namespace {
 

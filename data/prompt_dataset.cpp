@@ -6,8 +6,8 @@
 #include <stdexcept>
 
 #include "base/errors.h"
-#include "text/chat_template.h"
 #include "data/parquet_file.h"
+#include "text/chat_template.h"
 
 namespace baton::data {
 namespace {

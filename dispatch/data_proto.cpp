@@ -19,8 +19,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "runtime/internal/channel.h"
 #include "base/errors.h"
+#include "runtime/internal/channel.h"
 #include "runtime/internal/value_codec.h"
 
 namespace baton {

@@ -4,10 +4,10 @@
 #include <mutex>
 #include <vector>
 
+#include "base/errors.h"
 #include "dispatch/data_proto.h"
 #include "dispatch/worker_function.h"
 #include "runtime/dispatch_registry.h"
-#include "base/errors.h"
 #include "runtime/worker_group.h"
 
 namespace baton {

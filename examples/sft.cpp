@@ -41,17 +41,17 @@
 #include <nlohmann/json.hpp>
 
 #include "data/prompt_dataset.h"
-#include "text/tokenizer/tokenizer.h"
 #include "dispatch/data_proto.h"
 #include "dispatch/dispatch_modes.h"
-#include "engine/rollout/generation.h"
+#include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parallel/pipeline_schedule.h"
-#include "engine/model/transformer.h"
+#include "engine/rollout/generation.h"
 #include "runtime/baton.h"
+#include "text/tokenizer/tokenizer.h"
 #include "trainer/config/config.h"
-#include "workers/roles/prompt_batch.h"
 #include "workers/rewards/reward_registry.h"
+#include "workers/roles/prompt_batch.h"
 #include "workers/roles/role_model.h"
 
 namespace fs = std::filesystem;

@@ -43,9 +43,9 @@
 
 #include "engine/io/hf_model.h"
 #include "engine/io/model_config.h"
-#include "engine/parallel/parallel_state.h"
-#include "engine/model/transformer.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
+#include "engine/parallel/parallel_state.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

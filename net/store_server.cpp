@@ -20,9 +20,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "net/auth.h"
 #include "base/errors.h"
 #include "base/log.h"
+#include "net/auth.h"
 #include "net/store_protocol.h"
 #include "net/tls.h"
 

@@ -1,8 +1,8 @@
 // The public surface of baton's runtime: include this in driver programs.
 #pragma once
 
-#include "runtime/call_args.h"     // IWYU pragma: export
 #include "base/errors.h"        // IWYU pragma: export
+#include "runtime/call_args.h"     // IWYU pragma: export
 #include "runtime/future.h"        // IWYU pragma: export
 #include "runtime/method_table.h"  // IWYU pragma: export
 #include "runtime/resource_pool.h" // IWYU pragma: export

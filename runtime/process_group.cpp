@@ -4,8 +4,8 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include "runtime/internal/auth_store.h"
 #include "base/errors.h"
+#include "runtime/internal/auth_store.h"
 
 namespace baton {
 

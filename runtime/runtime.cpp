@@ -5,12 +5,12 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "runtime/internal/driver.h"
 #include "base/errors.h"
 #include "base/profiler.h"
+#include "runtime/internal/driver.h"
+#include "runtime/internal/worker_host.h"
 #include "runtime/threads.h"
 #include "runtime/worker.h"
-#include "runtime/internal/worker_host.h"
 
 namespace baton {
 

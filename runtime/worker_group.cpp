@@ -14,14 +14,14 @@
 #include <thread>
 #include <utility>
 
-#include "runtime/dispatch_registry.h"
-#include "runtime/internal/driver.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/profiler.h"
-#include "runtime/runtime.h"
 #include "net/store_server.h"
+#include "runtime/dispatch_registry.h"
+#include "runtime/internal/driver.h"
 #include "runtime/internal/worker_process.h"
+#include "runtime/runtime.h"
 
 namespace baton {
 

@@ -40,11 +40,11 @@
 #include <string>
 #include <vector>
 
+#include "base/parallel_layout.h"
+#include "base/profiler.h"
 #include "runtime/call_args.h"
 #include "runtime/future.h"
 #include "runtime/method_table.h"
-#include "base/parallel_layout.h"
-#include "base/profiler.h"
 #include "runtime/resource_pool.h"
 #include "runtime/role_set.h"
 #include "runtime/value.h"

@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "engine/errors.h"
-#include "engine/rollout/generation.h"
-#include "engine/parallel/local_world.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/parallel/local_world.h"
+#include "engine/rollout/generation.h"
 #include "tools/cli.h"
 
 using namespace baton::engine;

@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "engine/errors.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
 #include "engine/parallel/local_world.h"
 #include "engine/parallel/pipeline_schedule.h"
-#include "engine/io/safetensors.h"
-#include "engine/model/transformer.h"
-#include "engine/io/weight_conversion.h"
 #include "tools/cli.h"
 
 using namespace baton::engine;

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "base/atomic_file.h"
-#include "engine/errors.h"
 #include "base/errors.h"
+#include "engine/errors.h"
 
 namespace baton::trainer {
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <limits>
 
-#include "dispatch/data_proto.h"
 #include "base/errors.h"
+#include "dispatch/data_proto.h"
 
 namespace baton::trainer {
 namespace {

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/data_proto.h"
 #include "base/profiler.h"
+#include "dispatch/data_proto.h"
 #include "runtime/worker_group.h"
+#include "trainer/config/settings.h"
 #include "trainer/ppo_trainer.h"
 #include "trainer/progress_line.h"
-#include "trainer/config/settings.h"
 #include "workers/algos/kl.h"
 
 namespace baton::trainer {

@@ -27,9 +27,9 @@
 #include <optional>
 #include <string>
 
-#include "engine/optim/optimizer.h"
 #include "engine/io/sharded_model.h"
 #include "engine/model/transformer.h"
+#include "engine/optim/optimizer.h"
 
 namespace baton::engine {
 

@@ -5,8 +5,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "engine/kernels/decode_kernels.h"
 #include "engine/errors.h"
+#include "engine/kernels/decode_kernels.h"
 #include "engine/kernels/train_kernels.h"
 
 namespace baton::engine {

@@ -29,13 +29,13 @@
 #include <utility>
 #include <vector>
 
-#include "engine/rollout/kv_cache.h"
 #include "engine/io/model_config.h"
+#include "engine/io/weight_conversion.h"
+#include "engine/model/transformer_layer.h"
 #include "engine/parallel/parallel_linear.h"
 #include "engine/parallel/parallel_state.h"
-#include "engine/model/transformer_layer.h"
 #include "engine/parallel/vocab_padding.h"
-#include "engine/io/weight_conversion.h"
+#include "engine/rollout/kv_cache.h"
 
 namespace baton::engine {
 

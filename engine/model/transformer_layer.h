@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/kernels/decode_kernels.h"
 #include "engine/io/model_config.h"
+#include "engine/kernels/decode_kernels.h"
 #include "engine/parallel/parallel_linear.h"
 #include "engine/parallel/parallel_state.h"
 

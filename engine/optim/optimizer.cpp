@@ -11,8 +11,8 @@
 #include <set>
 #include <utility>
 
-#include "engine/errors.h"
 #include "base/profiler.h"
+#include "engine/errors.h"
 #include "engine/kernels/optimizer_kernels.h"
 
 namespace baton::engine {

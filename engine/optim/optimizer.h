@@ -56,8 +56,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/parallel/shm_group.h"
 #include "engine/model/transformer.h"
+#include "engine/parallel/shm_group.h"
 
 namespace baton::engine {
 

@@ -7,8 +7,8 @@
 #include <deque>
 #include <utility>
 
-#include "engine/errors.h"
 #include "base/profiler.h"
+#include "engine/errors.h"
 
 namespace baton::engine {
 namespace {

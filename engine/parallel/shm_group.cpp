@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/parallel/deadline_group.h"
 #include "engine/errors.h"
 #include "engine/kernels/optimizer_kernels.h"
+#include "engine/parallel/deadline_group.h"
 
 namespace baton::engine {
 namespace {

@@ -1,9 +1,9 @@
 #include "engine/rollout/hybrid_engine.h"
 
-#include "engine/errors.h"
 #include "base/profiler.h"
-#include "engine/parallel/parallel_linear.h"
+#include "engine/errors.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/parallel/parallel_linear.h"
 
 namespace baton::engine {
 

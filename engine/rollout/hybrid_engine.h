@@ -43,9 +43,9 @@
 #include <memory>
 #include <vector>
 
+#include "engine/model/transformer.h"
 #include "engine/rollout/generation.h"
 #include "engine/rollout/reshard.h"
-#include "engine/model/transformer.h"
 
 namespace baton::engine {
 

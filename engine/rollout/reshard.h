@@ -44,8 +44,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "engine/parallel/parallel_state.h"
 #include "engine/model/transformer.h"
+#include "engine/parallel/parallel_state.h"
 
 namespace baton::engine {
 

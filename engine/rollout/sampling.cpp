@@ -2,8 +2,8 @@
 
 #include <sstream>
 
-#include "engine/kernels/decode_kernels.h"
 #include "engine/errors.h"
+#include "engine/kernels/decode_kernels.h"
 
 namespace baton::engine {
 namespace {

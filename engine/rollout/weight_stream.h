@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "engine/io/model_config.h"
-#include "engine/parallel/parallel_state.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/parallel/parallel_state.h"
 
 namespace baton::engine {
 

@@ -59,8 +59,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/parallel/parallel_state.h"
 #include "engine/model/transformer.h"
+#include "engine/parallel/parallel_state.h"
 
 namespace baton::engine {
 

@@ -22,16 +22,16 @@
 #include <set>
 #include <thread>
 
-#include "net/auth.h"
-#include "runtime/internal/channel.h"
 #include "base/errors.h"
 #include "base/log.h"
-#include "runtime/cluster/relay.h"
-#include "runtime/threads.h"
+#include "net/auth.h"
 #include "net/tls.h"
+#include "runtime/cluster/agent_protocol.h"
+#include "runtime/cluster/relay.h"
+#include "runtime/internal/channel.h"
 #include "runtime/internal/wire.capnp.h"
 #include "runtime/internal/worker_process.h"
-#include "runtime/cluster/agent_protocol.h"
+#include "runtime/threads.h"
 
 extern char** environ;
 

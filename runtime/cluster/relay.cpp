@@ -12,8 +12,8 @@
 #include <map>
 #include <vector>
 
-#include "runtime/internal/channel.h"
 #include "base/errors.h"
+#include "runtime/internal/channel.h"
 
 namespace baton::relay {
 

@@ -13,8 +13,8 @@
 #include <cstring>
 #include <thread>
 
-#include "net/auth.h"
 #include "base/errors.h"
+#include "net/auth.h"
 #include "net/store_protocol.h"
 #include "net/tls.h"
 

@@ -19,10 +19,10 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/shared_tensor.h"
 #include "runtime/internal/shm_pool.h"
-#include "runtime/value.h"
 #include "runtime/internal/wire.capnp.h"
+#include "runtime/shared_tensor.h"
+#include "runtime/value.h"
 
 namespace baton {
 

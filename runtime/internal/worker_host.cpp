@@ -18,16 +18,16 @@
 #include <memory>
 #include <mutex>
 
+#include "base/errors.h"
+#include "base/profiler.h"
 #include "net/auth.h"
 #include "runtime/internal/channel.h"
 #include "runtime/internal/crash_handler.h"
 #include "runtime/internal/driver.h"
-#include "base/errors.h"
+#include "runtime/internal/value_codec.h"
 #include "runtime/method_table.h"
-#include "base/profiler.h"
 #include "runtime/role_set.h"
 #include "runtime/threads.h"
-#include "runtime/internal/value_codec.h"
 
 namespace baton {
 

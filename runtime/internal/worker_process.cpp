@@ -20,15 +20,15 @@
 #include <string_view>
 #include <vector>
 
-#include "net/auth.h"
-#include "runtime/internal/channel.h"
-#include "runtime/cluster/cluster.h"
-#include "runtime/internal/driver.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "base/profiler.h"
-#include "runtime/threads.h"
+#include "net/auth.h"
+#include "runtime/cluster/cluster.h"
+#include "runtime/internal/channel.h"
+#include "runtime/internal/driver.h"
 #include "runtime/internal/value_codec.h"
+#include "runtime/threads.h"
 
 extern char** environ;
 

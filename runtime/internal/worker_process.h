@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "runtime/future.h"
-#include "runtime/role_set.h"
 #include "runtime/internal/shm_pool.h"
-#include "runtime/value.h"
 #include "runtime/internal/wire.capnp.h"
+#include "runtime/role_set.h"
+#include "runtime/value.h"
 #include "runtime/worker.h"
 
 namespace baton {

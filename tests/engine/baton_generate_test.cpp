@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/rollout/generation.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/rollout/generation.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/run_program.h"
 

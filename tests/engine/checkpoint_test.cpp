@@ -18,10 +18,10 @@
 
 #include "base/atomic_file.h"
 #include "engine/errors.h"
-#include "engine/parallel/pipeline_schedule.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/sharded_model.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/parallel/pipeline_schedule.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
 

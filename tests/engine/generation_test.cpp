@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/kernels/packed_linear.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/kernels/packed_linear.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/model_tolerance.h"
 

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/optim/optimizer.h"
-#include "engine/parallel/pipeline_schedule.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/pipeline_schedule.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/multiprocess.h"

@@ -10,11 +10,11 @@
 
 #include "engine/errors.h"
 #include "engine/errors.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parallel/pipeline_schedule.h"
-#include "engine/io/safetensors.h"
-#include "engine/model/transformer.h"
-#include "engine/io/weight_conversion.h"
 #include "tests/tolerance.h"
 
 namespace baton::engine {

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/atomic_file.h"
 #include "engine/errors.h"
 #include "tests/engine/expect_error.h"
-#include "base/atomic_file.h"
 
 namespace baton::engine {
 namespace {

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "net/auth.h"
-#include "runtime/internal/auth_store.h"
 #include "net/store_server.h"
+#include "runtime/internal/auth_store.h"
 
 extern char** environ;
 

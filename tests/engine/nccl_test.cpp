@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/rollout/hybrid_engine.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parallel/pipeline_schedule.h"
-#include "engine/io/safetensors.h"
-#include "engine/model/transformer.h"
-#include "engine/io/weight_conversion.h"
+#include "engine/rollout/hybrid_engine.h"
 #include "engine/rollout/weight_sync.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/multiprocess.h"

@@ -19,17 +19,17 @@
 #include <utility>
 #include <vector>
 
-#include "engine/io/checkpoint.h"
+#include "base/atomic_file.h"
 #include "engine/errors.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parallel/pipeline_schedule.h"
-#include "engine/io/safetensors.h"
 #include "engine/parallel/shm_group.h"
-#include "engine/model/transformer.h"
-#include "engine/io/weight_conversion.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/multiprocess.h"
-#include "base/atomic_file.h"
 
 namespace baton::engine {
 namespace {

@@ -18,15 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "base/atomic_file.h"
+#include "engine/io/sharded_model.h"
+#include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "engine/rollout/reshard.h"
-#include "engine/io/sharded_model.h"
-#include "engine/model/transformer.h"
-#include "engine/io/weight_conversion.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/multiprocess.h"
-#include "base/atomic_file.h"
 
 namespace baton::engine {
 namespace {

@@ -6,9 +6,9 @@
 #include <fstream>
 
 #include "engine/errors.h"
-#include "tests/engine/expect_error.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/weight_conversion.h"
+#include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
 
 namespace baton::engine {

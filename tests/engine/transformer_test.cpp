@@ -15,8 +15,8 @@
 
 #include "engine/errors.h"
 #include "engine/io/safetensors.h"
-#include "engine/parallel/vocab_parallel.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/parallel/vocab_parallel.h"
 #include "tests/engine/model_tolerance.h"
 
 namespace baton::engine {

@@ -12,8 +12,8 @@
 
 #include "engine/io/model_config.h"
 #include "engine/io/safetensors.h"
-#include "engine/model/transformer.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
 
 namespace baton::engine {
 namespace {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "engine/errors.h"
-#include "tests/engine/expect_error.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/sharded_model.h"
+#include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
 
 namespace baton::engine {

@@ -14,14 +14,14 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/optim/optimizer.h"
-#include "engine/parallel/pipeline_schedule.h"
+#include "base/atomic_file.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/sharded_model.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parallel/pipeline_schedule.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/multiprocess.h"
-#include "base/atomic_file.h"
 
 namespace baton::engine {
 namespace {

@@ -17,14 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "text/tokenizer/tokenizer.h"
 #include "engine/io/model_config.h"
-#include "engine/parallel/parallel_state.h"
 #include "engine/io/safetensors.h"
-#include "engine/model/transformer.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
+#include "engine/parallel/parallel_state.h"
 #include "tests/engine/temp_dir.h"
 #include "tests/tolerance.h"
+#include "text/tokenizer/tokenizer.h"
 
 namespace {
 

@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "base/atomic_file.h"
-#include "engine/io/checkpoint.h"
-#include "engine/errors.h"
 #include "base/errors.h"
-#include "trainer/checkpoint_files.h"
+#include "engine/errors.h"
+#include "engine/io/checkpoint.h"
 #include "trainer/async/rollout_ledger.h"
+#include "trainer/checkpoint_files.h"
 
 namespace fs = std::filesystem;
 

@@ -17,8 +17,8 @@
 #include <iterator>
 #include <string>
 
-#include "dispatch/data_proto.h"
 #include "base/errors.h"
+#include "dispatch/data_proto.h"
 
 namespace {
 

@@ -22,13 +22,13 @@
 #include <thread>
 #include <vector>
 
-#include "net/auth.h"
-#include "runtime/internal/auth_store.h"
-#include "runtime/cluster/cluster.h"
 #include "base/errors.h"
-#include "runtime/cluster/relay.h"
-#include "runtime/internal/wire.capnp.h"
+#include "net/auth.h"
 #include "net/tls.h"
+#include "runtime/cluster/cluster.h"
+#include "runtime/cluster/relay.h"
+#include "runtime/internal/auth_store.h"
+#include "runtime/internal/wire.capnp.h"
 #include "runtime/worker_group.h"
 #if defined(BATON_TEST_TLS)
 #include <filesystem>

@@ -8,8 +8,8 @@
 #include <set>
 #include <string>
 
-#include "runtime/baton.h"
 #include "base/profiler.h"
+#include "runtime/baton.h"
 #include "tests/runtime/trace_checks.h"
 
 namespace baton {

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "net/auth.h"
-#include "runtime/internal/auth_store.h"
 #include "net/store_protocol.h"
+#include "runtime/internal/auth_store.h"
 
 namespace baton {
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/internal/auth_store.h"
 #include "net/tls.h"
+#include "runtime/internal/auth_store.h"
 #include "runtime/worker_group.h"
 #include "tests/runtime/test_certificates.h"
 

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "net/auth.h"
-#include "runtime/internal/auth_store.h"
 #include "net/store_server.h"
+#include "runtime/internal/auth_store.h"
 #include "tests/runtime/test_certificates.h"
 
 namespace baton {

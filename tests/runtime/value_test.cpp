@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "base/errors.h"
-#include "runtime/shared_tensor.h"
 #include "runtime/internal/shm_pool.h"
 #include "runtime/internal/value_codec.h"
+#include "runtime/shared_tensor.h"
 
 namespace baton {
 namespace {

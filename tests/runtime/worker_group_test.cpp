@@ -1,8 +1,8 @@
 // Calls on real groups of worker processes.
-#include "runtime/worker_group.h"
-#include "runtime/shared_tensor.h"
 #include "net/auth.h"
 #include "runtime/internal/auth_store.h"
+#include "runtime/shared_tensor.h"
+#include "runtime/worker_group.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
@@ -28,8 +28,8 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/baton.h"
 #include "base/log.h"
+#include "runtime/baton.h"
 
 namespace baton {
 namespace {

@@ -8,8 +8,8 @@
 
 #include <cmath>
 
-#include "dispatch/data_proto.h"
 #include "base/errors.h"
+#include "dispatch/data_proto.h"
 #include "tests/tolerance.h"
 
 namespace baton::trainer {

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "base/errors.h"
 #include "base/atomic_file.h"
+#include "base/errors.h"
 
 namespace baton::trainer {
 namespace {

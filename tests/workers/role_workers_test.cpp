@@ -16,12 +16,12 @@
 #include <fstream>
 #include <string>
 
-#include "dispatch/data_proto.h"
 #include "base/atomic_file.h"
+#include "dispatch/data_proto.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/model_config.h"
-#include "engine/model/transformer.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
 #include "runtime/baton.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/tolerance.h"

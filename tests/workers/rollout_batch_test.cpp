@@ -16,12 +16,12 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/data_proto.h"
-#include "engine/rollout/generation.h"
-#include "engine/io/hf_model.h"
-#include "engine/model/transformer.h"
-#include "engine/io/weight_conversion.h"
 #include "base/errors.h"
+#include "dispatch/data_proto.h"
+#include "engine/io/hf_model.h"
+#include "engine/io/weight_conversion.h"
+#include "engine/model/transformer.h"
+#include "engine/rollout/generation.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/tolerance.h"
 

@@ -49,8 +49,8 @@
 #include <map>
 #include <string>
 
-#include "trainer/ppo_trainer.h"
 #include "trainer/config/settings.h"
+#include "trainer/ppo_trainer.h"
 
 namespace baton::trainer {
 

@@ -179,10 +179,18 @@ bool critic_enabled(const Config& config) {
   return config.get<std::string>("algorithm.adv_estimator") == "gae";
 }
 
-void validate_ppo_config(const Config& config) {
-  Checker c(config);
+namespace {
 
-  // Workers and layouts.
+// What the layout checks found, for the batch checks that need it (empty
+// where a key was missing or malformed: that is reported already).
+struct Layouts {
+  std::optional<int64_t> actor_dp, rollout_dp, critic_dp;
+  bool has_critic = false;
+};
+
+// Workers and layouts: nodes and slots, each role's TP x PP over the world.
+Layouts check_workers_and_layouts(Checker& c, const Config& config) {
+  Layouts l;
   const auto nnodes = c.at_least("trainer.nnodes", 1);
   const auto per_node = c.at_least("trainer.n_gpus_per_node", 1);
   const std::optional<int64_t> world =
@@ -191,13 +199,15 @@ void validate_ppo_config(const Config& config) {
     c.problem(cat("trainer.nnodes = ", *nnodes,
                   " needs node agents: set trainer.cluster_listen to the host:port where the "
                   "driver waits for them (`baton-agent --driver HOST:PORT` on every node)"));
-  if (!config.is_null("trainer.cluster_listen") && config.get_optional<bool>("async_training.enable").value_or(false))
-    c.problem("trainer.cluster_listen: the fully-async trainer runs on one machine only "
-              "(set async_training.enable = false to use node agents)");
+  if (!config.is_null("trainer.cluster_listen") &&
+      config.get_optional<bool>("async_training.enable").value_or(false))
+    c.problem(
+        "trainer.cluster_listen: the fully-async trainer runs on one machine only "
+        "(set async_training.enable = false to use node agents)");
   // Several nodes: every TP group within one.
   const std::optional<int64_t> node_size =
       nnodes && *nnodes > 1 ? per_node : std::optional<int64_t>();
-  const auto actor_dp =
+  l.actor_dp =
       check_layout(c, world, "actor", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
                    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", node_size);
   // The reference policy is a frozen copy in the actor's processes: its layout is the actor's.
@@ -209,24 +219,26 @@ void validate_ppo_config(const Config& config) {
       c.problem(cat(ref, " = ", *r, " differs from ", act, " = ", *a,
                     "; the reference policy runs in the actor's layout (set them equal)"));
   }
-  const auto rollout_dp = check_layout(
+  l.rollout_dp = check_layout(
       c, world, "rollout", "actor_rollout_ref.rollout.tensor_model_parallel_size", "", node_size);
 
-  bool has_critic = false;
   try {
-    has_critic = critic_enabled(config);
+    l.has_critic = critic_enabled(config);
   } catch (const ConfigError& e) {
     c.problem(e.what());
   }
-  std::optional<int64_t> critic_dp;
-  if (has_critic)
-    critic_dp = check_layout(c, world, "critic", "critic.megatron.tensor_model_parallel_size",
-                             "critic.megatron.pipeline_model_parallel_size", node_size);
+  if (l.has_critic)
+    l.critic_dp = check_layout(c, world, "critic", "critic.megatron.tensor_model_parallel_size",
+                               "critic.megatron.pipeline_model_parallel_size", node_size);
   if (c.read<bool>("reward_model.enable").value_or(false))
     check_layout(c, world, "reward model", "reward_model.megatron.tensor_model_parallel_size",
                  "reward_model.megatron.pipeline_model_parallel_size", node_size);
 
-  // Batches.
+  return l;
+}
+
+// Batches: sizes, dynamic batch budgets, mini- and micro-batches per rank.
+void check_batches(Checker& c, const Layouts& l) {
   const auto train_batch = c.at_least("data.train_batch_size", 1);
   const auto n = c.at_least("actor_rollout_ref.rollout.n", 1);
   c.positive_or_null("data.val_batch_size");
@@ -258,26 +270,29 @@ void validate_ppo_config(const Config& config) {
                 "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu");
   check_dynamic("actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
                 "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu");
-  check_update_batches(c, "actor", train_batch, n, actor_dp,
+  check_update_batches(c, "actor", train_batch, n, l.actor_dp,
                        "actor_rollout_ref.actor.ppo_mini_batch_size",
                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu");
-  if (has_critic) {
+  if (l.has_critic) {
     c.at_least("critic.ppo_epochs", 1);
-    check_update_batches(c, "critic", train_batch, n, critic_dp, "critic.ppo_mini_batch_size",
+    check_update_batches(c, "critic", train_batch, n, l.critic_dp, "critic.ppo_mini_batch_size",
                          "critic.ppo_micro_batch_size_per_gpu");
     check_dynamic("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu");
     check_dynamic("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu");
   }
   if (c.read<bool>("reward_model.enable").value_or(false))
     check_dynamic("reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu");
-  if (train_batch && n && rollout_dp && (*train_batch * *n) % *rollout_dp != 0)
+  if (train_batch && n && l.rollout_dp && (*train_batch * *n) % *l.rollout_dp != 0)
     c.problem(cat("data.train_batch_size x actor_rollout_ref.rollout.n = ", *train_batch, " x ", *n,
                   " = ", *train_batch * *n, " sequences do not split evenly over the rollout's ",
-                  *rollout_dp,
+                  *l.rollout_dp,
                   " data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node / "
                   "actor_rollout_ref.rollout.tensor_model_parallel_size)"));
+}
 
-  // Choices and ranges.
+// Choices and ranges: names from fixed sets, dtypes, optimizers, losses, KL,
+// sampling.
+void check_choices_and_ranges(Checker& c, const Config& config, bool has_critic) {
   c.one_of("data.truncation", {"error", "left", "right", "middle"});
   c.one_of("actor_rollout_ref.actor.strategy", {"megatron"});
   c.one_of("actor_rollout_ref.actor.loss_agg_mode", kLossAggModes);
@@ -321,8 +336,10 @@ void validate_ppo_config(const Config& config) {
     c.problem(cat("actor_rollout_ref.rollout.top_p = ", top_p, " must be in (0, 1]"));
   c.at_least("actor_rollout_ref.rollout.top_k", -1);
   c.one_of("reward_model.reward_manager", {"naive"});
+}
 
-  // The run.
+// The run: epochs, steps, frequencies, logging, devices, resume.
+void check_run(Checker& c) {
   c.at_least("trainer.total_epochs", 1);
   c.positive_or_null("trainer.total_training_steps");
   c.at_least("trainer.critic_warmup", 0);
@@ -344,7 +361,16 @@ void validate_ppo_config(const Config& config) {
     for (const auto& logger : *loggers)
       if (logger != "console" && logger != "file")
         c.problem(cat("trainer.logger has '", logger, "'; the loggers are console and file"));
+}
 
+}  // namespace
+
+void validate_ppo_config(const Config& config) {
+  Checker c(config);
+  const Layouts layouts = check_workers_and_layouts(c, config);
+  check_batches(c, layouts);
+  check_choices_and_ranges(c, config, layouts.has_critic);
+  check_run(c);
   for (std::string& p : profiler_config_problems(config)) c.problem(std::move(p));
 
   if (!c.problems().empty()) {

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "trainer/config/config_validation.h"
 #include "trainer/async/staleness_policy.h"
+#include "trainer/config/config_validation.h"
 
 namespace baton::trainer {
 namespace {

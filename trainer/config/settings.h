@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "data/prompt_dataset.h"
-#include "trainer/config/config.h"
 #include "trainer/async/staleness_policy.h"
+#include "trainer/config/config.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/kl.h"
 #include "workers/roles/role_options.h"

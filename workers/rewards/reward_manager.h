@@ -45,8 +45,8 @@
 #include <vector>
 
 #include "base/errors.h"
-#include "text/tokenizer/tokenizer.h"
 #include "dispatch/data_proto.h"
+#include "text/tokenizer/tokenizer.h"
 #include "workers/rewards/reward_registry.h"
 
 namespace baton::rewards {

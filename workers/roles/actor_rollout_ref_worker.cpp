@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <map>
 
+#include "base/errors.h"
 #include "dispatch/dispatch_modes.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/sharded_model.h"
-#include "base/errors.h"
 #include "runtime/process_group.h"
 #include "workers/algos/agg_loss.h"
 #include "workers/algos/kl.h"

@@ -3,9 +3,9 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "base/errors.h"
 #include "dispatch/dispatch_modes.h"
 #include "engine/io/checkpoint.h"
-#include "base/errors.h"
 #include "workers/algos/value_loss.h"
 #include "workers/roles/role_update.h"
 

@@ -2,8 +2,8 @@
 
 #include <ATen/ATen.h>
 
-#include "dispatch/dispatch_modes.h"
 #include "base/errors.h"
+#include "dispatch/dispatch_modes.h"
 
 namespace baton::workers {
 

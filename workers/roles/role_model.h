@@ -12,7 +12,7 @@
 //
 // Example (inside a worker's init_model):
 //   RoleModel actor(info(), options.model, "actor", &options.optim);
-//   auto lp = actor.response_log_probs(batch, 8, /*temperature=*/1.0);
+//   at::Tensor lp = actor.response_log_probs(batch, MicroBatching{8}, /*temperature=*/1.0);
 //
 // Thread safety: none; the worker's thread drives it.
 #pragma once
@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "dispatch/data_proto.h"
+#include "engine/model/transformer.h"
 #include "engine/optim/offload.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parallel/pipeline_schedule.h"
-#include "engine/model/transformer.h"
 #include "runtime/worker.h"
 #include "workers/roles/role_options.h"
 

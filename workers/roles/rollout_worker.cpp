@@ -2,9 +2,9 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "base/errors.h"
 #include "dispatch/dispatch_modes.h"
 #include "runtime/internal/auth_store.h"
-#include "base/errors.h"
 #include "workers/roles/rollout_batch.h"
 
 namespace baton::workers {

@@ -14,8 +14,8 @@
 #include "engine/io/model_config.h"
 #include "runtime/baton.h"
 #include "trainer/config/config.h"
-#include "workers/roles/actor_rollout_ref_worker.h"
 #include "workers/algos/algo_registry.h"
+#include "workers/roles/actor_rollout_ref_worker.h"
 
 class Doubler : public baton::Worker {
  public:
