@@ -23,7 +23,6 @@
 #include "runtime/worker_group.h"
 #include "text/tokenizer/tokenizer.h"
 #include "trainer/async/async_trainer.h"
-#include "trainer/config/config_validation.h"
 #include "trainer/config/settings.h"
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
@@ -54,11 +53,13 @@ using Settings = TrainerSettings;
 namespace {
 
 // The rollout's responses to `prompts` (input_ids, attention_mask; any other
-// keys are dropped), sp.n per prompt, in prompt order. Each rollout replica
-// generates for its share: a batch that does not split over `replicas` is
-// padded with copies of its last prompt, whose samples are dropped. seed(i)
-// is prompt i's request seed (padding rows included); none for greedy runs.
-DataProto generate(WorkerGroup& actor, const DataProto& prompts, const SamplingSettings& sp,
+// keys are dropped), sp.n per prompt, in prompt order, sampled with sp's
+// temperature (0: greedy), top_k and top_p; max_new_tokens is the rollout's
+// own. Each rollout replica generates for its share: a batch that does not
+// split over `replicas` is padded with copies of its last prompt, whose
+// samples are dropped. seed(i) is prompt i's request seed (padding rows
+// included); none for greedy runs.
+DataProto generate(WorkerGroup& actor, const DataProto& prompts, const engine::SamplingParams& sp,
                    int64_t replicas, int64_t pad_token_id,
                    const std::function<int64_t(int64_t)>& seed = nullptr) {
   auto [gen, pad] = prompts.select({"input_ids", "attention_mask"}).pad_to_multiple(replicas);
@@ -68,7 +69,6 @@ DataProto generate(WorkerGroup& actor, const DataProto& prompts, const SamplingS
     gen.set_tensor("request_seed", at::tensor(seeds, at::kLong));
   }
   gen.set_meta("n", Value(sp.n));
-  gen.set_meta("do_sample", Value(sp.do_sample));
   gen.set_meta("temperature", Value(sp.temperature));
   gen.set_meta("top_k", Value(sp.top_k));
   gen.set_meta("top_p", Value(sp.top_p));
@@ -181,8 +181,7 @@ void spawn_workers(PpoTrainer::State& st) {
   }
   if (s.async.enable) spawn_async_rollout(st);
   // Each worker process once: the groups that own processes.
-  st.profiler =
-      std::make_unique<StepProfiler>(read_profiler_settings(st.config), process_groups(st));
+  st.profiler = std::make_unique<StepProfiler>(st.s.profiler, process_groups(st));
 }
 
 // trainer.max_restarts: every group shut down and spawned again, the run's
@@ -211,7 +210,6 @@ void restart_workers(PpoTrainer::State& st) {
 }  // namespace
 
 PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
-  validate_ppo_config(config);
   State& st = *s_;
   st.config = config.resolved();
   const Config& c = st.config;
@@ -222,16 +220,11 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   algos::find_advantage_estimator(s.adv_estimator);
   algos::find_policy_loss(s.actor.policy.loss_mode);
   if (s.custom_reward_fn) rewards::find_reward_function(*s.custom_reward_fn);
-  if (s.adv_estimator == "remax" && s.use_rm)
-    throw ConfigError(
-        "algorithm.adv_estimator = remax scores its greedy baselines with the rule reward; "
-        "with reward_model.enable = true the baselines would not be the reward model's");
   fs::create_directories(s.out_dir);
   c.save(fs::path(s.out_dir) / "config.yaml");
   // Every process's lines from here on (the workers' through the driver).
-  set_log_file((fs::path(s.out_dir) / "baton.log").string(),
-               c.get<int64_t>("trainer.log_max_bytes"),
-               static_cast<int>(c.get<int64_t>("trainer.log_backup_count")));
+  set_log_file((fs::path(s.out_dir) / "baton.log").string(), s.log_max_bytes,
+               static_cast<int>(s.log_backup_count));
   log(LogLevel::kInfo,
       "run " + s.project_name + "/" + s.experiment_name + ": log file " + log_file_path());
 
@@ -262,7 +255,7 @@ PpoTrainer::~PpoTrainer() = default;
 std::map<std::string, double> PpoTrainer::validate() {
   State& st = *s_;
   if (!st.val_data) return {};
-  const SamplingSettings& vs = st.s.val_sampling;
+  const engine::SamplingParams& vs = st.s.val_sampling;
   const int64_t n = vs.n;
   WorkerGroup& actor = *st.actor;
   const int64_t replicas = st.s.world / st.s.actor.rollout.tp;
@@ -361,7 +354,7 @@ FitResult PpoTrainer::fit_once() {
   begin_run(st, result, [this] { return validate(); });
   ProgressLine progress("training", s.total_steps);
   const int64_t replicas = s.world / s.actor.rollout.tp;
-  const double temperature = s.sampling.temperature;
+  const double temperature = s.logprob_temperature;
   while (st.global_step < s.total_steps) {
     ++st.global_step;
     st.profiler->begin_step(st.global_step);
@@ -370,7 +363,8 @@ FitResult PpoTrainer::fit_once() {
     StepTimer timed{progress, st.global_step, {}};
     Metrics& timing = timed.timing;
 
-    DataProto batch = workers::prompt_batch_proto(st.loader->next(), std::to_string(st.global_step) + "-");
+    DataProto batch =
+        workers::prompt_batch_proto(st.loader->next(), std::to_string(st.global_step) + "-");
     DataProto out;
     timed("gen", [&] {
       // Mixed through SplitMix64 (the sampler's own request seeding): a
@@ -386,8 +380,8 @@ FitResult PpoTrainer::fit_once() {
       timed("gen_max", [&] {
         // ReMax's baseline (verl's gen_max): each prompt's greedy response,
         // scored by the same reward, for each of its n samples.
-        SamplingSettings greedy_sampling;
-        greedy_sampling.do_sample = false;
+        engine::SamplingParams greedy_sampling;
+        greedy_sampling.temperature = 0;
         greedy_sampling.n = 1;
         const DataProto greedy =
             generate(actor, batch, greedy_sampling, replicas, st.train_data->pad_id());

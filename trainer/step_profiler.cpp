@@ -23,48 +23,45 @@ constexpr int kDriverPid = 1;
 
 }  // namespace
 
-std::vector<std::string> profiler_config_problems(const Config& config) {
-  std::vector<std::string> problems;
+ProfilerSettings read_profiler_settings(const Config& config, std::vector<std::string>& problems) {
+  ProfilerSettings s;
   if (config.has(kSteps)) {
     try {
-      if (const auto steps = config.get_optional<std::vector<int64_t>>(kSteps)) {
-        for (int64_t s : *steps) {
-          if (s < 1) {
-            // Appended, not chained with +: GCC 12 warns (-Warray-bounds) on the chain.
-            std::string p = kSteps;
-            p += " has ";
-            p += std::to_string(s);
-            p += "; steps count from 1";
-            problems.push_back(std::move(p));
-          }
-        }
-      }
+      if (const auto steps = config.get_optional<std::vector<int64_t>>(kSteps)) s.steps = *steps;
     } catch (const ConfigError& e) {
       problems.push_back(std::string(kSteps) +
                          " must be null or a list of step numbers, like [2, 3]: " + e.what());
     }
+    for (int64_t step : s.steps) {
+      if (step < 1) {
+        // Appended, not chained with +: GCC 12 warns (-Warray-bounds) on the chain.
+        std::string p = kSteps;
+        p += " has ";
+        p += std::to_string(step);
+        p += "; steps count from 1";
+        problems.push_back(std::move(p));
+      }
+    }
   }
+  std::optional<std::string> path;
   if (config.has(kSavePath)) {
     try {
-      config.get_optional<std::string>(kSavePath);
+      path = config.get_optional<std::string>(kSavePath);
     } catch (const ConfigError& e) {
       problems.push_back(std::string(kSavePath) + " must be null or a directory: " + e.what());
     }
   }
-  return problems;
-}
-
-ProfilerSettings read_profiler_settings(const Config& config) {
-  ProfilerSettings s;
-  if (config.has(kSteps))
-    s.steps = config.get_optional<std::vector<int64_t>>(kSteps).value_or(s.steps);
-  std::optional<std::string> path;
-  if (config.has(kSavePath)) path = config.get_optional<std::string>(kSavePath);
-  s.save_path = path
-                    ? *path
-                    : (std::filesystem::path(config.get<std::string>("trainer.default_local_dir")) /
-                       "profile")
-                          .string();
+  if (path) {
+    s.save_path = *path;
+  } else {
+    try {
+      s.save_path =
+          (std::filesystem::path(config.get<std::string>("trainer.default_local_dir")) / "profile")
+              .string();
+    } catch (const ConfigError&) {
+      // trainer.default_local_dir's own read names it.
+    }
+  }
   return s;
 }
 

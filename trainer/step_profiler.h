@@ -14,7 +14,7 @@
 // (WorkerGroup::collect_profile); the file's otherData.clocks says by how much.
 //
 // Example (what PpoTrainer::fit does):
-//   StepProfiler profiler(read_profiler_settings(config), {&group});
+//   StepProfiler profiler(settings.profiler, {&group});  // read_trainer_settings
 //   for (int64_t step = 1; ...; ++step) {
 //     profiler.begin_step(step);   // recording on, if the step is chosen
 //     ...                          // the step
@@ -40,15 +40,12 @@ struct ProfilerSettings {
   std::string save_path;       // the directory of step_<N>.json
 };
 
-// The problems of global_profiler.* (for validate_ppo_config), each naming
-// the key: steps must be null or a list of step numbers >= 1, save_path null
-// or a path. A config without the section has none (profiling off).
-std::vector<std::string> profiler_config_problems(const Config& config);
-
-// Reads global_profiler.*; save_path null means
-// <trainer.default_local_dir>/profile. REQUIRES: `config` is resolved and
-// passed profiler_config_problems.
-ProfilerSettings read_profiler_settings(const Config& config);
+// Reads global_profiler.*, adding to `problems` one line per key that cannot
+// be used, naming it: steps must be null or a list of step numbers >= 1,
+// save_path null or a path. A config without the section profiles nothing;
+// save_path null means <trainer.default_local_dir>/profile.
+// read_trainer_settings reads it into TrainerSettings::profiler.
+ProfilerSettings read_profiler_settings(const Config& config, std::vector<std::string>& problems);
 
 class StepProfiler {
  public:

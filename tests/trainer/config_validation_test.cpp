@@ -1,3 +1,5 @@
+// The checks of read_trainer_settings (trainer/config/config_validation.h and
+// the key reads of settings.cpp): every problem named, with its keys.
 #include "trainer/config/config_validation.h"
 
 #include <gtest/gtest.h>
@@ -6,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/config/settings.h"
 #include "trainer/step_profiler.h"
 
 namespace baton::trainer {
@@ -13,12 +16,14 @@ namespace {
 
 const std::filesystem::path kBase = std::filesystem::path(BATON_CONFIGS_DIR) / "ppo_trainer.yaml";
 
-// The validation error of the base config with `overrides` ("" if valid).
+// The validation error of the base config with `overrides` ("" if valid);
+// the base names no model or files, which a run needs.
 std::string problems_with(const std::vector<std::string>& overrides) {
   Config config = Config::load(kBase);
+  config.apply_overrides({"actor_rollout_ref.model.path=models/m", "data.train_files=[t.jsonl]"});
   config.apply_overrides(overrides);
   try {
-    validate_ppo_config(config);
+    read_trainer_settings(config);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -199,8 +204,8 @@ TEST(ConfigValidation, ChoicesAreChecked) {
 
 TEST(ConfigValidation, ParameterDtypesAreCheckedAndTheRolloutFollowsTheActor) {
   EXPECT_EQ(problems_with(small_with({"actor_rollout_ref.actor.megatron.dtype=bfloat16"})), "");
-  const std::string message = problems_with(small_with(
-      {"actor_rollout_ref.actor.megatron.dtype=float16", "critic.megatron.dtype=bf16"}));
+  const std::string message = problems_with(
+      small_with({"actor_rollout_ref.actor.megatron.dtype=float16", "critic.megatron.dtype=bf16"}));
   EXPECT_CONTAINS(message,
                   "actor_rollout_ref.actor.megatron.dtype = 'float16' is not one of: float32, "
                   "bfloat16");
@@ -235,8 +240,9 @@ TEST(ConfigValidation, DynamicBatchBudgetsMustHoldTheLongestSequence) {
   const std::string p =
       problems_with(small_with({"actor_rollout_ref.actor.use_dynamic_bsz=true",
                                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000"}));
-  EXPECT_CONTAINS(p, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 1000 cannot hold a "
-                     "sequence of 1024 tokens");
+  EXPECT_CONTAINS(p,
+                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu = 1000 cannot hold a "
+                  "sequence of 1024 tokens");
   // The log-prob budgets follow the actor's (interpolated), so they are named too.
   EXPECT_CONTAINS(p, "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu = 1000");
   EXPECT_CONTAINS(p, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu = 1000");
@@ -273,13 +279,15 @@ TEST(ConfigValidation, ProfiledStepsAreStepNumbersAndTheTracesGoUnderTheRunDirec
 
   Config config = Config::load(kBase);
   config.apply_overrides({"trainer.default_local_dir=runs/x", "global_profiler.steps=[3,1]"});
-  ProfilerSettings s = read_profiler_settings(config.resolved());
+  std::vector<std::string> problems;
+  ProfilerSettings s = read_profiler_settings(config.resolved(), problems);
   EXPECT_EQ(s.steps, (std::vector<int64_t>{3, 1}));
   EXPECT_EQ(s.save_path, "runs/x/profile");
   config.apply_override("global_profiler.save_path=/tmp/traces");
-  EXPECT_EQ(read_profiler_settings(config.resolved()).save_path, "/tmp/traces");
+  EXPECT_EQ(read_profiler_settings(config.resolved(), problems).save_path, "/tmp/traces");
   // Off by default.
-  EXPECT_TRUE(read_profiler_settings(Config::load(kBase).resolved()).steps.empty());
+  EXPECT_TRUE(read_profiler_settings(Config::load(kBase).resolved(), problems).steps.empty());
+  EXPECT_TRUE(problems.empty());
 }
 
 }  // namespace

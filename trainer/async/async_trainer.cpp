@@ -133,7 +133,6 @@ void run_rollouter(PpoTrainer::State& st, RolloutPipeline& p) {
         seeds.push_back(static_cast<int64_t>(engine::SequenceRng::request_seed(step_seed, i)));
       gen.set_tensor("request_seed", at::tensor(seeds, at::kLong));
       gen.set_meta("n", Value(s.sampling.n));
-      gen.set_meta("do_sample", Value(s.sampling.do_sample));
       gen.set_meta("temperature", Value(s.sampling.temperature));
       gen.set_meta("top_k", Value(s.sampling.top_k));
       gen.set_meta("top_p", Value(s.sampling.top_p));
@@ -341,7 +340,7 @@ DataProto AsyncFitLoop::take_batch(StepTimer& timed, Metrics& m) {
     m["async/partial_resumed_samples"] = static_cast<double>(item->resumed_samples);
   DataProto batch = std::move(item->batch);
   if (s_.balance_batch) balance_batch(batch, actor_dp(s_), m);
-  batch.set_meta("temperature", Value(s_.sampling.temperature));
+  batch.set_meta("temperature", Value(s_.logprob_temperature));
   batch.set_meta("global_steps", Value(st_.global_step));
   return batch;
 }

@@ -9,8 +9,8 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <regex>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -39,12 +39,7 @@ struct ConfigNode {
 
 namespace {
 
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
+using baton::detail::cat;
 
 const char* kind_name(Kind kind) {
   switch (kind) {
@@ -659,7 +654,9 @@ Config::Config() : root_(std::make_unique<ConfigNode>()) {}
 Config::~Config() = default;
 Config::Config(std::unique_ptr<ConfigNode> root) : root_(std::move(root)) {}
 Config::Config(const Config& other)
-    : root_(std::make_unique<ConfigNode>(*other.root_)), reads_(other.reads_), prefix_(other.prefix_) {}
+    : root_(std::make_unique<ConfigNode>(*other.root_)),
+      reads_(other.reads_),
+      prefix_(other.prefix_) {}
 Config& Config::operator=(const Config& other) {
   if (this != &other) {
     root_ = std::make_unique<ConfigNode>(*other.root_);
@@ -669,7 +666,9 @@ Config& Config::operator=(const Config& other) {
   return *this;
 }
 Config::Config(Config&& other) noexcept
-    : root_(std::move(other.root_)), reads_(std::move(other.reads_)), prefix_(std::move(other.prefix_)) {
+    : root_(std::move(other.root_)),
+      reads_(std::move(other.reads_)),
+      prefix_(std::move(other.prefix_)) {
   other.root_ = std::make_unique<ConfigNode>();
 }
 Config& Config::operator=(Config&& other) noexcept {

@@ -1,383 +1,325 @@
 #include "trainer/config/config_validation.h"
 
 #include <algorithm>
-#include <initializer_list>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
-#include "trainer/step_profiler.h"
+#include "base/errors.h"
+#include "trainer/config/settings.h"
 
 namespace baton::trainer {
 namespace {
 
-template <typename... Args>
-std::string cat(const Args&... args) {
-  std::ostringstream out;
-  (out << ... << args);
-  return out.str();
-}
+using baton::detail::cat;
 
-// Reads keys, recording every problem instead of stopping at the first.
-class Checker {
+// Every problem found, instead of stopping at the first.
+class Problems {
  public:
-  explicit Checker(const Config& config) : config_(config) {}
+  void add(std::string message) { list_.push_back(std::move(message)); }
+  std::vector<std::string> take() { return std::move(list_); }
 
-  void problem(std::string message) { problems_.push_back(std::move(message)); }
-  const std::vector<std::string>& problems() const { return problems_; }
-
-  // A non-null value of type T, or nullopt (a problem is recorded).
-  template <typename T>
-  std::optional<T> read(const std::string& key) {
-    try {
-      return config_.get<T>(key);
-    } catch (const ConfigError& e) {
-      problem(e.what());
-      return std::nullopt;
-    }
-  }
-  // A value of type T or null; `ok` is false when a problem was recorded.
-  template <typename T>
-  std::optional<T> read_nullable(const std::string& key, bool& ok) {
-    try {
-      ok = true;
-      return config_.get_optional<T>(key);
-    } catch (const ConfigError& e) {
-      problem(e.what());
-      ok = false;
-      return std::nullopt;
-    }
-  }
-
-  // An int ≥ minimum, or nullopt.
-  std::optional<int64_t> at_least(const std::string& key, int64_t minimum) {
-    const auto value = read<int64_t>(key);
-    if (value && *value < minimum) {
-      problem(cat(key, " = ", *value, " must be >= ", minimum));
-      return std::nullopt;
-    }
-    return value;
+  // `value` if it is ≥ minimum, else nullopt (a problem is recorded).
+  std::optional<int64_t> at_least(const std::string& key, int64_t value, int64_t minimum) {
+    if (value >= minimum) return value;
+    add(cat(key, " = ", value, " must be >= ", minimum));
+    return std::nullopt;
   }
   // Null, or an int ≥ 1. nullopt for null or a problem.
-  std::optional<int64_t> positive_or_null(const std::string& key) {
-    bool ok = true;
-    const auto value = read_nullable<int64_t>(key, ok);
+  std::optional<int64_t> positive_or_null(const std::string& key, std::optional<int64_t> value) {
     if (value && *value < 1) {
-      problem(cat(key, " = ", *value, " must be >= 1 (or null)"));
-      return std::nullopt;
-    }
-    return value;
-  }
-  double number(const std::string& key, double fallback) {
-    return read<double>(key).value_or(fallback);
-  }
-  // A string among `choices`, or nullopt.
-  std::optional<std::string> one_of(const std::string& key,
-                                    std::initializer_list<const char*> choices) {
-    const auto value = read<std::string>(key);
-    if (!value) return std::nullopt;
-    if (std::none_of(choices.begin(), choices.end(), [&](const char* c) { return *value == c; })) {
-      std::string list;
-      for (const char* c : choices) list += cat(list.empty() ? "" : ", ", c);
-      problem(cat(key, " = '", *value, "' is not one of: ", list));
+      add(cat(key, " = ", *value, " must be >= 1 (or null)"));
       return std::nullopt;
     }
     return value;
   }
 
  private:
-  const Config& config_;
-  std::vector<std::string> problems_;
+  std::vector<std::string> list_;
 };
-
-constexpr std::initializer_list<const char*> kLossAggModes = {
-    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-    "seq-mean-token-sum-norm"};
-constexpr std::initializer_list<const char*> kKlKinds = {
-    "kl",  "k1",  "abs",  "mse",  "k2",  "low_var_kl",  "k3",
-    "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"};
-
-constexpr std::initializer_list<const char*> kDtypes = {"float32", "bfloat16"};
 
 // A model layout: TP × PP over the world; returns its DP size, or nullopt.
 // `per_node` (set when the workers span several nodes): a TP group must stay
-// within one, as WorkerGroup::spawn requires.
-std::optional<int64_t> check_layout(Checker& c, std::optional<int64_t> world,
+// within one, as WorkerGroup::spawn requires. An empty `pp_key`: no pipeline.
+std::optional<int64_t> check_layout(Problems& p, std::optional<int64_t> world,
                                     const std::string& role, const std::string& tp_key,
-                                    const std::string& pp_key,
-                                    std::optional<int64_t> per_node = std::nullopt) {
-  const auto tp = c.at_least(tp_key, 1);
-  const auto pp = pp_key.empty() ? std::optional<int64_t>(1) : c.at_least(pp_key, 1);
+                                    int64_t tp_value, const std::string& pp_key, int64_t pp_value,
+                                    std::optional<int64_t> per_node) {
+  const auto tp = p.at_least(tp_key, tp_value, 1);
+  const auto pp = pp_key.empty() ? std::optional<int64_t>(1) : p.at_least(pp_key, pp_value, 1);
   if (per_node && tp && *per_node % *tp != 0)
-    c.problem(cat(tp_key, " = ", *tp, " does not divide trainer.n_gpus_per_node = ", *per_node,
-                  ": the ", role, "'s tensor-parallel groups would span two nodes"));
+    p.add(cat(tp_key, " = ", *tp, " does not divide trainer.n_gpus_per_node = ", *per_node,
+              ": the ", role, "'s tensor-parallel groups would span two nodes"));
   if (!world || !tp || !pp) return std::nullopt;
   const int64_t model = *tp * *pp;
   if (*world % model != 0) {
     const std::string sizes =
         pp_key.empty() ? cat(tp_key, " = ", *tp)
                        : cat(tp_key, " x ", pp_key, " = ", *tp, " x ", *pp, " = ", model);
-    c.problem(cat("the ", role,
-                  " layout does not fit the workers: trainer.nnodes x "
-                  "trainer.n_gpus_per_node = ",
-                  *world, " is not divisible by ", sizes));
+    p.add(cat("the ", role,
+              " layout does not fit the workers: trainer.nnodes x trainer.n_gpus_per_node = ",
+              *world, " is not divisible by ", sizes));
     return std::nullopt;
   }
   return *world / model;
 }
 
-// optim.*: a learning rate >= 0, Adam's betas in [0, 1), ratios in [0, 1].
-void check_optim(Checker& c, const std::string& prefix) {
-  if (c.number(prefix + ".lr", 0) < 0) c.problem(prefix + ".lr must be >= 0");
-  if (const auto betas = c.read<std::vector<double>>(prefix + ".betas")) {
-    const bool ok = betas->size() == 2 && std::all_of(betas->begin(), betas->end(),
-                                                      [](double b) { return b >= 0 && b < 1; });
-    if (!ok) c.problem(prefix + ".betas must be two numbers in [0, 1), like [0.9, 0.999]");
-  }
-  c.at_least(prefix + ".lr_warmup_steps", -1);
-  for (const char* ratio : {".lr_warmup_steps_ratio", ".min_lr_ratio"}) {
-    const double value = c.number(prefix + ratio, 0);
-    if (value < 0 || value > 1) c.problem(cat(prefix, ratio, " = ", value, " must be in [0, 1]"));
-  }
-  c.one_of(prefix + ".lr_scheduler_type", {"constant", "cosine"});
-}
-
-// Mini- and micro-batches of one trained role over its DP ranks.
-void check_update_batches(Checker& c, const std::string& role, std::optional<int64_t> train_batch,
-                          std::optional<int64_t> n, std::optional<int64_t> dp,
-                          const std::string& mini_key, const std::string& micro_key) {
-  const auto mini = c.at_least(mini_key, 1);
-  const auto micro = c.positive_or_null(micro_key);
-  if (!mini || !train_batch) return;
-  if (*mini <= *train_batch && *train_batch % *mini != 0) {
-    c.problem(cat("data.train_batch_size = ", *train_batch, " is not divisible by ", mini_key,
-                  " = ", *mini, " (the ", role, "'s mini-batches must split the batch evenly)"));
-    return;
-  }
-  if (!n || !dp) return;
-  // A mini-batch larger than the batch is capped at the batch.
-  const int64_t effective = std::min(*mini, *train_batch);
-  const int64_t sequences = effective * *n;
-  if (sequences % *dp != 0) {
-    c.problem(cat(mini_key, " x actor_rollout_ref.rollout.n = ", effective, " x ", *n, " = ",
-                  sequences, " sequences per mini-batch do not split evenly over the ", role, "'s ",
-                  *dp, " data-parallel ranks"));
-    return;
-  }
-  const int64_t local = sequences / *dp;
-  if (micro && local % *micro != 0)
-    c.problem(cat("the ", role, "'s ", local, " sequences per mini-batch and rank (", mini_key,
-                  " x rollout.n / DP = ", sequences, " / ", *dp, ") are not divisible by ",
-                  micro_key, " = ", *micro));
-}
-
-}  // namespace
-
-bool critic_enabled(const Config& config) {
-  if (auto enable = config.get_optional<bool>("critic.enable")) return *enable;
-  return config.get<std::string>("algorithm.adv_estimator") == "gae";
-}
-
-namespace {
-
 // What the layout checks found, for the batch checks that need it (empty
-// where a key was missing or malformed: that is reported already).
+// where a size was out of range: that is reported already).
 struct Layouts {
   std::optional<int64_t> actor_dp, rollout_dp, critic_dp;
-  bool has_critic = false;
 };
 
 // Workers and layouts: nodes and slots, each role's TP x PP over the world.
-Layouts check_workers_and_layouts(Checker& c, const Config& config) {
-  Layouts l;
-  const auto nnodes = c.at_least("trainer.nnodes", 1);
-  const auto per_node = c.at_least("trainer.n_gpus_per_node", 1);
+Layouts check_workers_and_layouts(Problems& p, const TrainerSettings& s) {
+  const auto nnodes = p.at_least("trainer.nnodes", s.nnodes, 1);
+  const auto per_node = p.at_least("trainer.n_gpus_per_node", s.per_node, 1);
   const std::optional<int64_t> world =
       nnodes && per_node ? std::optional<int64_t>(*nnodes * *per_node) : std::nullopt;
-  if (nnodes && *nnodes > 1 && config.is_null("trainer.cluster_listen"))
-    c.problem(cat("trainer.nnodes = ", *nnodes,
-                  " needs node agents: set trainer.cluster_listen to the host:port where the "
-                  "driver waits for them (`baton-agent --driver HOST:PORT` on every node)"));
-  if (!config.is_null("trainer.cluster_listen") &&
-      config.get_optional<bool>("async_training.enable").value_or(false))
-    c.problem(
+  if (nnodes && *nnodes > 1 && s.cluster_listen.empty())
+    p.add(cat("trainer.nnodes = ", *nnodes,
+              " needs node agents: set trainer.cluster_listen to the host:port where the "
+              "driver waits for them (`baton-agent --driver HOST:PORT` on every node)"));
+  if (!s.cluster_listen.empty() && s.async.enable)
+    p.add(
         "trainer.cluster_listen: the fully-async trainer runs on one machine only "
         "(set async_training.enable = false to use node agents)");
   // Several nodes: every TP group within one.
   const std::optional<int64_t> node_size =
       nnodes && *nnodes > 1 ? per_node : std::optional<int64_t>();
+  const std::string actor = "actor_rollout_ref.actor.megatron.";
+  Layouts l;
   l.actor_dp =
-      check_layout(c, world, "actor", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
-                   "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", node_size);
+      check_layout(p, world, "actor", actor + "tensor_model_parallel_size", s.actor.model.tp,
+                   actor + "pipeline_model_parallel_size", s.actor.model.pp, node_size);
   // The reference policy is a frozen copy in the actor's processes: its layout is the actor's.
-  for (const char* size : {"tensor_model_parallel_size", "pipeline_model_parallel_size"}) {
-    const std::string ref = cat("actor_rollout_ref.ref.megatron.", size);
-    const std::string act = cat("actor_rollout_ref.actor.megatron.", size);
-    const auto r = c.read<int64_t>(ref), a = c.read<int64_t>(act);
-    if (r && a && *r != *a)
-      c.problem(cat(ref, " = ", *r, " differs from ", act, " = ", *a,
-                    "; the reference policy runs in the actor's layout (set them equal)"));
+  for (const auto& [size, ref, act] :
+       {std::tuple("tensor_model_parallel_size", s.ref_tp, s.actor.model.tp),
+        std::tuple("pipeline_model_parallel_size", s.ref_pp, s.actor.model.pp)}) {
+    if (ref != act)
+      p.add(cat("actor_rollout_ref.ref.megatron.", size, " = ", ref, " differs from ", actor, size,
+                " = ", act, "; the reference policy runs in the actor's layout (set them equal)"));
   }
-  l.rollout_dp = check_layout(
-      c, world, "rollout", "actor_rollout_ref.rollout.tensor_model_parallel_size", "", node_size);
-
-  try {
-    l.has_critic = critic_enabled(config);
-  } catch (const ConfigError& e) {
-    c.problem(e.what());
-  }
-  if (l.has_critic)
-    l.critic_dp = check_layout(c, world, "critic", "critic.megatron.tensor_model_parallel_size",
-                               "critic.megatron.pipeline_model_parallel_size", node_size);
-  if (c.read<bool>("reward_model.enable").value_or(false))
-    check_layout(c, world, "reward model", "reward_model.megatron.tensor_model_parallel_size",
-                 "reward_model.megatron.pipeline_model_parallel_size", node_size);
-
+  l.rollout_dp =
+      check_layout(p, world, "rollout", "actor_rollout_ref.rollout.tensor_model_parallel_size",
+                   s.actor.rollout.tp, "", 1, node_size);
+  if (s.use_critic)
+    l.critic_dp = check_layout(p, world, "critic", "critic.megatron.tensor_model_parallel_size",
+                               s.critic.model.tp, "critic.megatron.pipeline_model_parallel_size",
+                               s.critic.model.pp, node_size);
+  if (s.use_rm)
+    check_layout(p, world, "reward model", "reward_model.megatron.tensor_model_parallel_size",
+                 s.rm.model.tp, "reward_model.megatron.pipeline_model_parallel_size", s.rm.model.pp,
+                 node_size);
   return l;
 }
 
-// Batches: sizes, dynamic batch budgets, mini- and micro-batches per rank.
-void check_batches(Checker& c, const Layouts& l) {
-  const auto train_batch = c.at_least("data.train_batch_size", 1);
-  const auto n = c.at_least("actor_rollout_ref.rollout.n", 1);
-  c.positive_or_null("data.val_batch_size");
-  c.at_least("actor_rollout_ref.rollout.val_kwargs.n", 1);
-  c.at_least("data.max_prompt_length", 1);
-  c.at_least("data.max_response_length", 1);
-  c.at_least("actor_rollout_ref.actor.ppo_epochs", 1);
-  c.positive_or_null("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu");
-  c.positive_or_null("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu");
-  // Dynamic batch sizes: a packed micro-batch holds whole sequences, so its
-  // budget must hold the longest one.
-  const auto longest = [&]() -> std::optional<int64_t> {
-    const auto p = c.read<int64_t>("data.max_prompt_length");
-    const auto r = c.read<int64_t>("data.max_response_length");
-    if (!p || !r) return std::nullopt;
-    return *p + *r;
-  }();
-  auto check_dynamic = [&](const std::string& switch_key, const std::string& max_key) {
-    const auto max_tokens = c.at_least(max_key, 1);
-    if (!c.read<bool>(switch_key).value_or(false)) return;
-    if (max_tokens && longest && *max_tokens < *longest)
-      c.problem(cat(max_key, " = ", *max_tokens, " cannot hold a sequence of ", *longest,
-                    " tokens (data.max_prompt_length + data.max_response_length) with ", switch_key,
-                    " = true"));
-  };
-  check_dynamic("actor_rollout_ref.actor.use_dynamic_bsz",
-                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu");
-  check_dynamic("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
-                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu");
-  check_dynamic("actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
-                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu");
-  check_update_batches(c, "actor", train_batch, n, l.actor_dp,
-                       "actor_rollout_ref.actor.ppo_mini_batch_size",
-                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu");
-  if (l.has_critic) {
-    c.at_least("critic.ppo_epochs", 1);
-    check_update_batches(c, "critic", train_batch, n, l.critic_dp, "critic.ppo_mini_batch_size",
-                         "critic.ppo_micro_batch_size_per_gpu");
-    check_dynamic("critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu");
-    check_dynamic("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu");
-  }
-  if (c.read<bool>("reward_model.enable").value_or(false))
-    check_dynamic("reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu");
-  if (train_batch && n && l.rollout_dp && (*train_batch * *n) % *l.rollout_dp != 0)
-    c.problem(cat("data.train_batch_size x actor_rollout_ref.rollout.n = ", *train_batch, " x ", *n,
-                  " = ", *train_batch * *n, " sequences do not split evenly over the rollout's ",
-                  *l.rollout_dp,
-                  " data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node / "
-                  "actor_rollout_ref.rollout.tensor_model_parallel_size)"));
+// A packed micro-batch holds whole sequences, so its budget must hold the
+// longest one; the budget is checked to be positive even when it is off.
+void check_budget(Problems& p, const TokenBudget& b, const std::string& switch_key,
+                  const std::string& max_key, int64_t longest) {
+  const auto max_tokens = p.at_least(max_key, b.max_tokens, 1);
+  if (b.on && max_tokens && *max_tokens < longest)
+    p.add(cat(max_key, " = ", *max_tokens, " cannot hold a sequence of ", longest,
+              " tokens (data.max_prompt_length + data.max_response_length) with ", switch_key,
+              " = true"));
 }
 
-// Choices and ranges: names from fixed sets, dtypes, optimizers, losses, KL,
-// sampling.
-void check_choices_and_ranges(Checker& c, const Config& config, bool has_critic) {
-  c.one_of("data.truncation", {"error", "left", "right", "middle"});
-  c.one_of("actor_rollout_ref.actor.strategy", {"megatron"});
-  c.one_of("actor_rollout_ref.actor.loss_agg_mode", kLossAggModes);
-  c.one_of("actor_rollout_ref.actor.kl_loss_type", kKlKinds);
-  const auto actor_dtype = c.one_of("actor_rollout_ref.actor.megatron.dtype", kDtypes);
-  c.one_of("actor_rollout_ref.ref.megatron.dtype", kDtypes);
+// Mini- and micro-batches of one trained role over its DP ranks; `prefix`
+// holds its ppo_* keys.
+void check_update_batches(Problems& p, const std::string& role, const std::string& prefix,
+                          const TrainedRoleSettings& r, std::optional<int64_t> train_batch,
+                          std::optional<int64_t> n, std::optional<int64_t> dp) {
+  const std::string mini_key = prefix + ".ppo_mini_batch_size";
+  const std::string micro_key = prefix + ".ppo_micro_batch_size_per_gpu";
+  const auto mini = p.at_least(mini_key, r.mini_batch_prompts, 1);
+  const auto micro = p.positive_or_null(micro_key, r.micro_batch_size);
+  if (!mini || !train_batch) return;
+  if (*mini <= *train_batch && *train_batch % *mini != 0) {
+    p.add(cat("data.train_batch_size = ", *train_batch, " is not divisible by ", mini_key, " = ",
+              *mini, " (the ", role, "'s mini-batches must split the batch evenly)"));
+    return;
+  }
+  if (!n || !dp) return;
+  const int64_t effective = r.mini_prompts(*train_batch);
+  const int64_t sequences = effective * *n;
+  if (sequences % *dp != 0) {
+    p.add(cat(mini_key, " x actor_rollout_ref.rollout.n = ", effective, " x ", *n, " = ", sequences,
+              " sequences per mini-batch do not split evenly over the ", role, "'s ", *dp,
+              " data-parallel ranks"));
+    return;
+  }
+  const int64_t local = sequences / *dp;
+  if (micro && local % *micro != 0)
+    p.add(cat("the ", role, "'s ", local, " sequences per mini-batch and rank (", mini_key,
+              " x rollout.n / DP = ", sequences, " / ", *dp, ") are not divisible by ", micro_key,
+              " = ", *micro));
+}
+
+// Batches: sizes, dynamic batch budgets, mini- and micro-batches per rank.
+void check_batches(Problems& p, const TrainerSettings& s, const Layouts& l) {
+  const auto train_batch = p.at_least("data.train_batch_size", s.train_batch, 1);
+  const auto n = p.at_least("actor_rollout_ref.rollout.n", s.n, 1);
+  p.positive_or_null("data.val_batch_size", s.val_batch_size);
+  p.at_least("actor_rollout_ref.rollout.val_kwargs.n", s.val_sampling.n, 1);
+  p.at_least("data.max_prompt_length", s.dataset.max_prompt_length, 1);
+  p.at_least("data.max_response_length", s.max_response_length, 1);
+  p.at_least("actor_rollout_ref.actor.ppo_epochs", s.actor.update.epochs, 1);
+  p.positive_or_null("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                     s.actor.ref_log_prob_micro_batch_size);
+  p.positive_or_null("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                     s.actor.rollout.log_prob_micro_batch_size);
+  const int64_t longest = s.dataset.max_prompt_length + s.max_response_length;
+  check_budget(p, s.actor_train.budget, "actor_rollout_ref.actor.use_dynamic_bsz",
+               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", longest);
+  check_budget(p, s.rollout_log_prob_budget, "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+               "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", longest);
+  check_budget(p, s.ref_log_prob_budget, "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", longest);
+  check_update_batches(p, "actor", "actor_rollout_ref.actor", s.actor_train, train_batch, n,
+                       l.actor_dp);
+  if (s.use_critic) {
+    p.at_least("critic.ppo_epochs", s.critic.update.epochs, 1);
+    check_update_batches(p, "critic", "critic", s.critic_train, train_batch, n, l.critic_dp);
+    check_budget(p, s.critic_train.budget, "critic.use_dynamic_bsz",
+                 "critic.ppo_max_token_len_per_gpu", longest);
+    check_budget(p, s.critic_forward_budget, "critic.use_dynamic_bsz",
+                 "critic.forward_max_token_len_per_gpu", longest);
+  }
+  if (s.use_rm)
+    check_budget(p, s.rm_budget, "reward_model.use_dynamic_bsz",
+                 "reward_model.forward_max_token_len_per_gpu", longest);
+  if (train_batch && n && l.rollout_dp && (*train_batch * *n) % *l.rollout_dp != 0)
+    p.add(cat("data.train_batch_size x actor_rollout_ref.rollout.n = ", *train_batch, " x ", *n,
+              " = ", *train_batch * *n, " sequences do not split evenly over the rollout's ",
+              *l.rollout_dp,
+              " data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node / "
+              "actor_rollout_ref.rollout.tensor_model_parallel_size)"));
+}
+
+// optim.*: a learning rate >= 0, Adam's betas in [0, 1), ratios in [0, 1].
+void check_optim(Problems& p, const std::string& prefix, const workers::OptimOptions& o,
+                 const TrainedRoleSettings& r) {
+  if (o.lr < 0) p.add(prefix + ".lr must be >= 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1))
+    p.add(prefix + ".betas must be two numbers in [0, 1), like [0.9, 0.999]");
+  p.at_least(prefix + ".lr_warmup_steps", r.lr_warmup_steps, -1);
+  for (const auto& [name, value] : {std::pair(".lr_warmup_steps_ratio", r.lr_warmup_steps_ratio),
+                                    std::pair(".min_lr_ratio", o.min_lr_ratio)}) {
+    if (value < 0 || value > 1) p.add(cat(prefix, name, " = ", value, " must be in [0, 1]"));
+  }
+}
+
+// The actor, its rollout and the reference: dtypes, optimizer, loss, sampling.
+void check_actor(Problems& p, const TrainerSettings& s) {
   // The rollout generates with the actor's parameters (the HybridEngine
   // shares or reshards them): its dtype is theirs.
-  if (const auto rollout_dtype = c.one_of("actor_rollout_ref.rollout.dtype", kDtypes);
-      rollout_dtype && actor_dtype && *rollout_dtype != *actor_dtype)
-    c.problem(cat("actor_rollout_ref.rollout.dtype = '", *rollout_dtype,
-                  "' differs from actor_rollout_ref.actor.megatron.dtype = '", *actor_dtype,
-                  "'; the rollout generates with the actor's parameters (set them equal)"));
-  check_optim(c, "actor_rollout_ref.actor.optim");
-  if (c.read<std::string>("actor_rollout_ref.actor.policy_loss.loss_mode").value_or("") ==
-          "vanilla" &&
-      c.number("actor_rollout_ref.actor.clip_ratio_c", 3.0) <= 1.0)
-    c.problem(cat("actor_rollout_ref.actor.clip_ratio_c = ",
-                  c.number("actor_rollout_ref.actor.clip_ratio_c", 3.0),
-                  " must be > 1 (the dual-clip bound of the vanilla policy loss)"));
-  if (has_critic) {
-    c.one_of("critic.strategy", {"megatron"});
-    c.one_of("critic.loss_agg_mode", kLossAggModes);
-    c.one_of("critic.megatron.dtype", kDtypes);
-    check_optim(c, "critic.optim");
-  } else if (!config.is_null("critic.enable") &&
-             c.read<std::string>("algorithm.adv_estimator").value_or("") == "gae") {
-    c.problem("algorithm.adv_estimator = gae needs a critic, but critic.enable = false");
-  }
-  c.one_of("algorithm.kl_penalty", kKlKinds);
-  if (c.one_of("algorithm.kl_ctrl.type", {"fixed", "adaptive"}).value_or("") == "adaptive") {
-    if (c.number("algorithm.kl_ctrl.horizon", 1) <= 0)
-      c.problem("algorithm.kl_ctrl.horizon must be > 0 with algorithm.kl_ctrl.type = adaptive");
-    if (c.number("algorithm.kl_ctrl.target_kl", 1) <= 0)
-      c.problem("algorithm.kl_ctrl.target_kl must be > 0 with algorithm.kl_ctrl.type = adaptive");
-  }
-  if (c.number("actor_rollout_ref.rollout.temperature", 1.0) < 0)
-    c.problem("actor_rollout_ref.rollout.temperature must be >= 0 (0 is greedy)");
-  const double top_p = c.number("actor_rollout_ref.rollout.top_p", 1.0);
-  if (!(top_p > 0 && top_p <= 1))
-    c.problem(cat("actor_rollout_ref.rollout.top_p = ", top_p, " must be in (0, 1]"));
-  c.at_least("actor_rollout_ref.rollout.top_k", -1);
-  c.one_of("reward_model.reward_manager", {"naive"});
+  // (An empty dtype was not one of the dtypes: that is named already.)
+  if (!s.rollout_dtype.empty() && !s.actor.model.dtype.empty() &&
+      s.rollout_dtype != s.actor.model.dtype)
+    p.add(cat("actor_rollout_ref.rollout.dtype = '", s.rollout_dtype,
+              "' differs from actor_rollout_ref.actor.megatron.dtype = '", s.actor.model.dtype,
+              "'; the rollout generates with the actor's parameters (set them equal)"));
+  check_optim(p, "actor_rollout_ref.actor.optim", s.actor.optim, s.actor_train);
+  const workers::PolicyOptions& policy = s.actor.policy;
+  if (policy.loss_mode == "vanilla" && policy.clip_ratio_c <= 1.0)
+    p.add(cat("actor_rollout_ref.actor.clip_ratio_c = ", policy.clip_ratio_c,
+              " must be > 1 (the dual-clip bound of the vanilla policy loss)"));
+  if (policy.loss_mode == "dro" && !policy.dro_beta)
+    p.add(
+        "actor_rollout_ref.actor.policy_loss.loss_mode = dro needs "
+        "actor_rollout_ref.actor.policy_loss.dro_beta (DRO's KL weight β > 0)");
+  const engine::SamplingParams& sp = s.sampling;
+  if (s.logprob_temperature < 0)
+    p.add(cat("actor_rollout_ref.rollout.temperature = ", s.logprob_temperature,
+              " must be >= 0 (0 is greedy)"));
+  if (!(sp.top_p > 0 && sp.top_p <= 1))
+    p.add(cat("actor_rollout_ref.rollout.top_p = ", sp.top_p, " must be in (0, 1]"));
+  // verl's -1 (no truncation) reads as 0; below that is a mistake.
+  p.at_least("actor_rollout_ref.rollout.top_k", sp.top_k, -1);
 }
 
-// The run: epochs, steps, frequencies, logging, devices, resume.
-void check_run(Checker& c) {
-  c.at_least("trainer.total_epochs", 1);
-  c.positive_or_null("trainer.total_training_steps");
-  c.at_least("trainer.critic_warmup", 0);
-  c.read<int64_t>("trainer.save_freq");
-  c.read<int64_t>("trainer.test_freq");
-  c.read<bool>("trainer.val_before_train");
-  c.read<std::string>("trainer.default_local_dir");
-  c.at_least("trainer.log_max_bytes", 1);
-  c.at_least("trainer.log_backup_count", 0);
-  c.at_least("trainer.collective_timeout_s", 1);
-  c.one_of("trainer.device", {"cpu", "cuda"});
-  if (c.one_of("trainer.resume_mode", {"auto", "disable", "resume_path"}).value_or("") ==
-      "resume_path") {
-    bool ok = true;
-    if (!c.read_nullable<std::string>("trainer.resume_from_path", ok) && ok)
-      c.problem("trainer.resume_mode = resume_path needs trainer.resume_from_path");
+// The critic, the reward model and the algorithm: a critic where GAE needs
+// one, the adaptive KL controller's horizon and target.
+void check_critic_reward_and_algorithm(Problems& p, const TrainerSettings& s) {
+  if (s.use_critic) {
+    check_optim(p, "critic.optim", s.critic.optim, s.critic_train);
+  } else if (s.adv_estimator == "gae") {
+    // Without critic.enable, gae turns the critic on: it was set false.
+    p.add("algorithm.adv_estimator = gae needs a critic, but critic.enable = false");
   }
-  if (const auto loggers = c.read<std::vector<std::string>>("trainer.logger"))
-    for (const auto& logger : *loggers)
-      if (logger != "console" && logger != "file")
-        c.problem(cat("trainer.logger has '", logger, "'; the loggers are console and file"));
+  if (s.use_rm && s.rm.model.path.empty())
+    p.add("reward_model.enable = true needs reward_model.model.path");
+  if (s.adv_estimator == "remax" && s.use_rm)
+    p.add(
+        "algorithm.adv_estimator = remax scores its greedy baselines with the rule reward; "
+        "with reward_model.enable = true the baselines would not be the reward model's");
+  if (s.kl_ctrl.type == "adaptive") {
+    if (s.kl_ctrl.horizon <= 0)
+      p.add("algorithm.kl_ctrl.horizon must be > 0 with algorithm.kl_ctrl.type = adaptive");
+    if (s.kl_ctrl.target_kl <= 0)
+      p.add("algorithm.kl_ctrl.target_kl must be > 0 with algorithm.kl_ctrl.type = adaptive");
+  }
+}
+
+// The run: files, epochs, steps, logging, restarts, resume.
+void check_run(Problems& p, const TrainerSettings& s) {
+  if (s.train_files.empty()) p.add("data.train_files names no file");
+  p.at_least("trainer.total_epochs", s.total_epochs, 1);
+  p.positive_or_null("trainer.total_training_steps", s.total_training_steps);
+  p.at_least("trainer.critic_warmup", s.critic_warmup, 0);
+  p.at_least("trainer.log_max_bytes", s.log_max_bytes, 1);
+  p.at_least("trainer.log_backup_count", s.log_backup_count, 0);
+  p.at_least("trainer.collective_timeout_s", s.collective_timeout_s, 1);
+  p.at_least("trainer.max_restarts", s.max_restarts, 0);
+  if (s.resume_mode == "resume_path" && !s.resume_from_path)
+    p.add("trainer.resume_mode = resume_path needs trainer.resume_from_path");
+}
+
+// async_training.* (trainer/async/async_trainer.h) when it is on, and what
+// the async mode cannot run yet.
+void check_async_training(Problems& p, const TrainerSettings& s) {
+  const AsyncTrainingSettings& a = s.async;
+  if (!a.enable) return;
+  auto fail = [&](const std::string& key, const std::string& why) {
+    p.add("async_training." + key + ": " + why);
+  };
+  const int64_t rollout_tp = s.actor.rollout.tp;
+  if (a.rollout_world < 1 || (rollout_tp >= 1 && a.rollout_world % rollout_tp != 0))
+    fail("rollout_n_gpus_per_node", cat(a.rollout_world,
+                                        " rollout workers do not split into replicas of "
+                                        "actor_rollout_ref.rollout.tensor_model_parallel_size ",
+                                        rollout_tp));
+  if (a.trigger_parameter_sync_step < 1)
+    fail("trigger_parameter_sync_step", cat(a.trigger_parameter_sync_step, " < 1"));
+  if (a.staleness_threshold < a.trigger_parameter_sync_step - 1)
+    fail("staleness_threshold",
+         cat(a.staleness_threshold,
+             " is below trigger_parameter_sync_step - 1 = ", a.trigger_parameter_sync_step - 1,
+             ": the batches between two weight syncs could never be trained"));
+  if (a.max_queue_size < 1) fail("max_queue_size", cat(a.max_queue_size, " < 1"));
+  if (a.tis_cap && *a.tis_cap <= 0) fail("tis_cap", std::to_string(*a.tis_cap) + " <= 0");
+  if (s.adv_estimator == "remax")
+    fail("enable", "remax's greedy baselines are not generated by the async rollouter");
+  if (a.partial_rollout_chunk < 1)
+    fail("partial_rollout_chunk", cat(a.partial_rollout_chunk, " < 1"));
+  if (a.max_rollout_restarts < 0) fail("max_rollout_restarts", cat(a.max_rollout_restarts, " < 0"));
 }
 
 }  // namespace
 
-void validate_ppo_config(const Config& config) {
-  Checker c(config);
-  const Layouts layouts = check_workers_and_layouts(c, config);
-  check_batches(c, layouts);
-  check_choices_and_ranges(c, config, layouts.has_critic);
-  check_run(c);
-  for (std::string& p : profiler_config_problems(config)) c.problem(std::move(p));
-
-  if (!c.problems().empty()) {
-    std::string message = "the config cannot be used:";
-    for (const auto& p : c.problems()) message += "\n  - " + p;
-    throw ConfigError(message);
-  }
+std::vector<std::string> settings_problems(const TrainerSettings& s) {
+  Problems p;
+  const Layouts layouts = check_workers_and_layouts(p, s);
+  check_batches(p, s, layouts);
+  check_actor(p, s);
+  check_critic_reward_and_algorithm(p, s);
+  check_run(p, s);
+  check_async_training(p, s);
+  return p.take();
 }
 
 }  // namespace baton::trainer

@@ -1,7 +1,11 @@
-// validate_ppo_config: the checks a PPO-family config (configs/ppo_trainer.yaml
-// and the configs based on it) must pass before any worker starts — sizes that
-// cannot be split, layouts that do not fit the world, values outside their
-// range, names that are not one of the choices.
+// settings_problems: the checks that TrainerSettings (trainer/config/settings.h)
+// read from a PPO-family config (configs/ppo_trainer.yaml and the configs
+// based on it) must pass before any worker starts — sizes that cannot be
+// split, layouts that do not fit the world, values outside their range,
+// settings that contradict each other. read_trainer_settings runs them; what
+// a typed value cannot carry (a key's type, an enumeration's choices such as
+// data.truncation, loss_agg_mode, the kl types, kl_ctrl.type,
+// trainer.resume_mode, trainer.logger) is checked as the key is read.
 //
 // With W = trainer.nnodes × trainer.n_gpus_per_node workers:
 //   - W is divisible by TP × PP of the actor, the reference policy, the critic
@@ -12,28 +16,24 @@
 //     split evenly over the actor's (and critic's) DP ranks, and that share
 //     over ppo_micro_batch_size_per_gpu when it is set; train_batch_size ×
 //     rollout.n sequences split evenly over the rollout's DP ranks.
-//   - counts are ≥ 1 (batch sizes, n, epochs, lengths, parallel sizes), and
-//     enumerations are one of their values (data.truncation, loss_agg_mode,
-//     kl types, kl_ctrl.type, trainer.resume_mode, trainer.logger, ...).
+//   - counts are ≥ 1 (batch sizes, n, epochs, lengths, parallel sizes).
 //
 // Example:
 //   Config config = Config::load(path);
 //   config.apply_overrides(overrides);
-//   validate_ppo_config(config);   // throws ConfigError listing every problem
+//   TrainerSettings s = read_trainer_settings(config);  // ConfigError listing every problem
 #pragma once
 
-#include "trainer/config/config.h"
+#include <string>
+#include <vector>
 
 namespace baton::trainer {
 
-// Throws ConfigError whose message lists every problem found, one per line,
-// each naming the keys involved and their values. Registry names
-// (adv_estimator, policy_loss.loss_mode, custom_reward_function.name) are
-// checked where they are looked up, not here.
-void validate_ppo_config(const Config& config);
+struct TrainerSettings;
 
-// Whether the config runs a critic: critic.enable, or when that is null,
-// whether algorithm.adv_estimator is gae.
-bool critic_enabled(const Config& config);
+// The problems of `s` as read_trainer_settings read it (before it derives the
+// workers' batch sizes and budgets from it), one message each, naming the
+// keys involved and their values. Empty when it can be used.
+std::vector<std::string> settings_problems(const TrainerSettings& s);
 
 }  // namespace baton::trainer

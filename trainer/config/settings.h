@@ -1,39 +1,57 @@
 // TrainerSettings: every key of a PPO-family config (configs/ppo_trainer.yaml)
 // that the trainer uses, read once, before any file is opened or any worker
-// starts. The fit loop (trainer/ppo_trainer.cpp) reads only these, never the
-// config, so what this file reads is the whole of what a config can change:
+// starts, and checked (trainer/config/config_validation.h) before it is used.
+// The fit loop (trainer/ppo_trainer.cpp) reads only these, never the config,
+// so what this file reads is the whole of what a config can change:
 // tests/trainer/config_coverage_test.cpp fails when a key of
-// ppo_trainer.yaml is read by nothing (neither here nor in
-// validate_ppo_config).
+// ppo_trainer.yaml is read by nothing.
 //
 // Example:
 //   Config config = Config::load("configs/grpo_toy.yaml").resolved();
-//   TrainerSettings s = read_trainer_settings(config);
+//   TrainerSettings s = read_trainer_settings(config);  // ConfigError listing every problem
 //   ... load the data, then ...
 //   set_total_steps(s, batches_per_epoch);  // the schedules' lengths
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "data/prompt_dataset.h"
+#include "engine/rollout/sampling.h"
 #include "trainer/async/staleness_policy.h"
 #include "trainer/config/config.h"
+#include "trainer/step_profiler.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/kl.h"
 #include "workers/roles/role_options.h"
 
 namespace baton::trainer {
 
-// actor_rollout_ref.rollout.{do_sample,temperature,top_k,top_p,n}, or its val_kwargs.
-struct SamplingSettings {
-  bool do_sample = true;
-  double temperature = 1.0;
-  int64_t top_k = -1;
-  double top_p = 1.0;
-  int64_t n = 1;
+// A role's packed micro-batches: use_dynamic_bsz and its token budget (a
+// ..._max_token_len_per_gpu key), which is read and checked even when off.
+struct TokenBudget {
+  bool on = false;
+  int64_t max_tokens = 1;
+  // What the workers are told: the budget, or 0 (micro-batches of rows).
+  int64_t for_workers() const { return on ? max_tokens : 0; }
+};
+
+// A trained role's (the actor's or the critic's) keys as configured; the
+// workers' UpdateOptions and OptimOptions get what follows from them once
+// they are checked (read_trainer_settings, set_total_steps).
+struct TrainedRoleSettings {
+  int64_t mini_batch_prompts = 1;  // ppo_mini_batch_size; a larger one than the batch is capped
+  std::optional<int64_t> micro_batch_size;  // ppo_micro_batch_size_per_gpu; null: at most 8
+  TokenBudget budget;                       // use_dynamic_bsz, ppo_max_token_len_per_gpu
+  int64_t lr_warmup_steps = -1;             // optim.*; < 0: a ratio of the schedule
+  double lr_warmup_steps_ratio = 0;
+  // ppo_mini_batch_size capped at the batch: prompts per optimizer step.
+  int64_t mini_prompts(int64_t train_batch) const {
+    return std::min(mini_batch_prompts, train_batch);
+  }
 };
 
 // async_training.* (fully-async training, trainer/async/async_trainer.h).
@@ -43,11 +61,11 @@ struct AsyncTrainingSettings {
   int64_t trigger_parameter_sync_step = 1;  // trainer steps between weight syncs
   int64_t staleness_threshold = 1;          // steps a trained batch may lag its weights
   StalenessPolicy policy = StalenessPolicy::kWait;  // staleness_policy: wait | drop
-  int64_t max_queue_size = 2;               // finished batches queued at most
-  std::optional<double> tis_cap;            // truncated IS cap; null: no correction
-  int64_t max_rollout_restarts = 1;         // a failed rollout group is respawned this often
-  bool partial_rollout = false;             // generate in chunks a sync can interrupt
-  int64_t partial_rollout_chunk = 32;       // new tokens per generate call then
+  int64_t max_queue_size = 2;                       // finished batches queued at most
+  std::optional<double> tis_cap;                    // truncated IS cap; null: no correction
+  int64_t max_rollout_restarts = 1;    // a failed rollout group is respawned this often
+  bool partial_rollout = false;        // generate in chunks a sync can interrupt
+  int64_t partial_rollout_chunk = 32;  // new tokens per generate call then
 };
 
 struct TrainerSettings {
@@ -61,6 +79,9 @@ struct TrainerSettings {
   bool data_shuffle = true;
   uint64_t data_seed = 1;
   std::optional<int64_t> val_batch_size;  // null: every validation prompt at once
+  // data.max_response_length: with dataset.max_prompt_length, the longest
+  // sequence a packed micro-batch must hold.
+  int64_t max_response_length = 1;
   std::string reward_fn_key;
   std::optional<std::string> custom_reward_fn;
   bool zero_on_reward_error = false;  // reward_model.zero_on_error
@@ -71,13 +92,20 @@ struct TrainerSettings {
   // trainer.cluster_listen: where the driver waits for nnodes node agents
   // (runtime/cluster/cluster.h); empty: every worker on this machine.
   std::string cluster_listen;
-  bool use_gpu = false;
+  bool use_gpu = false;  // trainer.device: cpu | cuda
   int64_t train_batch = 1, n = 1, response_length = 1;
   bool use_critic = false, use_kl_in_reward = false, use_kl_loss = false, use_ref = false;
   // The update's own forward pass gives the old log-probs (see ppo_trainer.yaml).
   bool old_log_prob_from_update = false;
   std::string adv_estimator, kl_penalty, loss_agg_mode;
-  SamplingSettings sampling, val_sampling;
+  // actor_rollout_ref.rollout's temperature, top_k, top_p and n, or its
+  // val_kwargs', in the engine's terms: do_sample false reads as temperature
+  // 0 (greedy), top_k -1 (off) as 0. max_new_tokens is response_length; the
+  // requests' seeds come from rollout_seed.
+  engine::SamplingParams sampling, val_sampling;
+  // actor_rollout_ref.rollout.temperature as configured, do_sample or not:
+  // the temperature of the log-probs (old, reference, the update's), as verl.
+  double logprob_temperature = 1.0;
   uint64_t rollout_seed = 0;
 
   // The run.
@@ -91,6 +119,8 @@ struct TrainerSettings {
   std::optional<std::string> resume_from_path;
   int64_t max_restarts = 0;  // a dead worker: respawn every group and resume, this often
   std::vector<std::string> loggers;
+  int64_t log_max_bytes = 16 << 20, log_backup_count = 3;  // baton.log's rotation
+  int64_t collective_timeout_s = 600;  // every role's ModelOptions::collective_timeout_ms
 
   // What the workers are told.
   workers::ActorRolloutRefOptions actor;
@@ -107,16 +137,26 @@ struct TrainerSettings {
   algos::KLControlOptions kl_ctrl;
 
   AsyncTrainingSettings async;
+  ProfilerSettings profiler;  // global_profiler.*
 
-  // For set_total_steps: prompts per optimizer step, and the warm-up ratios
-  // used when optim.lr_warmup_steps is negative.
-  int64_t actor_mini_prompts = 1, critic_mini_prompts = 1;
-  std::optional<double> actor_warmup_ratio, critic_warmup_ratio;
+  // Keys that are only checked: the reference policy's layout (it runs in
+  // the actor's, so they must be equal) and the rollout's dtype (the actor's).
+  int64_t ref_tp = 1, ref_pp = 1;
+  std::string rollout_dtype;
+
+  // As configured, for the checks and for what the workers are told of them
+  // (batches, budgets, warm-ups).
+  TrainedRoleSettings actor_train, critic_train;
+  TokenBudget rollout_log_prob_budget, ref_log_prob_budget, critic_forward_budget, rm_budget;
 };
 
-// Reads `config` (resolved: no interpolations). Throws ConfigError for a key
-// that is missing or of the wrong type, or a combination the trainer cannot
-// run. REQUIRES: validate_ppo_config(config) passed.
+// Reads `config` (interpolations are resolved as keys are read) and checks
+// the settings (config_validation.h): throws ConfigError listing every
+// problem, one per line, each naming its keys: a key that is missing, null
+// or of the wrong type, a name that is not one of its choices, sizes that
+// do not split or fit the workers, values out of range. Registry names
+// (adv_estimator, policy_loss.loss_mode, custom_reward_function.name) are
+// checked where they are looked up, not here.
 TrainerSettings read_trainer_settings(const Config& config);
 
 // total_steps (trainer.total_training_steps, else total_epochs ×
