@@ -14,8 +14,10 @@ namespace {
 using Shape = std::vector<int64_t>;
 
 // The trunk every family shares; `attention_bias_on_proj` adds Llama's o_proj
-// bias (its attention_bias covers q, k, v and o; Qwen2's covers q, k, v only).
-std::vector<ConversionRule> trunk_rules(bool attention_bias_on_proj, bool mlp_biases) {
+// bias (its attention_bias covers q, k, v and o; Qwen2's covers q, k, v
+// only), `qk_norm` Qwen3's per-head q and k norms.
+std::vector<ConversionRule> trunk_rules(bool attention_bias_on_proj, bool mlp_biases,
+                                        bool qk_norm = false) {
   using D = Dim;
   const std::string L = "model.layers.{i}.";
   const std::string E = "decoder.layers.{i}.";
@@ -43,10 +45,12 @@ std::vector<ConversionRule> trunk_rules(bool attention_bias_on_proj, bool mlp_bi
       {.engine_name = E + "mlp.linear_fc1.layer_norm_weight",
        .hf = {{L + "post_attention_layernorm.weight", {D::kHidden}}}},
       {.engine_name = E + "mlp.linear_fc1.weight",
+       .condition = Condition::kDenseMlp,
        .transform = Transform::kGateUp,
        .hf = {{L + "mlp.gate_proj.weight", {D::kIntermediate, D::kHidden}},
               {L + "mlp.up_proj.weight", {D::kIntermediate, D::kHidden}}}},
       {.engine_name = E + "mlp.linear_fc2.weight",
+       .condition = Condition::kDenseMlp,
        .transform = Transform::kSplitCols,
        .hf = {{L + "mlp.down_proj.weight", {D::kHidden, D::kIntermediate}}}},
       {.engine_name = "decoder.final_layernorm.weight",
@@ -72,6 +76,30 @@ std::vector<ConversionRule> trunk_rules(bool attention_bias_on_proj, bool mlp_bi
     r.push_back({.engine_name = E + "self_attention.linear_proj.bias",
                  .condition = Condition::kQkvBias,
                  .hf = {{L + "self_attn.o_proj.bias", {D::kHidden}}}});
+  if (qk_norm) {
+    r.push_back({.engine_name = E + "self_attention.q_layernorm.weight",
+                 .condition = Condition::kQkNorm,
+                 .hf = {{L + "self_attn.q_norm.weight", {D::kHeadDim}}}});
+    r.push_back({.engine_name = E + "self_attention.k_layernorm.weight",
+                 .condition = Condition::kQkNorm,
+                 .hf = {{L + "self_attn.k_norm.weight", {D::kHeadDim}}}});
+  }
+  if (qk_norm) {  // Qwen3-MoE's sparse layers (the rules apply by layer)
+    r.push_back({.engine_name = E + "mlp.router.weight",
+                 .condition = Condition::kSparseMlp,
+                 .hf = {{L + "mlp.gate.weight", {D::kExperts, D::kHidden}}}});
+    r.push_back(
+        {.engine_name = E + "mlp.experts.linear_fc1.weight",
+         .condition = Condition::kSparseMlp,
+         .transform = Transform::kExpertsGateUp,
+         .hf = {{L + "mlp.experts.{e}.gate_proj.weight", {D::kMoeIntermediate, D::kHidden}},
+                {L + "mlp.experts.{e}.up_proj.weight", {D::kMoeIntermediate, D::kHidden}}}});
+    r.push_back(
+        {.engine_name = E + "mlp.experts.linear_fc2.weight",
+         .condition = Condition::kSparseMlp,
+         .transform = Transform::kExpertsDown,
+         .hf = {{L + "mlp.experts.{e}.down_proj.weight", {D::kHidden, D::kMoeIntermediate}}}});
+  }
   if (mlp_biases) {
     r.push_back({.engine_name = E + "mlp.linear_fc1.bias",
                  .condition = Condition::kMlpBias,
@@ -123,6 +151,12 @@ int64_t resolve(Dim d, const ModelConfig& cfg) {
       return cfg.q_size();
     case Dim::kKv:
       return cfg.kv_size();
+    case Dim::kHeadDim:
+      return cfg.head_dim;
+    case Dim::kExperts:
+      return cfg.moe.num_experts;
+    case Dim::kMoeIntermediate:
+      return cfg.moe.intermediate_size;
   }
   ENGINE_CHECK(false, "unknown Dim");
 }
@@ -151,6 +185,26 @@ std::string list_str(const std::vector<std::string>& items, size_t limit = 20) {
   return out;
 }
 
+// Whether the rule gives a tensor of layer `layer` (every layer rule but the
+// MLP's applies to each layer; those apply to the dense or the sparse ones).
+bool applies_to_layer(const ConversionRule& rule, const ModelConfig& cfg, int64_t layer) {
+  if (rule.condition == Condition::kDenseMlp) return !cfg.sparse_layer(layer);
+  if (rule.condition == Condition::kSparseMlp) return cfg.sparse_layer(layer);
+  return true;
+}
+
+bool expert_rule(const ConversionRule& rule) {
+  return rule.transform == Transform::kExpertsGateUp || rule.transform == Transform::kExpertsDown;
+}
+
+// "{e}" in an HF name pattern: the expert id.
+std::string expand_expert(const std::string& pattern, int64_t expert) {
+  std::string out = pattern;
+  const std::string id = std::to_string(expert);
+  for (size_t pos; (pos = out.find("{e}")) != std::string::npos;) out.replace(pos, 3, id);
+  return out;
+}
+
 bool applies(const ConversionRule& rule, const ModelConfig& cfg, bool value_model) {
   switch (rule.condition) {
     case Condition::kAlways:
@@ -161,6 +215,12 @@ bool applies(const ConversionRule& rule, const ModelConfig& cfg, bool value_mode
     case Condition::kMlpBias:
       if (!cfg.mlp_bias) return false;
       break;
+    case Condition::kQkNorm:
+      if (!cfg.qk_norm) return false;
+      break;
+    case Condition::kDenseMlp:
+    case Condition::kSparseMlp:
+      break;  // by layer: applies_to_layer
   }
   if (rule.scope == Scope::kLmHead) return !value_model;
   if (rule.scope == Scope::kValueHead) return value_model;
@@ -184,6 +244,14 @@ std::vector<Planned> plan_rank(const ModelConfig& cfg, const ShardSpec& spec) {
       p.hf_names = {rule.tied_hf_name};
       p.hf_shapes = {resolve(rule.hf.front().shape, cfg)};
       p.export_ignored = true;
+    } else if (expert_rule(rule)) {
+      // Expert by expert, each expert's tensors in the rule's order.
+      for (int64_t e = 0; e < cfg.moe.num_experts; ++e) {
+        for (const auto& h : rule.hf) {
+          p.hf_names.push_back(expand_expert(expand(h.name, layer), e));
+          p.hf_shapes.push_back(resolve(h.shape, cfg));
+        }
+      }
     } else {
       for (const auto& h : rule.hf) {
         p.hf_names.push_back(expand(h.name, layer));
@@ -199,7 +267,8 @@ std::vector<Planned> plan_rank(const ModelConfig& cfg, const ShardSpec& spec) {
         if (spec.first_stage) add(rule, -1, false);
         break;
       case Scope::kLayer:
-        for (int64_t i = spec.layer_begin; i < spec.layer_end; ++i) add(rule, i, false);
+        for (int64_t i = spec.layer_begin; i < spec.layer_end; ++i)
+          if (applies_to_layer(rule, cfg, i)) add(rule, i, false);
         break;
       case Scope::kLastStage:
       case Scope::kValueHead:
@@ -238,6 +307,12 @@ Shape rank_shape(const ConversionRule& rule, const std::vector<Shape>& full, int
       break;
     case Transform::kGateUp:
       s[0] = (full[0][0] + full[1][0]) / t;
+      break;
+    case Transform::kExpertsGateUp:  // full: [F, H] per gate / up of each expert
+      s = {static_cast<int64_t>(full.size()) / 2, 2 * full[0][0] / t, full[0][1]};
+      break;
+    case Transform::kExpertsDown:  // full: [H, F] per expert
+      s = {static_cast<int64_t>(full.size()), full[0][0], full[0][1] / t};
       break;
   }
   return s;
@@ -285,6 +360,18 @@ at::Tensor shard_of(Transform transform, const std::vector<at::Tensor>& src, int
       int64_t n = src[0].size(0) / t;
       return at::cat({src[0].narrow(0, k * n, n), src[1].narrow(0, k * n, n)}, 0);
     }
+    case Transform::kExpertsGateUp: {  // src: gate_0, up_0, gate_1, up_1, ...
+      std::vector<at::Tensor> experts;
+      for (size_t e = 0; e + 1 < src.size(); e += 2)
+        experts.push_back(shard_of(Transform::kGateUp, {src[e], src[e + 1]}, k, t, cfg));
+      return at::stack(experts);
+    }
+    case Transform::kExpertsDown: {
+      std::vector<at::Tensor> experts;
+      for (const auto& down : src)
+        experts.push_back(shard_of(Transform::kSplitCols, {down}, k, t, cfg));
+      return at::stack(experts);
+    }
   }
   ENGINE_CHECK(false, "unknown Transform");
 }
@@ -316,6 +403,19 @@ std::vector<at::Tensor> merge(Transform transform, const std::vector<at::Tensor>
       }
       return {at::cat(gates, 0), at::cat(ups, 0)};
     }
+    case Transform::kExpertsGateUp:
+    case Transform::kExpertsDown: {
+      // parts: each rank's [E, ...]; per expert, the dense merge of its slices.
+      const Transform one =
+          transform == Transform::kExpertsGateUp ? Transform::kGateUp : Transform::kSplitCols;
+      std::vector<at::Tensor> out;
+      for (int64_t e = 0; e < parts.front().size(0); ++e) {
+        std::vector<at::Tensor> slices;
+        for (const auto& p : parts) slices.push_back(p[e]);
+        for (auto& x : merge(one, slices, cfg)) out.push_back(x.contiguous());
+      }
+      return out;
+    }
   }
   ENGINE_CHECK(false, "unknown Transform");
 }
@@ -330,11 +430,17 @@ std::string where(const ModelConfig& cfg) {
 const std::vector<ConversionRule>& conversion_rules(ModelFamily family) {
   static const std::vector<ConversionRule> llama = trunk_rules(true, true);
   static const std::vector<ConversionRule> qwen2 = trunk_rules(false, false);
+  // Qwen3's rules carry the MoE ones too: they apply to sparse layers only.
+  static const std::vector<ConversionRule> qwen3 = trunk_rules(true, false, /*qk_norm=*/true);
   switch (family) {
     case ModelFamily::kLlama:
+    case ModelFamily::kMistral:  // Llama's names; its biases never apply
       return llama;
     case ModelFamily::kQwen2:
       return qwen2;
+    case ModelFamily::kQwen3:
+    case ModelFamily::kQwen3Moe:
+      return qwen3;
   }
   ENGINE_CHECK(false, "unknown ModelFamily");
 }
@@ -377,6 +483,7 @@ void validate_tensor_parallel(const ModelConfig& cfg, int64_t tp_size) {
   };
   require(cfg.num_kv_heads, "num_key_value_heads");
   require(cfg.intermediate_size, "intermediate_size");
+  if (cfg.moe.num_experts > 0) require(cfg.moe.intermediate_size, "moe_intermediate_size");
 }
 
 std::vector<ModelTensor> whole_model_tensors(const ModelConfig& cfg, bool value_model) {
@@ -384,8 +491,9 @@ std::vector<ModelTensor> whole_model_tensors(const ModelConfig& cfg, bool value_
   std::vector<ModelTensor> out;
   auto add = [&](const ConversionRule& r, int64_t layer) {
     ModelTensor t{expand(r.engine_name, layer), &r, layer, resolve(r.hf[0].shape, cfg)};
-    // Fused tensors stack their HF parts along dim 0.
+    // Fused tensors stack their HF parts along dim 0; experts along a new dim 0.
     for (size_t i = 1; i < r.hf.size(); ++i) t.shape[0] += resolve(r.hf[i].shape[0], cfg);
+    if (expert_rule(r)) t.shape.insert(t.shape.begin(), cfg.moe.num_experts);
     out.push_back(std::move(t));
   };
   auto scope = [&](Scope s) {
@@ -395,7 +503,8 @@ std::vector<ModelTensor> whole_model_tensors(const ModelConfig& cfg, bool value_
   scope(Scope::kFirstStage);
   for (int64_t l = 0; l < cfg.num_layers; ++l)
     for (const auto& r : rules)
-      if (r.scope == Scope::kLayer && applies(r, cfg, value_model)) add(r, l);
+      if (r.scope == Scope::kLayer && applies(r, cfg, value_model) && applies_to_layer(r, cfg, l))
+        add(r, l);
   scope(Scope::kLastStage);
   if (!cfg.tie_word_embeddings) scope(Scope::kLmHead);
   scope(Scope::kValueHead);
@@ -412,8 +521,12 @@ const ConversionRule* find_rule(ModelFamily family, const std::string& engine_na
   };
   static const Compiled llama(conversion_rules(ModelFamily::kLlama));
   static const Compiled qwen2(conversion_rules(ModelFamily::kQwen2));
+  static const Compiled qwen3(conversion_rules(ModelFamily::kQwen3));
   const auto& rules = conversion_rules(family);
-  const auto& compiled = family == ModelFamily::kLlama ? llama : qwen2;
+  const auto& compiled = family == ModelFamily::kQwen2 ? qwen2
+                         : family == ModelFamily::kQwen3 || family == ModelFamily::kQwen3Moe
+                             ? qwen3
+                             : llama;
   std::smatch m;
   for (size_t i = 0; i < rules.size(); ++i) {
     if (!std::regex_match(engine_name, m, compiled.patterns[i])) continue;
@@ -597,7 +710,8 @@ TensorMap shards_to_hf(const std::vector<std::vector<TensorMap>>& shards, const 
 }
 
 std::string hf_architecture(ModelFamily family, bool value_model) {
-  std::string base = family == ModelFamily::kLlama ? "Llama" : "Qwen2";
+  const char* bases[] = {"Llama", "Qwen2", "Qwen3", "Mistral", "Qwen3Moe"};
+  const std::string base = bases[static_cast<int>(family)];
   return base + (value_model ? "ForTokenClassification" : "ForCausalLM");
 }
 

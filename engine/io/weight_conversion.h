@@ -34,6 +34,10 @@ enum class Transform {
   kSplitCols,   // columns of dim 1 (row-parallel)
   kQkv,         // q, k, v fused group by group, then split by kv groups (docs/engine.md)
   kGateUp,      // cat(gate rows of rank k, up rows of rank k)
+  // MoE experts, stacked along a new dim 0 (expert e at e): their HF tensors
+  // are one per expert ("{e}" in the name stands for the expert id).
+  kExpertsGateUp,  // [E, 2F/t, H]: each expert's gate/up as kGateUp
+  kExpertsDown,    // [E, H, F/t]: each expert's down_proj columns of rank k
 };
 
 // Which ranks hold a tensor.
@@ -50,16 +54,24 @@ enum class Condition {
   kAlways,
   kQkvBias,  // ModelConfig::qkv_bias (Llama's attention_bias; always on for Qwen2)
   kMlpBias,  // ModelConfig::mlp_bias (Llama)
+  kQkNorm,   // ModelConfig::qk_norm (Qwen3)
+  // Per layer (ModelConfig::sparse_layer): a dense MLP's tensors, or the
+  // experts' and their router's.
+  kDenseMlp,
+  kSparseMlp,
 };
 
 // A symbolic size, resolved against a ModelConfig.
 enum class Dim {
   kOne,
-  kVocab,         // V
-  kHidden,        // H
-  kIntermediate,  // F
-  kQ,             // nq · d
-  kKv,            // nkv · d
+  kVocab,            // V
+  kHidden,           // H
+  kIntermediate,     // F
+  kQ,                // nq · d
+  kKv,               // nkv · d
+  kHeadDim,          // d
+  kExperts,          // E (MoeConfig::num_experts)
+  kMoeIntermediate,  // one expert's F (MoeConfig::intermediate_size)
 };
 
 // An HF tensor as a rule names it: "{i}" in the name stands for the layer id.
@@ -76,7 +88,9 @@ struct ConversionRule {
   Scope scope = Scope::kLayer;
   Condition condition = Condition::kAlways;
   Transform transform = Transform::kReplicated;
-  std::vector<HfTensor> hf{};  // 1 tensor; 3 (q, k, v) for kQkv; 2 (gate, up) for kGateUp
+  // 1 tensor; 3 (q, k, v) for kQkv; 2 (gate, up) for kGateUp and
+  // kExpertsGateUp, 1 for kExpertsDown, each then named once per expert.
+  std::vector<HfTensor> hf{};
   // kLmHead: the HF tensor read instead of hf[0] when embeddings are tied.
   std::string tied_hf_name{};
   // The HF tensor may be absent (then so is the engine tensor).
@@ -86,8 +100,9 @@ struct ConversionRule {
   bool zero_fill_on_export = false;
 };
 
-// The rule table of a family. Both families share the trunk rules; Qwen2 has
-// q/k/v biases, Llama optional attention (q/k/v/o) and MLP biases.
+// The rule table of a family. Every family shares the trunk rules; Qwen2 has
+// q/k/v biases, Llama optional attention (q/k/v/o) and MLP biases, Qwen3
+// optional attention biases and the per-head q/k norms, Mistral no biases.
 const std::vector<ConversionRule>& conversion_rules(ModelFamily family);
 
 // Whether the rule splits the vocabulary (its rows are token ids: the

@@ -75,6 +75,26 @@ class RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
   }
 };
 
+// Identity on the hidden states whose backward also runs the load-balancing
+// loss's (already scaled) backward: the loss enters every stage's backward
+// without the pipeline schedule knowing of it (as Megatron's
+// MoEAuxLossAutoScaler).
+class WithAuxLossGradient : public torch::autograd::Function<WithAuxLossGradient> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
+                            const at::Tensor& aux) {
+    ctx->saved_data["aux_dtype"] = static_cast<int64_t>(aux.scalar_type());
+    ctx->saved_data["aux_device"] = aux.device();
+    return h.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["aux_dtype"].toInt());
+    const at::Device device = ctx->saved_data["aux_device"].toDevice();
+    return {grad_out[0], at::ones({}, at::TensorOptions().dtype(dtype).device(device))};
+  }
+};
+
 // Packed sequences' lengths must tile the one row of a packed batch.
 void check_packed_lengths(const std::vector<int64_t>& lengths, int64_t b, int64_t s) {
   int64_t total = 0;
@@ -93,10 +113,13 @@ void check_packed_lengths(const std::vector<int64_t>& lengths, int64_t b, int64_
 
 Transformer::Transformer(ModelConfig config, std::shared_ptr<ParallelState> state,
                          TransformerOptions options)
-    : config_(std::move(config)), state_(std::move(state)), options_(options) {
+    : config_(std::move(config)), state_(std::move(state)), options_(options), rope_(config_) {
   if (config_.family == ModelFamily::kLlama && (config_.qkv_bias || config_.mlp_bias))
     throw EngineError(config_.architecture +
                       ": attention_bias / mlp_bias are not supported for Llama models");
+  if (config_.family == ModelFamily::kQwen3 && config_.qkv_bias)
+    throw EngineError(config_.architecture +
+                      ": \"attention_bias\" is true; the engine supports Qwen3 without biases");
   const Group& tp = state_->tp();
   int64_t h = config_.hidden_size;
   padded_vocab_ = state_->config().padded_vocab_size(config_.vocab_size);
@@ -200,7 +223,12 @@ at::Tensor Transformer::forward(const at::Tensor& input_arg, const at::Tensor& p
                                     config_.hidden_size, "], got ", shape_of(input)));
     h = input;
   }
-  auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
+  if (config_.sliding_window && s > *config_.sliding_window)
+    check_window(packed_lengths.empty()
+                     ? attention_mask.sum(-1).max().item<int64_t>()
+                     : *std::max_element(packed_lengths.begin(), packed_lengths.end()),
+                 "Transformer::forward");
+  auto rotary = rope_.tables(position_ids, h.scalar_type());
   AttentionMask mask;
   const bool dense = options_.packed_attention == PackedAttention::kDenseBias ||
                      (options_.packed_attention == PackedAttention::kAuto &&
@@ -224,9 +252,73 @@ at::Tensor Transformer::forward(const at::Tensor& input_arg, const at::Tensor& p
       h = layer->forward(h, rotary, mask);
     }
   }
+  if (has_sparse_layers() && !recompute && at::GradMode::is_enabled()) {
+    const at::Tensor aux = router_aux_loss(packed_lengths.empty() ? attention_mask : at::Tensor());
+    last_aux_loss_ = aux.detach().item<double>();
+    if (aux_loss_scale_ > 0) h = WithAuxLossGradient::apply(h, aux * aux_loss_scale_);
+  }
   if (!last_stage()) return h;
   h = rms_norm(h, final_norm_, config_.rms_norm_eps);
   return options_.value_model ? value_head(h) : lm_head(h);
+}
+
+bool Transformer::has_sparse_layers() const {
+  for (const auto& layer : layers_)
+    if (layer->sparse()) return true;
+  return false;
+}
+
+at::Tensor Transformer::router_aux_loss(const at::Tensor& attention_mask) const {
+  const MoeConfig& m = config_.moe;
+  const Group& tp = state_->tp();
+  const bool split = options_.sequence_parallel && tp.size > 1;
+  at::Tensor tokens_per_expert, prob_sum, rows;
+  for (const auto& layer : layers_) {
+    if (!layer->sparse()) continue;
+    at::Tensor logits = layer->router_logits();
+    if (!logits.defined())
+      throw EngineError(
+          "Transformer::router_aux_loss: no router logits (the last forward ran without "
+          "gradients)");
+    if (split) {
+      // Each rank routed its part of the sequence: the loss is over all of it.
+      const int64_t b = attention_mask.defined() ? attention_mask.size(0) : 1;
+      logits = gather_from_sequence_region(logits.view({b, -1, m.num_experts}), tp)
+                   .reshape({-1, m.num_experts});
+    }
+    // As HF's load_balancing_loss_func: per layer, the masked tokens' top-k
+    // picks and router probabilities summed per expert.
+    const at::Tensor probs = at::softmax(logits, -1).to(at::kFloat);
+    const at::Tensor picks = std::get<1>(at::topk(probs, m.top_k, -1)).reshape({-1});
+    const at::Tensor mask = attention_mask.defined()
+                                ? attention_mask.reshape({-1}).to(probs.options())
+                                : at::ones({probs.size(0)}, probs.options());
+    at::Tensor counts = at::zeros({m.num_experts}, probs.options())
+                            .scatter_add_(0, picks, mask.repeat_interleave(m.top_k));
+    at::Tensor probs_sum = (probs * mask.unsqueeze(-1)).sum(0);
+    tokens_per_expert = tokens_per_expert.defined() ? tokens_per_expert + counts : counts;
+    prob_sum = prob_sum.defined() ? prob_sum + probs_sum : probs_sum;
+    rows = rows.defined() ? rows + mask.sum() : mask.sum();
+  }
+  ENGINE_CHECK(tokens_per_expert.defined(), "router_aux_loss: this stage has no sparse layer");
+  const at::Tensor loss =
+      (tokens_per_expert / rows * (prob_sum / rows)).sum() * static_cast<double>(m.num_experts);
+  if (!split) return loss;
+  // Every TP rank computed the same loss from the gathered logits, whose
+  // backward sums the ranks' gradients: each contributes 1/tp of it.
+  const at::Tensor share = loss / static_cast<double>(tp.size);
+  return share + (loss - share).detach();
+}
+
+void Transformer::set_router_aux_loss_scale(double scale) {
+  if (scale < 0)
+    throw EngineError(detail::cat("set_router_aux_loss_scale: ", scale, " is negative"));
+  if (scale > 0 && options_.recompute_activations)
+    throw EngineError(
+        "Transformer: the router's load-balancing loss needs the router logits' graph, which "
+        "activation recompute drops; turn one of them off (router_aux_loss_coef 0 or no "
+        "recompute)");
+  aux_loss_scale_ = scale;
 }
 
 std::unique_ptr<KvCache> Transformer::make_kv_cache(const KvCacheOptions& options) const {
@@ -267,9 +359,11 @@ at::Tensor Transformer::forward_cached(const at::Tensor& ids, const at::Tensor& 
     throw EngineError(detail::cat("Transformer::forward_cached: a cache slot outside [0, ", slots,
                                   ") or a last index outside [0, ", q, ")"));
   check_token_ids(ids, "Transformer::forward_cached");
+  if (config_.sliding_window && l > *config_.sliding_window)
+    check_window(position_ids.max().item<int64_t>() + 1, "Transformer::forward_cached");
   at::NoGradGuard no_grad;
   auto h = embedding_->forward(ids);
-  auto rotary = rotary_tables(position_ids, config_.head_dim, config_.rope_theta, h.scalar_type());
+  auto rotary = rope_.tables(position_ids, h.scalar_type());
   for (size_t i = 0; i < layers_.size(); ++i)
     h = layers_[i]->forward_cached(h, rotary, step, cache.keys(static_cast<int64_t>(i)),
                                    cache.values(static_cast<int64_t>(i)));
@@ -353,13 +447,20 @@ at::Tensor Transformer::forward_paged(const PagedStep& step, KvCache& cache) {
     if (last[i] < 0 || last[i] >= t)
       throw EngineError(detail::cat(who, ": last token index ", last[i], " outside [0, ", t, ")"));
 
+  check_window(longest, who);
+
   at::NoGradGuard no_grad;
   const int64_t d = config_.head_dim;
-  if (!paged_rotary_.cos.defined() || paged_rotary_.cos.size(0) < longest) {
-    int64_t n = std::max<int64_t>(
-        {longest, 256, paged_rotary_.cos.defined() ? 2 * paged_rotary_.cos.size(0) : 0});
-    auto r =
-        rotary_tables(at::arange(n, at::kLong).view({1, n}), d, config_.rope_theta, at::kFloat);
+  // The rotary rows of positions [0, n), grown on demand; a dynamic RoPE's
+  // depend on the step's longest sequence, so they are made for each step.
+  if (rope_.call_dependent() || !paged_rotary_.cos.defined() ||
+      paged_rotary_.cos.size(0) < longest) {
+    int64_t n =
+        rope_.call_dependent()
+            ? longest
+            : std::max<int64_t>(
+                  {longest, 256, paged_rotary_.cos.defined() ? 2 * paged_rotary_.cos.size(0) : 0});
+    auto r = rope_.tables(at::arange(n, at::kLong).view({1, n}), at::kFloat);
     paged_rotary_ = {r.cos.view({n, d}).contiguous(), r.sin.view({n, d}).contiguous()};
   }
   for (const auto& layer : layers_) layer->reserve(paged_ws_, t);
@@ -466,17 +567,37 @@ std::vector<std::pair<std::string, at::Tensor>> Transformer::named_params() cons
   return out;
 }
 
-std::vector<std::string> Transformer::sequence_parallel_params() const {
+std::vector<std::string> Transformer::tp_partial_grad_params() const {
   std::vector<std::string> out;
-  if (!options_.sequence_parallel || state_->tp().size == 1) return out;
   for (const auto& [name, t] : named_params())
-    if (tp_replicated(name)) out.push_back(name);
+    if (tp_partial_grad(name)) out.push_back(name);
   return out;
 }
 
 bool Transformer::tp_replicated(const std::string& name) {
-  return name.find("layer_norm_weight") != std::string::npos ||
-         name == "decoder.final_layernorm.weight" || name.rfind("value_head.", 0) == 0;
+  return name.find("layer_norm_weight") != std::string::npos || is_head_norm(name) ||
+         name.ends_with("mlp.router.weight") || name == "decoder.final_layernorm.weight" ||
+         name.rfind("value_head.", 0) == 0;
+}
+
+bool Transformer::is_head_norm(const std::string& name) {
+  return name.ends_with("self_attention.q_layernorm.weight") ||
+         name.ends_with("self_attention.k_layernorm.weight");
+}
+
+bool Transformer::tp_partial_grad(const std::string& name) const {
+  if (state_->tp().size == 1 || !tp_replicated(name)) return false;
+  return options_.sequence_parallel || is_head_norm(name);
+}
+
+void Transformer::check_window(int64_t longest, const char* who) const {
+  if (!config_.sliding_window || longest <= *config_.sliding_window) return;
+  throw EngineError(detail::cat(
+      who, ": a sequence of ", longest, " tokens is longer than ", config_.architecture,
+      "'s \"sliding_window\" ", *config_.sliding_window,
+      "; the engine attends over the whole prefix, which HF does not past the window (shorten "
+      "the sequences, or set sliding_window to null in config.json if the model was trained "
+      "without one)"));
 }
 
 std::map<std::string, at::Tensor> Transformer::state_dict() const {

@@ -1,4 +1,5 @@
-// Transformer: the decoder-only model of the HF Llama/Qwen2 family, as one
+// Transformer: the decoder-only model of the HF Llama / Qwen2 / Qwen3 /
+// Mistral families (engine/io/model_config.h), as one
 // pipeline stage of a Megatron-style TP × PP layout (the whole model when
 // pp = 1). The first stage embeds tokens; the last stage applies the final norm
 // and either the LM head (logits sharded over the vocabulary on TP ranks) or
@@ -23,6 +24,7 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,7 +58,7 @@ struct TransformerOptions {
   bool value_model = false;
   // Megatron sequence parallelism: the residual stream between TP regions is
   // split over the sequence (S must divide by tp). LayerNorm and value-head
-  // gradients then need a TP all-reduce (`sequence_parallel_params`).
+  // gradients then need a TP all-reduce (`tp_partial_grad`).
   bool sequence_parallel = false;
   // Full activation recomputation: each layer keeps only its input during
   // forward and runs again in backward (memory for compute).
@@ -147,9 +149,33 @@ class Transformer : public torch::nn::Module {
   // Whether a parameter is the same on every TP rank (norm weights, value
   // head) rather than a shard.
   static bool tp_replicated(const std::string& name);
-  // The TP-replicated parameters whose gradients are partial sums under
-  // sequence parallelism (they need a TP all-reduce). Empty otherwise.
-  std::vector<std::string> sequence_parallel_params() const;
+  // Qwen3's per-head q / k norm weights (self_attention.{q,k}_layernorm).
+  static bool is_head_norm(const std::string& name);
+  // Whether a TP-replicated parameter's gradient is a partial sum on each TP
+  // rank, which needs a TP all-reduce before the update: every one under
+  // sequence parallelism (each rank saw its tokens), and the q / k norms
+  // always (each rank normed its heads). False with one TP rank.
+  bool tp_partial_grad(const std::string& name) const;
+  // The parameters for which tp_partial_grad holds.
+  std::vector<std::string> tp_partial_grad_params() const;
+
+  // Mixture of experts (Qwen3-MoE). The router's load-balancing loss, as
+  // HF's load_balancing_loss_func, over this stage's sparse layers in the
+  // last forward with gradients: num_experts · Σ_e (tokens routed to e /
+  // tokens) · (mean router probability of e), over the tokens where
+  // `attention_mask` [B, S] is 1 (undefined: all, as a packed row's).
+  // Differentiable. With pp = 1 it is HF's value; with pp > 1 each stage
+  // balances its own layers. EngineError when the stage has no sparse layer.
+  at::Tensor router_aux_loss(const at::Tensor& attention_mask) const;
+  bool has_sparse_layers() const;
+  // Every later forward with gradients adds scale × router_aux_loss to what
+  // its backward differentiates (0, the default: a metric only). The trainer
+  // sets router_aux_loss_coef / micro-batches before an update. EngineError
+  // with activation recompute (the router logits' graph is not kept).
+  void set_router_aux_loss_scale(double scale);
+  // router_aux_loss of the last forward with gradients on a stage with
+  // sparse layers (NaN before the first).
+  double last_router_aux_loss() const { return last_aux_loss_; }
 
   // Detached copies of the parameters, by engine name.
   std::map<std::string, at::Tensor> state_dict() const;
@@ -200,11 +226,15 @@ class Transformer : public torch::nn::Module {
   at::Tensor lm_head(const at::Tensor& h, const at::Tensor& packed = {});
   // EngineError when an id is a padding row rather than a token.
   void check_token_ids(const at::Tensor& ids, const char* who) const;
+  // EngineError when a sequence of `longest` tokens exceeds the config's
+  // sliding window (ModelConfig::sliding_window), naming `who`.
+  void check_window(int64_t longest, const char* who) const;
   at::Tensor value_head(const at::Tensor& h);
 
   ModelConfig config_;
   std::shared_ptr<ParallelState> state_;
   TransformerOptions options_;
+  RotaryEmbedding rope_;
   VocabParallelEmbedding embedding_{nullptr};
   std::vector<std::shared_ptr<TransformerLayer>> layers_;
   at::Tensor final_norm_;
@@ -219,6 +249,8 @@ class Transformer : public torch::nn::Module {
   at::Tensor paged_hidden_;  // the residual stream [capacity, H]
   Rotary paged_rotary_;
   at::Tensor packed_lm_head_;  // pack_paged_weights(); undefined otherwise
+  double aux_loss_scale_ = 0;
+  double last_aux_loss_ = std::numeric_limits<double>::quiet_NaN();
   std::function<void(bool last)> backward_hook_;
   const void* backward_hook_owner_ = nullptr;
 };

@@ -13,17 +13,6 @@
 
 namespace baton::engine {
 
-Rotary rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
-                     at::ScalarType dtype) {
-  // As HF: inv_freq in fp32 from integer exponents, angles in fp32, then cast.
-  auto opts = at::TensorOptions().dtype(at::kFloat).device(position_ids.device());
-  auto exponents = at::arange(0, head_dim, 2, opts.dtype(at::kLong)).to(at::kFloat) / head_dim;
-  auto inv_freq = at::pow(theta, exponents).reciprocal();              // [d/2]
-  auto angles = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, S, d/2]
-  auto emb = at::cat({angles, angles}, -1);                            // [B, S, d]
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
-}
-
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (fusable(x) && fusable(weight)) return fused_rms_norm(x, weight, eps);
   auto xf = x.to(at::kFloat);
@@ -86,13 +75,17 @@ void require_divisible(int64_t n, int64_t tp, const char* what, const ModelConfi
 
 TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
                                    bool sequence_parallel)
-    : config_(config), layer_id_(layer_id) {
+    : config_(config), layer_id_(layer_id), tp_(tp), sequence_parallel_(sequence_parallel) {
   require_divisible(config.num_kv_heads, tp.size, "num_key_value_heads", config);
   require_divisible(config.intermediate_size, tp.size, "intermediate_size", config);
   local_groups_ = config.num_kv_heads / tp.size;
   int64_t h = config.hidden_size;
   input_norm_ = register_parameter("input_norm", at::ones({h}));
   post_norm_ = register_parameter("post_norm", at::ones({h}));
+  if (config.qk_norm) {
+    q_norm_ = register_parameter("q_norm", at::ones({config.head_dim}));
+    k_norm_ = register_parameter("k_norm", at::ones({config.head_dim}));
+  }
 
   ColumnParallelLinearOptions qkv;
   qkv.in_features = h;
@@ -106,6 +99,17 @@ TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, i
   proj.out_features = h;
   proj.sequence_parallel = sequence_parallel;
   proj_ = register_module("linear_proj", RowParallelLinear(proj, tp));
+
+  if (config.sparse_layer(layer_id)) {
+    const MoeConfig& moe = config.moe;
+    require_divisible(moe.intermediate_size, tp.size, "moe_intermediate_size", config);
+    const int64_t f = moe.intermediate_size / tp.size;
+    // Loaded from a checkpoint (load_state_dict); zeros until then.
+    router_ = register_parameter("router", at::zeros({moe.num_experts, h}));
+    experts_fc1_ = register_parameter("experts_fc1", at::zeros({moe.num_experts, 2 * f, h}));
+    experts_fc2_ = register_parameter("experts_fc2", at::zeros({moe.num_experts, h, f}));
+    return;
+  }
 
   ColumnParallelLinearOptions fc1;
   fc1.in_features = h;
@@ -127,7 +131,7 @@ at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary
   int64_t g = local_groups_;
   auto qkv = qkv_->forward(x);  // [B, S, g * (r + 2) * d], full sequence
   int64_t b = qkv.size(0), s = qkv.size(1);
-  if (fusable(qkv) && fusable(rotary.cos) && d % 2 == 0) {
+  if (!config_.qk_norm && fusable(qkv) && fusable(rotary.cos) && d % 2 == 0) {
     QkvHeads heads = fused_qkv_rotary(qkv, rotary.cos, rotary.sin, g, r, d);
     return proj_->forward(attend(heads.q, heads.k, heads.v, mask));
   }
@@ -135,8 +139,8 @@ at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary
   auto q = grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2);
   auto k = grouped.select(3, r).transpose(1, 2);      // [B, g, S, d]
   auto v = grouped.select(3, r + 1).transpose(1, 2);  // [B, g, S, d]
-  q = apply_rotary(q, rotary);
-  k = apply_rotary(k, rotary);
+  q = apply_rotary(norm_q(q), rotary);
+  k = apply_rotary(norm_k(k), rotary);
   return proj_->forward(attend(q, k, v, mask));
 }
 
@@ -185,9 +189,10 @@ at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& r
   auto qkv = qkv_->forward(normed);  // [B, Q, g * (r + 2) * d]
   int64_t b = qkv.size(0), s = qkv.size(1);
   auto grouped = qkv.view({b, s, g, r + 2, d});
-  auto q = apply_rotary(grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2), rotary);
-  auto k_new = apply_rotary(grouped.select(3, r).transpose(1, 2), rotary);  // [B, g, Q, d]
-  auto v_new = grouped.select(3, r + 1);                                    // [B, Q, g, d]
+  auto q = apply_rotary(norm_q(grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2)),
+                        rotary);
+  auto k_new = apply_rotary(norm_k(grouped.select(3, r).transpose(1, 2)), rotary);  // [B, g, Q, d]
+  auto v_new = grouped.select(3, r + 1);                                            // [B, Q, g, d]
   k_cache.index_copy_(0, step.write_slots, k_new.transpose(1, 2).reshape({b * s, g, d}));
   v_cache.index_copy_(0, step.write_slots, v_new.reshape({b * s, g, d}));
   int64_t l = step.read_slots.size(1);
@@ -244,6 +249,16 @@ void TransformerLayer::forward_paged(at::Tensor& h, const cpu::PagedAttention& a
                   hidden, config_.rms_norm_eps);
   }
   at::Tensor qkv = column_parallel(ws.qkv.narrow(0, 0, t), normed, qkv_, packed_.qkv);
+  if (config_.qk_norm) {
+    // Each token's query heads and key heads normed in place, before the
+    // kernel rotates them.
+    const int64_t g = local_groups_, r = config_.num_heads / config_.num_kv_heads;
+    auto heads = qkv.view({t, g, r + 2, config_.head_dim});
+    auto q = heads.narrow(2, 0, r);
+    auto k = heads.narrow(2, r, 1);
+    q.copy_(norm_q(q));
+    k.copy_(norm_k(k));
+  }
   {
     RECORD_FUNCTION("baton::paged_attention", std::vector<c10::IValue>());
     attention.rotate_and_store(qkv.data_ptr<float>(), t);
@@ -255,6 +270,10 @@ void TransformerLayer::forward_paged(at::Tensor& h, const cpu::PagedAttention& a
     cpu::rms_norm(h.data_ptr<float>(), post_norm_.data_ptr<float>(), normed.data_ptr<float>(), t,
                   hidden, config_.rms_norm_eps);
   }
+  if (sparse()) {
+    h.add_(moe(normed));
+    return;
+  }
   at::Tensor gate_up = column_parallel(ws.gate_up.narrow(0, 0, t), normed, fc1_, packed_.fc1);
   {
     RECORD_FUNCTION("baton::silu_mul", std::vector<c10::IValue>());
@@ -265,14 +284,15 @@ void TransformerLayer::forward_paged(at::Tensor& h, const cpu::PagedAttention& a
 
 void TransformerLayer::pack_paged_weights() {
   packed_ = {pack_linear_weight(qkv_->weight), pack_linear_weight(proj_->weight),
-             pack_linear_weight(fc1_->weight), pack_linear_weight(fc2_->weight)};
+             sparse() ? at::Tensor() : pack_linear_weight(fc1_->weight),
+             sparse() ? at::Tensor() : pack_linear_weight(fc2_->weight)};
 }
 
 void TransformerLayer::drop_paged_weights() { packed_ = {}; }
 
 void TransformerLayer::reserve(PagedWorkspace& ws, int64_t tokens) const {
   const int64_t g = local_groups_, r = config_.num_heads / config_.num_kv_heads;
-  const int64_t d = config_.head_dim, fc1 = fc1_->weight.size(0);
+  const int64_t d = config_.head_dim;
   auto fit = [tokens](at::Tensor& buf, int64_t width) {
     if (buf.defined() && buf.size(0) >= tokens && buf.size(1) == width) return;
     buf = at::empty({std::max<int64_t>(tokens, buf.defined() ? 2 * buf.size(0) : 0), width},
@@ -281,11 +301,66 @@ void TransformerLayer::reserve(PagedWorkspace& ws, int64_t tokens) const {
   fit(ws.normed, config_.hidden_size);
   fit(ws.qkv, g * (r + 2) * d);
   fit(ws.ctx, g * r * d);
+  if (sparse()) return;  // its experts allocate their own (moe)
+  const int64_t fc1 = fc1_->weight.size(0);
   fit(ws.gate_up, fc1);
   fit(ws.act, fc1 / 2);
 }
 
+at::Tensor TransformerLayer::norm_q(const at::Tensor& q) const {
+  return q_norm_.defined() ? rms_norm(q, q_norm_, config_.rms_norm_eps) : q;
+}
+
+at::Tensor TransformerLayer::norm_k(const at::Tensor& k) const {
+  return k_norm_.defined() ? rms_norm(k, k_norm_, config_.rms_norm_eps) : k;
+}
+
+at::Tensor TransformerLayer::moe(const at::Tensor& x) {
+  const MoeConfig& m = config_.moe;
+  const int64_t h = x.size(-1), k = m.top_k;
+  const bool split = sequence_parallel_ && tp_.size > 1;
+  // Routing, as HF: softmax in fp32, the top k, renormalised if asked, in
+  // the activations' dtype. On this rank's tokens (all of them without SP).
+  const at::Tensor logits = at::linear(x.reshape({-1, h}), router_);  // [n, E]
+  router_logits_ = at::GradMode::is_enabled() ? logits : at::Tensor();
+  auto [top, idx] = at::topk(at::softmax(logits, -1, at::kFloat), k, -1);
+  if (m.norm_topk_prob) top = top / top.sum(-1, /*keepdim=*/true);
+  top = top.to(logits.scalar_type());
+  // Every TP rank computes its share of each expert for every token: the
+  // input and the weights enter the TP region (their gradients are summed
+  // over it), the partial sums leave it reduced.
+  at::Tensor input, weights, experts;
+  if (split) {
+    const at::IntArrayRef local = x.sizes();  // [B, S/tp, H]
+    input = gather_from_sequence_region(x, tp_);
+    weights = gather_from_sequence_region(top.view({local[0], local[1], k}), tp_);
+    experts = collective::all_gather(idx.view({local[0], local[1], k}), 1, tp_);
+  } else {
+    input = copy_to_tp_region(x, tp_);
+    weights = copy_to_tp_region(top, tp_);
+    experts = idx;
+  }
+  const at::Tensor xf = input.reshape({-1, h});
+  const at::Tensor wf = weights.reshape({-1, k});
+  const at::Tensor ef = experts.reshape({-1, k});
+  const int64_t f = experts_fc2_.size(2);
+  at::Tensor out = at::zeros_like(xf);
+  // Expert by expert in id order, as HF sums them.
+  for (int64_t e = 0; e < m.num_experts; ++e) {
+    const at::Tensor hits = ef.eq(e).nonzero();  // [n_e, 2]: (token, slot)
+    if (hits.size(0) == 0) continue;
+    const at::Tensor tokens = hits.select(1, 0), slots = hits.select(1, 1);
+    const at::Tensor gate_up = at::linear(xf.index_select(0, tokens), experts_fc1_[e]);
+    const at::Tensor act = at::silu(gate_up.narrow(1, 0, f)) * gate_up.narrow(1, f, f);
+    const at::Tensor y = at::linear(act, experts_fc2_[e]) * wf.index({tokens, slots}).unsqueeze(1);
+    out = out.index_add(0, tokens, y.to(out.scalar_type()));
+  }
+  out = out.view(input.sizes());
+  return split ? reduce_scatter_to_sequence_region(out, tp_) : reduce_from_tp_region(out, tp_);
+}
+
 at::Tensor TransformerLayer::mlp(const at::Tensor& x) {
+  if (sparse()) return moe(x);
   auto gate_up = fc1_->forward(x);
   if (fusable(gate_up)) return fc2_->forward(fused_silu_mul(gate_up));
   auto parts = gate_up.chunk(2, -1);
@@ -304,8 +379,18 @@ std::vector<std::pair<std::string, at::Tensor>> TransformerLayer::named_params()
   out.emplace_back(p + "self_attention.linear_qkv.layer_norm_weight", input_norm_);
   out.emplace_back(p + "self_attention.linear_qkv.weight", qkv_->weight);
   if (qkv_->bias.defined()) out.emplace_back(p + "self_attention.linear_qkv.bias", qkv_->bias);
+  if (q_norm_.defined()) {
+    out.emplace_back(p + "self_attention.q_layernorm.weight", q_norm_);
+    out.emplace_back(p + "self_attention.k_layernorm.weight", k_norm_);
+  }
   out.emplace_back(p + "self_attention.linear_proj.weight", proj_->weight);
   out.emplace_back(p + "mlp.linear_fc1.layer_norm_weight", post_norm_);
+  if (sparse()) {
+    out.emplace_back(p + "mlp.router.weight", router_);
+    out.emplace_back(p + "mlp.experts.linear_fc1.weight", experts_fc1_);
+    out.emplace_back(p + "mlp.experts.linear_fc2.weight", experts_fc2_);
+    return out;
+  }
   out.emplace_back(p + "mlp.linear_fc1.weight", fc1_->weight);
   out.emplace_back(p + "mlp.linear_fc2.weight", fc2_->weight);
   return out;

@@ -1,10 +1,18 @@
-// TransformerLayer: one decoder block of the Llama/Qwen2 family, tensor
-// parallel. Pre-norm residual block:
-//   h = x + linear_proj(attention(rope(linear_qkv(rmsnorm(x)))))
+// TransformerLayer: one decoder block of the Llama / Qwen2 / Qwen3 / Mistral
+// families, tensor parallel. Pre-norm residual block:
+//   h = x + linear_proj(attention(rope(qk_norm(linear_qkv(rmsnorm(x))))))
 //   y = h + linear_fc2(silu(gate) * up),  [gate; up] = linear_fc1(rmsnorm(h))
 // Attention is causal with grouped-query heads; the fused QKV rows of one TP
 // rank are its kv groups, each `r` query heads then one key and one value head
-// (docs/engine.md). With sequence parallelism `x` and `y` are [B, S/tp, H].
+// (docs/engine.md). A sparse layer (ModelConfig::sparse_layer, Qwen3-MoE)
+// replaces the MLP with experts: a router [E, H] replicated on every TP rank
+// and E SwiGLU experts split over TP as the dense MLP is (each rank holds
+// every expert's share of the intermediate dim); tokens go to their top-k
+// experts, whose outputs are summed with the router's weights and reduced
+// over TP once. qk_norm (Qwen3, ModelConfig::qk_norm) is an RMSNorm of
+// each query and key head, one weight [head_dim] for the queries and one for
+// the keys, on every TP rank. With sequence parallelism `x` and `y` are
+// [B, S/tp, H].
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,19 +25,11 @@
 
 #include "engine/io/model_config.h"
 #include "engine/kernels/decode_kernels.h"
+#include "engine/model/rope.h"
 #include "engine/parallel/parallel_linear.h"
 #include "engine/parallel/parallel_state.h"
 
 namespace baton::engine {
-
-// Rotary tables for given positions: cos and sin, each [B, S, head_dim], in
-// HF's layout (the frequency vector repeated twice along the last dim).
-struct Rotary {
-  at::Tensor cos;
-  at::Tensor sin;
-};
-Rotary rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
-                     at::ScalarType dtype);
 
 // x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 as HF does.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
@@ -120,6 +120,11 @@ class TransformerLayer : public torch::nn::Module {
 
   // Kv heads this rank holds (num_key_value_heads / tp).
   int64_t local_kv_heads() const { return local_groups_; }
+  bool sparse() const { return router_.defined(); }
+  // The router's logits [tokens, E] of this rank's tokens in the last
+  // forward that recorded gradients (undefined otherwise, and for a dense
+  // layer): what the load-balancing loss is computed from.
+  const at::Tensor& router_logits() const { return router_logits_; }
 
   // Parameters under their engine names ("decoder.layers.{id}.…").
   std::vector<std::pair<std::string, at::Tensor>> named_params() const;
@@ -129,12 +134,27 @@ class TransformerLayer : public torch::nn::Module {
   // Scaled dot-product attention of q [B, g·r, Q, d] over k, v [B, g, L, d].
   at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const AttentionMask& mask);
   at::Tensor mlp(const at::Tensor& x);
+  // The experts' output for x [.., H] (a sparse layer's MLP), reduced over TP
+  // (reduce-scattered over the sequence with sequence parallelism).
+  at::Tensor moe(const at::Tensor& x);
+  // q [.., g·r heads, .., d] and k [.., g heads, .., d] normed per head
+  // when the config has qk_norm; unchanged otherwise.
+  at::Tensor norm_q(const at::Tensor& q) const;
+  at::Tensor norm_k(const at::Tensor& k) const;
 
   ModelConfig config_;
   int64_t layer_id_;
   int64_t local_groups_;  // kv heads on this TP rank
   at::Tensor input_norm_;
   at::Tensor post_norm_;
+  at::Tensor q_norm_, k_norm_;  // [head_dim]; undefined without qk_norm
+  // A sparse layer's MLP (undefined in a dense one, whose fc1_ / fc2_ are null).
+  Group tp_;
+  bool sequence_parallel_ = false;
+  at::Tensor router_;       // [E, H], replicated over TP
+  at::Tensor experts_fc1_;  // [E, 2F/tp, H]: each expert's gate rows, then its up rows
+  at::Tensor experts_fc2_;  // [E, H, F/tp]
+  at::Tensor router_logits_;
   ColumnParallelLinear qkv_{nullptr};
   RowParallelLinear proj_{nullptr};
   ColumnParallelLinear fc1_{nullptr};

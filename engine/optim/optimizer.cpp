@@ -101,9 +101,9 @@ struct Optimizer::Overlap {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // DP
   std::vector<at::Tensor> params;             // by slot
   static constexpr size_t kNone = static_cast<size_t>(-1);
-  std::vector<size_t> bucket_of;              // by slot; kNone: reduced in step()
-  std::vector<int64_t> offset_of;             // by slot, in its bucket
-  std::vector<char> final_grad;               // by slot, in this backward
+  std::vector<size_t> bucket_of;   // by slot; kNone: reduced in step()
+  std::vector<int64_t> offset_of;  // by slot, in its bucket
+  std::vector<char> final_grad;    // by slot, in this backward
   std::vector<Bucket> buckets;
   // Each parameter's AccumulateGrad node, which carries the hook; the
   // parameter itself refers to it only weakly.
@@ -214,6 +214,7 @@ Optimizer::Optimizer(std::shared_ptr<Transformer> model, OptimizerOptions option
       s.exp_avg_sq = at::zeros_like(ref);
     }
     s.tp_replicated = Transformer::tp_replicated(name);
+    s.tp_partial = model_->tp_partial_grad(name);
     s.tied_copy = tied_copy && name == "output_layer.weight";
     slots_.push_back(std::move(s));
   }
@@ -307,10 +308,11 @@ void Optimizer::build_flat() {
   const at::Tensor& first = slots_.front().param;
   for (const auto& s : slots_) {
     if (s.param.scalar_type() != first.scalar_type() || s.param.device() != first.device())
-      throw EngineError(detail::cat("Optimizer (distributed): every parameter must share one dtype "
-                                    "and device; ", s.name, " is ", s.param.toString(), " on ",
-                                    s.param.device(), ", ", slots_.front().name, " is ",
-                                    first.toString(), " on ", first.device()));
+      throw EngineError(
+          detail::cat("Optimizer (distributed): every parameter must share one dtype "
+                      "and device; ",
+                      s.name, " is ", s.param.toString(), " on ", s.param.device(), ", ",
+                      slots_.front().name, " is ", first.toString(), " on ", first.device()));
     f->offset.push_back(f->numel);
     f->numel += s.param.numel();
   }
@@ -413,7 +415,7 @@ bool Optimizer::tied_across_stages(const Slot& s) const {
 }
 
 bool Optimizer::reduced_before_dp(const Slot& s) const {
-  return (model_->options().sequence_parallel && s.tp_replicated) || tied_across_stages(s);
+  return s.tp_partial || tied_across_stages(s);
 }
 
 void Optimizer::reduce_gradients() {
@@ -423,13 +425,12 @@ void Optimizer::reduce_gradients() {
   if (overlap_) overlap_->finish();  // the buckets' gradients, reduced over DP
   for (auto& s : slots_)
     if (!s.param.grad().defined()) s.param.mutable_grad() = at::zeros_like(s.param);
-  // Sequence parallelism: replicated params saw only their rank's tokens.
-  if (model_->options().sequence_parallel) {
-    std::vector<at::Tensor> grads;
-    for (auto& s : slots_)
-      if (s.tp_replicated) grads.push_back(s.param.mutable_grad());
-    all_reduce_buckets(grads, ps.tp());
-  }
+  // Replicated params whose gradient each TP rank has a part of: its tokens
+  // (sequence parallelism) or its heads (q / k norms).
+  std::vector<at::Tensor> partial;
+  for (auto& s : slots_)
+    if (s.tp_partial) partial.push_back(s.param.mutable_grad());
+  if (!partial.empty()) all_reduce_buckets(partial, ps.tp());
   // Tied embeddings over stages: the first stage's embedding and the last
   // stage's output layer are one parameter; sum their gradients.
   for (auto& s : slots_)
@@ -457,9 +458,8 @@ void Optimizer::reduce_scatter_flat() {
     f.shard_squares = f.shm->reduce_scatter(f.grad_shard);
   } else if (dp.size > 1) {
     // A real reduce-scatter: each rank receives only its shard's sums.
-    at::Tensor out = f.grads.scalar_type() == at::kFloat
-                         ? f.grad_shard
-                         : at::empty({f.shard}, f.grads.options());
+    at::Tensor out = f.grads.scalar_type() == at::kFloat ? f.grad_shard
+                                                         : at::empty({f.shard}, f.grads.options());
     // _reduce_scatter_base / _allgather_base: the names LibTorch 2.11 to 2.15
     // all have (2.15 deprecates them for *_single, which 2.11 lacks).
 #pragma GCC diagnostic push

@@ -51,8 +51,8 @@
 #include <ATen/ATen.h>
 
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,8 +76,8 @@ struct OptimizerOptions {
   double clip_grad = 1.0;      // global-norm clip; <= 0 disables
   bool average_dp = false;     // divide DP-summed gradients by the DP size
   int64_t bucket_bytes = 25 << 20;
-  bool distributed = false;    // ZeRO-1: optimizer state sharded over DP (above)
-  bool shared_memory = true;   // distributed: DP ranks on one host use shared memory
+  bool distributed = false;   // ZeRO-1: optimizer state sharded over DP (above)
+  bool shared_memory = true;  // distributed: DP ranks on one host use shared memory
   // Plain optimizer over DP > 1: each bucket's all-reduce starts, without
   // waiting, as soon as the last micro-batch's backward has produced its
   // gradients (below); step() waits for them.
@@ -173,7 +173,8 @@ class Optimizer {
     at::Tensor master;  // fp32 copy when param is not fp32, else undefined
     at::Tensor exp_avg, exp_avg_sq;
     bool tp_replicated = false;
-    bool tied_copy = false;  // the last stage's copy of tied embeddings (pp > 1)
+    bool tp_partial = false;  // Transformer::tp_partial_grad: all-reduced over TP first
+    bool tied_copy = false;   // the last stage's copy of tied embeddings (pp > 1)
   };
   // The distributed optimizer's flat buffers: slot i's elements are
   // [offset[i], offset[i] + numel) of `params` and `grads`; this rank's shard
@@ -184,11 +185,11 @@ class Optimizer {
     int64_t length;
   };
   struct Flat {
-    at::Tensor params, grads;      // [padded], the model's dtype and device
-    at::Tensor grad_shard;         // [shard] fp32: the reduced gradients
+    at::Tensor params, grads;                // [padded], the model's dtype and device
+    at::Tensor grad_shard;                   // [shard] fp32: the reduced gradients
     at::Tensor exp_avg, exp_avg_sq, master;  // [shard] fp32; master: non-fp32 params
-    std::vector<int64_t> offset;   // per slot
-    std::vector<Segment> segments; // slots' pieces inside this rank's shard
+    std::vector<int64_t> offset;             // per slot
+    std::vector<Segment> segments;           // slots' pieces inside this rank's shard
     int64_t numel = 0, padded = 0, shard = 0, shard_begin = 0;
     std::optional<double> shard_squares;  // Σ grad_shard² from the last reduction
     std::unique_ptr<ShmGroup> shm;

@@ -44,9 +44,8 @@ void check_same_model(const ModelConfig& a, const ModelConfig& b) {
     if (detail::cat(x) != detail::cat(y)) diffs.push_back(detail::cat(what, " ", x, " vs ", y));
   };
   cmp("architecture", a.architecture, b.architecture);
-  auto family = [](ModelFamily f) { return f == ModelFamily::kLlama ? "llama" : "qwen2"; };
   auto flag = [](bool v) { return v ? "true" : "false"; };
-  cmp("family", family(a.family), family(b.family));
+  cmp("family", family_name(a.family), family_name(b.family));
   cmp("vocab_size", a.vocab_size, b.vocab_size);
   cmp("hidden_size", a.hidden_size, b.hidden_size);
   cmp("intermediate_size", a.intermediate_size, b.intermediate_size);
@@ -57,6 +56,10 @@ void check_same_model(const ModelConfig& a, const ModelConfig& b) {
   cmp("tie_word_embeddings", flag(a.tie_word_embeddings), flag(b.tie_word_embeddings));
   cmp("qkv_bias", flag(a.qkv_bias), flag(b.qkv_bias));
   cmp("mlp_bias", flag(a.mlp_bias), flag(b.mlp_bias));
+  cmp("qk_norm", flag(a.qk_norm), flag(b.qk_norm));
+  cmp("num_experts", a.moe.num_experts, b.moe.num_experts);
+  cmp("moe_intermediate_size", a.moe.intermediate_size, b.moe.intermediate_size);
+  cmp("experts per token", a.moe.top_k, b.moe.top_k);
   if (diffs.empty()) return;
   std::string msg =
       "reshard_weights: the training and rollout models differ (training vs rollout):";
@@ -159,8 +162,8 @@ class Resharder {
         device_(train_ps_.device()),
         // Equal TP sizes that pad the vocabulary differently split it
         // differently too: the owning stage gathers then as well.
-        gather_(t_tp_ > 1 && (t_tp_ != r_tp_ || train.padded_vocab_size() !=
-                                                     rollout.padded_vocab_size())),
+        gather_(t_tp_ > 1 &&
+                (t_tp_ != r_tp_ || train.padded_vocab_size() != rollout.padded_vocab_size())),
         items_(plan_items(rollout, train_ps_.config())),
         buckets_(make_buckets(items_, train_ps_.config().pp, options.bucket_bytes)) {
     for (const auto& [name, p] : train.named_params()) train_params_.emplace(name, p);
@@ -199,7 +202,7 @@ class Resharder {
   // when gathering, else one region with this rank's own shards. Each region
   // is one broadcast's payload.
   struct InFlight {
-    bool direct = false;  // no communication: copy from the training params
+    bool direct = false;    // no communication: copy from the training params
     bool received = false;  // the owning stage sent this rank its slices, in place
     RegionLayout layout;
     at::Tensor buffer;

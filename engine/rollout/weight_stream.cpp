@@ -17,6 +17,10 @@ TpSplit tp_split_of(Transform transform) {
       return {1, 1};
     case Transform::kGateUp:
       return {0, 2};
+    case Transform::kExpertsGateUp:  // [E, 2F, H]: each expert's gate and up rows
+      return {1, 2};
+    case Transform::kExpertsDown:  // [E, H, F]
+      return {2, 1};
   }
   ENGINE_CHECK(false, "unknown Transform");
 }

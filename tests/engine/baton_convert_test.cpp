@@ -148,13 +148,17 @@ TEST(BatonConvertErrors, UnsupportedArchitecture) {
   TempDir scratch;
   auto dir = copy_llama(scratch);
   auto config = read_json_file(dir / "config.json");
-  config["architectures"] = {"MistralForCausalLM"};
-  config["model_type"] = "mistral";
+  config["architectures"] = {"Phi3ForCausalLM"};
+  config["model_type"] = "phi3";
   std::ofstream(dir / "config.json") << config.dump();
   auto r = convert("--to-sharded --hf " + q(dir) + " --out " + q(scratch / "o") + " --tp 1 --pp 1",
                    scratch);
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("MistralForCausalLM"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Phi3ForCausalLM"), std::string::npos) << r.err;
+  // The one line names what is supported.
+  EXPECT_NE(r.err.find("supported model_types: llama, qwen2, qwen3, mistral, qwen3_moe"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(BatonConvertErrors, BadLayoutAndUsage) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # HF transformers loads what baton exports: each fixture goes HF → baton
-# sharded (TP2 × PP2, uneven split) → HF with baton-convert, and
+# sharded (TP2 × PP2, an uneven split of four layers) → HF with baton-convert, and
 # scripts/hf_check.py loads the result with transformers and compares its
 # logits (or values) with the fixture's reference (atol 1e-4).
 # Exit 77 (skipped) only when torch/transformers cannot be imported.
@@ -13,8 +13,13 @@ trap 'rm -rf "$scratch"' EXIT
 
 check() {
   local name="$1" ref="$2" extra="${3:-}"
+  local layers
+  layers="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' \
+    "$fixtures/$name/config.json")"
+  local split="3,1"
+  [[ "$layers" == 4 ]] || split="$((layers - 1)),1"
   "$convert" --to-sharded --hf "$fixtures/$name" --out "$scratch/$name-sharded" --tp 2 --pp 2 \
-    --layer-split 3,1 >/dev/null
+    --layer-split "$split" >/dev/null
   "$convert" --to-hf --sharded "$scratch/$name-sharded" --out "$scratch/$name-hf" >/dev/null
   local status=0
   python3 "$repo/scripts/hf_check.py" --model "$scratch/$name-hf" --reference "$ref" $extra || status=$?
@@ -27,3 +32,9 @@ check tiny-qwen2 "$fixtures/tiny-qwen2/reference.safetensors"
 check tiny-qwen2-value "$fixtures/tiny-qwen2-value/reference.safetensors" --value
 # A vocabulary (97) no TP size divides: the shards are padded, the export is not.
 check tiny-llama-v97 "$fixtures/tiny-llama-v97/reference.safetensors"
+# The families and RoPE types of make_family_fixtures.py: Qwen3's q/k norms
+# and decoupled head_dim, the scaled RoPEs' rope_parameters, Mistral's window.
+for name in tiny-qwen3 tiny-qwen3-moe tiny-llama3-rope tiny-llama-yarn tiny-llama-linear tiny-llama-dynamic \
+  tiny-mistral; do
+  check "$name" "$fixtures/$name/reference.safetensors"
+done

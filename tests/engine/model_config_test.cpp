@@ -220,29 +220,77 @@ TEST(ModelConfig, RejectsTorchDtypeThatDisagreesWithDtype) {
                {"cfg", "\"torch_dtype\" is \"float32\"", "\"dtype\" is \"bfloat16\""});
 }
 
-TEST(ModelConfig, RejectsRopeTypesOtherThanDefaultNamingThem) {
-  for (const char* type : {"llama3", "yarn", "linear", "dynamic", "longrope"}) {
-    auto j = llama_tf5_json();
-    j["rope_parameters"]["rope_type"] = type;
-    j["rope_parameters"]["factor"] = 8.0;
-    expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
-                 {"cfg", std::string("\"rope_parameters.rope_type\" is \"") + type + "\""});
-  }
+TEST(ModelConfig, ReadsEveryScaledRopeTypeWithItsParameters) {
+  auto j = llama_tf5_json();
+  j["max_position_embeddings"] = 4096;
+  j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                          {"factor", 8.0},           {"low_freq_factor", 1.0},
+                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  RopeScaling r = ModelConfig::from_hf_json(j, "cfg").rope_scaling;
+  EXPECT_EQ(r.type, RopeType::kLlama3);
+  EXPECT_EQ(r.factor, 8.0);
+  EXPECT_EQ(r.high_freq_factor, 4.0);
+  EXPECT_EQ(r.original_max_position_embeddings, 8192);
+
+  j["rope_parameters"] = {{"rope_type", "yarn"},
+                          {"rope_theta", 1e6},
+                          {"factor", 4.0},
+                          {"original_max_position_embeddings", 1024}};
+  r = ModelConfig::from_hf_json(j, "cfg").rope_scaling;
+  EXPECT_EQ(r.type, RopeType::kYarn);
+  EXPECT_EQ(r.beta_fast, 32.0);  // HF's defaults
+  EXPECT_EQ(r.beta_slow, 1.0);
+  EXPECT_TRUE(r.truncate);
+  EXPECT_FALSE(r.attention_factor.has_value());
+  // Without a factor, YaRN's is max_position_embeddings / the original.
+  j["rope_parameters"].erase("factor");
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "cfg").rope_scaling.factor, 4.0);
+  // Without an original context: max_position_embeddings (HF's default).
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "cfg").rope_scaling.original_max_position_embeddings,
+            4096);
+
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  r = ModelConfig::from_hf_json(j, "cfg").rope_scaling;
+  EXPECT_EQ(r.type, RopeType::kLinear);
+  EXPECT_EQ(r.factor, 2.0);
+  j["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "cfg").rope_scaling.type, RopeType::kDynamic);
 }
 
-TEST(ModelConfig, RejectsRopeScalingOfTransformers4NamingIt) {
+TEST(ModelConfig, RefusesARopeTypeOrParameterItDoesNotImplementNamingIt) {
+  auto j = llama_tf5_json();
+  j["rope_parameters"] = {{"rope_type", "longrope"}, {"factor", 8.0}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_parameters.rope_type\" is \"longrope\"",
+                "supported RoPE types: default, linear, dynamic, yarn, llama3"});
+  // A parameter its type does not take.
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"low_freq_factor", 1.0}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_parameters.low_freq_factor\" is 1.0",
+                "not understood with rope_type \"linear\""});
+  // A parameter its type needs.
+  j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "rope_type \"llama3\" needs \"high_freq_factor\""});
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", -2.0}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_parameters.factor\" is -2.0", "not positive"});
+}
+
+TEST(ModelConfig, ReadsRopeScalingOfTransformers4) {
   auto j = llama_json();
   j["rope_scaling"] = {{"rope_type", "llama3"},
                        {"factor", 8.0},
                        {"low_freq_factor", 1.0},
                        {"high_freq_factor", 4.0},
                        {"original_max_position_embeddings", 8192}};
-  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
-               {"cfg", "\"rope_scaling.rope_type\" is \"llama3\""});
+  ModelConfig c = ModelConfig::from_hf_json(j, "cfg");
+  EXPECT_EQ(c.rope_scaling.type, RopeType::kLlama3);
+  EXPECT_EQ(c.rope_theta, 1e6);  // the top-level one
   // The pre-4.45 spelling "type".
   j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
-               {"cfg", "\"rope_scaling.type\" is \"linear\""});
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "cfg").rope_scaling.type, RopeType::kLinear);
   // A "default" type with a scaling parameter it would not use: not understood.
   j["rope_scaling"] = {{"rope_type", "default"}, {"factor", 2.0}};
   expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
@@ -251,6 +299,68 @@ TEST(ModelConfig, RejectsRopeScalingOfTransformers4NamingIt) {
   j["rope_scaling"] = "linear";
   expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
                {"cfg", "\"rope_scaling\" is \"linear\""});
+  // Both places, disagreeing: two different models to transformers 4 and 5.
+  j = llama_tf5_json();
+  j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"rope_parameters.factor\" is 2.0", "\"rope_scaling.factor\" is 4.0"});
+}
+
+TEST(ModelConfig, WritesAScaledRopeThatReadsBackTheSame) {
+  auto j = llama_tf5_json();
+  j["rope_parameters"] = {{"rope_type", "yarn"},     {"rope_theta", 1e6},
+                          {"factor", 4.0},           {"original_max_position_embeddings", 64},
+                          {"attention_factor", 1.5}, {"beta_fast", 16.0}};
+  const ModelConfig c = ModelConfig::from_hf_json(j, "cfg");
+  const nlohmann::json out = c.to_hf_json();
+  EXPECT_EQ(out.at("rope_parameters").at("rope_type"), "yarn");
+  EXPECT_EQ(out.at("rope_scaling"), out.at("rope_parameters"));  // for transformers 4
+  const ModelConfig back = ModelConfig::from_hf_json(out, "saved");
+  EXPECT_TRUE(back.rope_scaling == c.rope_scaling);
+  EXPECT_EQ(back.rope_theta, 1e6);
+}
+
+TEST(ModelConfig, ReadsQwen3WithItsHeadNormsAndHeadDim) {
+  auto j = qwen2_json();
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["model_type"] = "qwen3";
+  j["head_dim"] = 32;  // not hidden / heads
+  ModelConfig c = ModelConfig::from_hf_json(j, "cfg");
+  EXPECT_EQ(c.family, ModelFamily::kQwen3);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);  // attention_bias defaults to false
+  EXPECT_EQ(c.q_size(), 128);
+  // Qwen3Config's head_dim default is 128, not hidden / heads.
+  j.erase("head_dim");
+  EXPECT_EQ(ModelConfig::from_hf_json(j, "cfg").head_dim, 128);
+  const nlohmann::json out = c.to_hf_json();
+  EXPECT_EQ(out.at("model_type"), "qwen3");
+  EXPECT_EQ(out.at("head_dim"), 32);
+  // A window in use is refused as for Qwen2.
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 64;
+  j["max_window_layers"] = 1;
+  expect_error([&] { ModelConfig::from_hf_json(j, "cfg"); },
+               {"cfg", "\"use_sliding_window\" is true"});
+}
+
+TEST(ModelConfig, ReadsMistralsSlidingWindowAsHfDefaultsIt) {
+  auto j = llama_json();
+  j["architectures"] = {"MistralForCausalLM"};
+  j["model_type"] = "mistral";
+  j["attention_bias"] = true;  // not a Mistral key: no biases
+  ModelConfig c = ModelConfig::from_hf_json(j, "cfg");
+  EXPECT_EQ(c.family, ModelFamily::kMistral);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.sliding_window, 4096);  // MistralConfig's default when absent
+  j["sliding_window"] = nullptr;
+  EXPECT_FALSE(ModelConfig::from_hf_json(j, "cfg").sliding_window.has_value());
+  j["sliding_window"] = 32;
+  c = ModelConfig::from_hf_json(j, "cfg");
+  EXPECT_EQ(c.sliding_window, 32);
+  EXPECT_EQ(c.to_hf_json().at("sliding_window"), 32);
+  EXPECT_EQ(c.to_hf_json().at("model_type"), "mistral");
 }
 
 TEST(ModelConfig, AcceptsRopeScalingThatSaysDefault) {
@@ -355,10 +465,9 @@ TEST(ModelConfig, LoadsConfigsSavedByTransformers4And5) {
 
 TEST(ModelConfig, RefusesTransformers5ConfigsItCannotComputeNamingFileKeyAndValue) {
   const std::string dir = kFixtures + "/tf5-configs/";
-  expect_error([&] { ModelConfig::load(dir + "llama-rope-llama3.json"); },
-               {dir + "llama-rope-llama3.json", "\"rope_parameters.rope_type\" is \"llama3\""});
-  expect_error([&] { ModelConfig::load(dir + "llama-rope-yarn.json"); },
-               {dir + "llama-rope-yarn.json", "\"rope_parameters.rope_type\" is \"yarn\""});
+  // Scaled RoPEs as transformers 5.23 writes them: read.
+  EXPECT_EQ(ModelConfig::load(dir + "llama-rope-llama3.json").rope_scaling.type, RopeType::kLlama3);
+  EXPECT_EQ(ModelConfig::load(dir + "llama-rope-yarn.json").rope_scaling.type, RopeType::kYarn);
   expect_error([&] { ModelConfig::load(dir + "qwen2-sliding.json"); },
                {dir + "qwen2-sliding.json", "\"sliding_window\" is 8"});
 }

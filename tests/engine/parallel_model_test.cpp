@@ -77,29 +77,32 @@ std::string layout_name(const ::testing::TestParamInfo<Layout>& info) {
   const Layout& l = info.param;
   std::string n = l.fixture.substr(5) + "_tp" + std::to_string(l.tp) + "_pp" +
                   std::to_string(l.pp) + "_dp" + std::to_string(l.dp);
+  for (char& c : n)
+    if (c == '-') c = '_';  // gtest names: letters, digits and underscores
   if (l.sequence_parallel) n += "_sp";
   if (l.recompute) n += "_recompute";
   for (auto s : l.split) n += "_" + std::to_string(s);
   return n;
 }
 
-// Four rows of ten tokens: the fixture's two (row 1 left-padded) and two
-// seeded random rows (one left-padded by 2).
+// Four rows of the fixture's length (10 or 16 tokens): its two (row 1
+// left-padded) and two seeded random rows (one left-padded by 2).
 struct Batch {
   at::Tensor ids, pos, mask, loss_mask;
 };
 
 Batch make_batch(const TensorMap& ref, int64_t vocab) {
+  const int64_t seq = ref.at("input_ids").size(1);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  auto extra = at::randint(1, vocab, {2, 10}, gen, at::kLong);
-  auto extra_mask = at::ones({2, 10}, at::kLong);
+  auto extra = at::randint(1, vocab, {2, seq}, gen, at::kLong);
+  auto extra_mask = at::ones({2, seq}, at::kLong);
   extra_mask.narrow(0, 1, 1).narrow(1, 0, 2).zero_();
   Batch b;
   b.ids = at::cat({ref.at("input_ids"), extra});
   b.mask = at::cat({ref.at("attention_mask"), extra_mask});
   b.pos = (b.mask.cumsum(1) - 1).clamp_min(0);
   auto m = b.mask.to(at::kFloat);
-  b.loss_mask = m.narrow(1, 0, 9) * m.narrow(1, 1, 9);
+  b.loss_mask = m.narrow(1, 0, seq - 1) * m.narrow(1, 1, seq - 1);
   return b;
 }
 
@@ -378,7 +381,15 @@ INSTANTIATE_TEST_SUITE_P(
                       // Four stages, four micro-batches: warm-ups of 3, 2, 1, 0
                       // forwards around the steady 1F1B phase.
                       Layout("tiny-llama", 1, 4, 1),
-                      Layout("tiny-qwen2", 2, 2, 1).with_sequence_parallel().with_recompute()),
+                      Layout("tiny-qwen2", 2, 2, 1).with_sequence_parallel().with_recompute(),
+                      // Qwen3's per-head q/k norms (their gradients summed over
+                      // the TP ranks' heads), Mistral, a scaled RoPE.
+                      Layout("tiny-qwen3", 2, 1, 1), Layout("tiny-qwen3", 1, 2, 1),
+                      Layout("tiny-qwen3", 2, 1, 1).with_sequence_parallel(),
+                      Layout("tiny-llama3-rope", 2, 2, 1), Layout("tiny-mistral", 2, 1, 1),
+                      // Qwen3-MoE: experts split over TP, a dense first stage.
+                      Layout("tiny-qwen3-moe", 2, 1, 1), Layout("tiny-qwen3-moe", 1, 2, 1),
+                      Layout("tiny-qwen3-moe", 2, 1, 1).with_sequence_parallel()),
     layout_name);
 
 // One rank of a DP layout on a fixture: the model's config and weights, the
@@ -486,7 +497,8 @@ TEST_P(DistributedOptimizer, MatchesThePlainOptimizerAndShardsItsState) {
         forward_backward(*m, mbs, loss);
       }
       const StepStats a = plain_opt.step(), b = zero_opt.step();
-      expect_near(b.grad_norm, a.grad_norm, plus(Tolerance::fp32(2 * step, a.grad_norm), Tolerance{0, r}),
+      expect_near(b.grad_norm, a.grad_norm,
+                  plus(Tolerance::fp32(2 * step, a.grad_norm), Tolerance{0, r}),
                   "grad norm, step " + std::to_string(step));
       ASSERT_GT(a.grad_norm, oo.clip_grad) << "clipping was meant to be active";
       auto zp = zero->named_params();
@@ -520,8 +532,8 @@ TEST_P(DistributedOptimizer, MatchesThePlainOptimizerAndShardsItsState) {
         EXPECT_EQ(zero_state.at(key).item<int64_t>(), 3);
         continue;
       }
-      expect_close(zero_state.at(key), want, plus(Tolerance::fp32(6, max_abs(want)), Tolerance{0, 6 * r}),
-                   key);
+      expect_close(zero_state.at(key), want,
+                   plus(Tolerance::fp32(6, max_abs(want)), Tolerance{0, 6 * r}), key);
     }
     // Checkpoints are interchangeable: a distributed optimizer loads the
     // plain one's state and gives it back unchanged.
@@ -684,8 +696,7 @@ TEST(ShmGroup, ReduceScatterAndAllGatherAndADeadPeer) {
     } catch (const EngineError& e) {
       EXPECT_NE(std::string(e.what()).find("rank 2 (pid"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("exited"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("group world/dp/dp_cp"), std::string::npos)
-          << e.what();
+      EXPECT_NE(std::string(e.what()).find("group world/dp/dp_cp"), std::string::npos) << e.what();
     }
   });
 }

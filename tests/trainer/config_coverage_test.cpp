@@ -73,8 +73,19 @@ TEST(ConfigCoverage, TheSettingsCarryWhatTheConfigSays) {
                      "actor_rollout_ref.actor.policy_loss.loss_mode=dro",
                      "actor_rollout_ref.actor.policy_loss.dro_beta=0.5",
                      "actor_rollout_ref.actor.policy_loss.tau_neg=1.2",
-                     "trainer.collective_timeout_s=7"});
+                     "trainer.collective_timeout_s=7",
+                     "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                     "actor_rollout_ref.actor.megatron.sequence_parallel=true",
+                     "reward_model.megatron.sequence_parallel=true"});
   const TrainerSettings s = read_trainer_settings(c.resolved());
+  // Recomputation: the critic follows the actor unless set; the reference
+  // copies the actor's ModelOptions in its worker.
+  EXPECT_TRUE(s.actor.model.recompute_activations);
+  EXPECT_TRUE(s.critic.model.recompute_activations);
+  EXPECT_FALSE(s.rm.model.recompute_activations);
+  EXPECT_TRUE(s.actor.model.sequence_parallel);
+  EXPECT_FALSE(s.critic.model.sequence_parallel);
+  EXPECT_TRUE(s.rm.model.sequence_parallel);
   EXPECT_EQ(s.actor.model.collective_timeout_ms, 7000);
   EXPECT_EQ(s.critic.model.collective_timeout_ms, 7000);
   EXPECT_EQ(s.rm.model.collective_timeout_ms, 7000);
@@ -94,6 +105,8 @@ TEST(ConfigCoverage, TheSettingsCarryWhatTheConfigSays) {
   // And they reach the workers: the JSON they are spawned with keeps them.
   const auto back = workers::ActorRolloutRefOptions::from_json(s.actor.to_json());
   EXPECT_TRUE(back == s.actor);
+  EXPECT_TRUE(workers::CriticOptions::from_json(s.critic.to_json()) == s.critic);
+  EXPECT_TRUE(workers::RewardModelOptions::from_json(s.rm.to_json()) == s.rm);
 }
 
 TEST(ConfigCoverage, SamplingKeysReadInTheEnginesTerms) {

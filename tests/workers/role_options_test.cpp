@@ -25,6 +25,8 @@ ModelOptions model() {
   m.vocab_divisible_by = 64;
   m.seed = 7;
   m.dtype = "bfloat16";
+  m.sequence_parallel = true;
+  m.recompute_activations = true;
   m.collective_timeout_ms = 1500;
   return m;
 }

@@ -416,6 +416,114 @@ TEST(MakeMicroBatches, PacksWholeRowsUpToTheTokenBudgetAndMapsColumnsBack) {
                Error);
 }
 
+// Sequence parallelism needs the sequence to divide by tp: padded rows get
+// masked columns on the left, a packed row a padding sequence at its end;
+// the columns counted from a row's end are the same.
+TEST(MakeMicroBatches, PadsTheSequenceToAMultipleAndKeepsTheColumnsFromTheEnd) {
+  at::Tensor mask = at::tensor({0, 0, 0, 1, 1, 1,  //
+                                0, 1, 1, 1, 1, 1,  //
+                                0, 0, 0, 0, 1, 1},
+                               at::kLong)
+                        .view({3, 6});
+  at::Tensor ids = (at::arange(18, at::kLong).view({3, 6}) + 1) * mask;
+  DataProto batch;
+  batch.set_tensor("input_ids", ids);
+  batch.set_tensor("attention_mask", mask);
+  const at::Device cpu(at::kCPU);
+
+  const auto padded = make_micro_batches(batch, {.rows = 2, .sequence_multiple = 4}, {}, cpu);
+  ASSERT_EQ(padded.size(), 2u);
+  for (const auto& mb : padded) {
+    ASSERT_EQ(mb.input_ids.size(1), 8);
+    EXPECT_EQ(padded_width(mb), 8);
+    EXPECT_EQ(mb.attention_mask.slice(1, 0, 2).abs().sum().item<int64_t>(), 0);
+  }
+  EXPECT_TRUE(at::equal(padded_columns(padded[0].input_ids, padded[0], 3, 8),
+                        ids.slice(0, 0, 2).slice(1, 1, 6)));
+  EXPECT_TRUE(at::equal(padded[1].attention_mask.slice(1, 2), mask.slice(0, 2, 3)));
+  EXPECT_TRUE(at::equal(padded[0].position_ids.slice(1, 2),
+                        (mask.slice(0, 0, 2).cumsum(1) - 1).clamp_min(0)));
+  // Already a multiple: nothing added.
+  EXPECT_EQ(
+      make_micro_batches(batch, {.rows = 3, .sequence_multiple = 3}, {}, cpu)[0].input_ids.size(1),
+      6);
+
+  // Packed: {3, 5} = 8 tokens stays, {2} becomes {2, 2}.
+  const auto packed =
+      make_micro_batches(batch, {.rows = 1, .max_tokens = 8, .sequence_multiple = 4}, {}, cpu);
+  ASSERT_EQ(packed.size(), 2u);
+  EXPECT_EQ(packed[0].packed_lengths, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(packed[1].packed_lengths, (std::vector<int64_t>{2, 2}));
+  EXPECT_TRUE(at::equal(packed[1].position_ids, at::tensor({0, 1, 0, 1}, at::kLong).view({1, 4})));
+  EXPECT_EQ(packed[1].attention_mask.sum().item<int64_t>(), 4);
+  EXPECT_EQ(padded_width(packed[1]), 6);
+  EXPECT_TRUE(at::equal(padded_columns(packed[1].input_ids, packed[1], 4, 6),
+                        ids.slice(0, 2, 3).slice(1, 4, 6)));
+
+  EXPECT_THROW(make_micro_batches(batch, {.rows = 1, .sequence_multiple = 0}, {}, cpu), Error);
+}
+
+// enable_gradient_checkpointing (full recomputation) and Megatron sequence
+// parallelism change what a rank keeps in memory, not what it computes: the
+// log-probs (the reference's too), the loss, the gradient norm and the
+// updated policy are the DP2 run's, to the rounding of the layouts' sums.
+// At tp 2 the packed log-prob forwards (budget 15) have odd lengths, which
+// the role pads for sequence parallelism; generation runs without it.
+TEST(ActorRolloutRefWorker, RecomputeAndSequenceParallelismGiveTheSameLogProbsAndUpdate) {
+  DataProto batch;
+  at::Tensor lp_plain, after_plain;
+  double grad_norm_plain = 0, pg_loss_plain = 0;
+  {
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+    batch = with_advantages(g.call("generate_sequences", {prompts()}).get().as<DataProto>());
+    lp_plain = g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    DataProto m = g.call("update_actor", {batch}).get().as<DataProto>();
+    grad_norm_plain = metric(m, "actor/grad_norm");
+    pg_loss_plain = metric(m, "actor/pg_loss");
+    after_plain = g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+  }
+  const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+  const auto cfg = engine::ModelConfig::load(kModel);
+  const double terms = engine::test::gradient_terms(cfg, batch.tensor("input_ids").size(1),
+                                                    mask.sum().item<int64_t>());
+  struct Case {
+    int64_t tp;
+    bool recompute, sequence_parallel;
+  };
+  for (const Case k : {Case{1, true, false}, Case{2, false, true}, Case{2, true, true}}) {
+    ActorRolloutRefOptions o = actor_options(k.tp, 1, k.tp);
+    o.model.recompute_activations = k.recompute;
+    o.model.sequence_parallel = k.sequence_parallel;
+    if (k.sequence_parallel) {
+      o.rollout.log_prob_max_token_len = 15;
+      o.ref_log_prob_max_token_len = 15;
+    }
+    const std::string where = "tp" + std::to_string(k.tp) + (k.recompute ? " recompute" : "") +
+                              (k.sequence_parallel ? " sp" : "");
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), o.to_json(), static_cast<int>(k.tp), 1);
+    if (k.sequence_parallel) {
+      DataProto gen = g.call("generate_sequences", {prompts()}).get().as<DataProto>();
+      EXPECT_EQ(gen.tensor("responses").sizes(), (at::IntArrayRef{8, 6})) << where;
+    }
+    const at::Tensor lp =
+        g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    test::expect_close(lp * mask, lp_plain * mask, log_prob_tolerance(batch), where + " log-probs");
+    const at::Tensor ref =
+        g.call("compute_ref_log_prob", {batch}).get().as<DataProto>().tensor("ref_log_prob");
+    test::expect_close(ref * mask, lp * mask, Tolerance::exact(), where + " ref log-probs");
+    DataProto m = g.call("update_actor", {batch}).get().as<DataProto>();
+    test::expect_near(metric(m, "actor/grad_norm"), grad_norm_plain,
+                      Tolerance::fp32(terms, grad_norm_plain), where + " grad norm");
+    test::expect_near(metric(m, "actor/pg_loss"), pg_loss_plain, Tolerance::fp32(terms, 1.0),
+                      where + " pg loss");
+    const at::Tensor after =
+        g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    const at::Tensor diff = ((after - after_plain) * mask).abs().max();
+    const at::Tensor moved = ((after_plain - lp_plain) * mask).abs().max();
+    EXPECT_LT(diff.item<double>(), 0.05 * moved.item<double>() + 1e-4) << where;
+  }
+}
+
 // Log-probs, values, losses and gradients of packed micro-batches equal the
 // padded path's (to the rounding of another attention length), in the DP2
 // and PP2 layouts; budgets of 12 and 15 tokens put one or two of the

@@ -143,6 +143,9 @@ void read_actor(Reader& r, TrainerSettings& s) {
   o.model.pp = r.get<int64_t>(a + ".megatron.pipeline_model_parallel_size");
   o.model.seed = static_cast<uint64_t>(r.get<int64_t>(a + ".megatron.seed"));
   o.model.dtype = r.one_of(a + ".megatron.dtype", kDtypes);
+  o.model.sequence_parallel = r.get<bool>(a + ".megatron.sequence_parallel");
+  o.model.recompute_activations =
+      r.get<bool>("actor_rollout_ref.model.enable_gradient_checkpointing");
   const std::string ref = "actor_rollout_ref.ref";
   s.ref_tp = r.get<int64_t>(ref + ".megatron.tensor_model_parallel_size");
   s.ref_pp = r.get<int64_t>(ref + ".megatron.pipeline_model_parallel_size");
@@ -215,6 +218,8 @@ void read_critic(Reader& r, TrainerSettings& s) {
   k.model.pp = r.get<int64_t>("critic.megatron.pipeline_model_parallel_size");
   k.model.seed = static_cast<uint64_t>(r.get<int64_t>("critic.megatron.seed"));
   k.model.dtype = r.one_of("critic.megatron.dtype", kDtypes);
+  k.model.sequence_parallel = r.get<bool>("critic.megatron.sequence_parallel");
+  k.model.recompute_activations = r.get<bool>("critic.model.enable_gradient_checkpointing");
   t.mini_batch_prompts = r.get<int64_t>("critic.ppo_mini_batch_size");
   t.micro_batch_size = r.get_optional<int64_t>("critic.ppo_micro_batch_size_per_gpu");
   k.update.epochs = r.get<int64_t>("critic.ppo_epochs");
@@ -239,6 +244,7 @@ void read_reward_model(Reader& r, TrainerSettings& s) {
   s.rm.model.tp = r.get<int64_t>("reward_model.megatron.tensor_model_parallel_size");
   s.rm.model.pp = r.get<int64_t>("reward_model.megatron.pipeline_model_parallel_size");
   s.rm.model.offload.params = r.get<bool>("reward_model.megatron.param_offload");
+  s.rm.model.sequence_parallel = r.get<bool>("reward_model.megatron.sequence_parallel");
   s.rm_centralized = r.get<bool>("reward_model.centralized");
   s.rm_prefetch = r.get<bool>("reward_model.prefetch");
   s.rm.micro_batch_size =

@@ -197,11 +197,24 @@ MetricLists ActorRolloutRefWorker::update_actor_resident(const DataProto& batch)
     std::vector<double> sums(3, 0.0);
     MetricLists micro_metrics;
     a.optimizer().zero_grad();
+    std::vector<engine::MicroBatch> mbs =
+        make_micro_batches(mini,
+                           {.rows = options_.update.micro_batch_size,
+                            .max_tokens = options_.update.max_token_len,
+                            .sequence_multiple = a.sequence_multiple()},
+                           mb_extra, a.model().device());
+    // MoE: the router's load-balancing loss (router_aux_loss_coef of the
+    // model's config, as HF adds it), each micro-batch's a share of the
+    // mini-batch's; every stage adds its own layers' (Transformer::
+    // set_router_aux_loss_scale).
+    engine::Transformer& model = a.model();
+    const double aux_coef = model.config().moe.router_aux_loss_coef;
+    const bool moe = model.has_sparse_layers();
+    std::vector<double> aux_losses;
+    if (moe) model.set_router_aux_loss_scale(aux_coef / static_cast<double>(mbs.size()));
     engine::forward_backward(
-        a.model(),
-        make_micro_batches(mini, {options_.update.micro_batch_size, options_.update.max_token_len},
-                           mb_extra, a.model().device()),
-        [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
+        model, std::move(mbs), [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
+          if (moe) aux_losses.push_back(model.last_router_aux_loss());
           ResponseScores s = response_scores(logits, mb, R, temperature, ps.tp());
           const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat);
           const at::Tensor old = on_policy ? s.log_probs.detach() : mb.extra.at("old_log_probs");
@@ -229,7 +242,13 @@ MetricLists ActorRolloutRefWorker::update_actor_resident(const DataProto& batch)
           }
           return loss;
         });
+    if (moe) model.set_router_aux_loss_scale(0);
     const engine::StepStats step = a.optimizer().step();
+    if (!aux_losses.empty()) {
+      double total = 0;
+      for (double x : aux_losses) total += x;
+      metrics["actor/router_aux_loss"].push_back(total / static_cast<double>(aux_losses.size()));
+    }
     if (ps.is_last_stage()) {
       // The micro-batch losses are shares of the mini-batch's (global
       // normalisation scales each by dp): their DP sum over dp is its value.
@@ -279,8 +298,7 @@ void ActorRolloutRefWorker::init_weight_sync(const std::string& endpoint, const 
   const int64_t size = engine::sync_group_size(a.state().config(), rollout_world);
   c10::intrusive_ptr<c10d::ProcessGroup> sync;
   if (const int64_t r = engine::trainer_sync_rank(a.state()); r >= 0)
-    sync = connect_weight_sync_group(endpoint, name, r, size,
-                                     options_.model.collective_timeout_ms);
+    sync = connect_weight_sync_group(endpoint, name, r, size, options_.model.collective_timeout_ms);
   sender_ = std::make_unique<engine::WeightSender>(a.model_ptr(), sync);
 }
 

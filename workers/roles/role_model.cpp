@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <set>
 
 #include "base/atomic_file.h"
@@ -69,6 +70,10 @@ RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const 
   engine::TransformerOptions topts;
   topts.value_model = options.value_model;
   topts.value_head_seed = options.seed;
+  // At tp 1 sequence parallelism splits nothing; the flag would only keep
+  // the model from generating (the HybridEngine shares a tp-1 actor).
+  topts.sequence_parallel = options.sequence_parallel && options.tp > 1;
+  topts.recompute_activations = options.recompute_activations;
   model_ = std::make_shared<engine::Transformer>(hf.config, state_, topts);
   model_->load_state_dict(engine::hf_to_shard(hf.weights, hf.config, model_->shard_spec()));
   hf.weights.clear();
@@ -149,6 +154,15 @@ OffloadPhase::~OffloadPhase() {
   }
 }
 
+int64_t RoleModel::sequence_multiple() const {
+  return model_->options().sequence_parallel ? state_->tp().size : 1;
+}
+
+MicroBatching RoleModel::padded(MicroBatching batching) const {
+  batching.sequence_multiple = std::lcm(batching.sequence_multiple, sequence_multiple());
+  return batching;
+}
+
 bool RoleModel::is_collector() const {
   const engine::Coords& c = state_->coords();
   return c.tp == 0 && c.cp == 0 && state_->is_last_stage();
@@ -159,14 +173,13 @@ at::Tensor RoleModel::response_log_probs(const DataProto& batch, const MicroBatc
   const int64_t R = response_width(batch);
   const engine::Group& tp = state_->tp();
   std::vector<at::Tensor> entropies;
-  auto outs =
-      engine::forward_only(*model_, make_micro_batches(batch, batching, {}, model_->device()),
-                           [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
-                             ResponseScores s = response_scores(logits, mb, R, temperature, tp);
-                             if (entropy != nullptr)
-                               entropies.push_back(s.entropy.to(at::kFloat).cpu());
-                             return s.log_probs.to(at::kFloat).cpu();
-                           });
+  auto outs = engine::forward_only(
+      *model_, make_micro_batches(batch, padded(batching), {}, model_->device()),
+      [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
+        ResponseScores s = response_scores(logits, mb, R, temperature, tp);
+        if (entropy != nullptr) entropies.push_back(s.entropy.to(at::kFloat).cpu());
+        return s.log_probs.to(at::kFloat).cpu();
+      });
   if (outs.empty()) return {};
   if (entropy != nullptr) *entropy = at::cat(entropies, 0);
   return at::cat(outs, 0);
@@ -176,14 +189,14 @@ at::Tensor RoleModel::response_values(const DataProto& batch, const MicroBatchin
                                       bool at_tokens) {
   const int64_t R = response_width(batch);
   const int64_t shift = at_tokens ? 0 : 1;
-  auto outs =
-      engine::forward_only(*model_, make_micro_batches(batch, batching, {}, model_->device()),
-                           [&](const at::Tensor& values, const engine::MicroBatch& mb) {
-                             const int64_t S = padded_width(mb);
-                             return padded_columns(values.squeeze(-1), mb, S - R - shift, S - shift)
-                                 .to(at::kFloat)
-                                 .cpu();
-                           });
+  auto outs = engine::forward_only(
+      *model_, make_micro_batches(batch, padded(batching), {}, model_->device()),
+      [&](const at::Tensor& values, const engine::MicroBatch& mb) {
+        const int64_t S = padded_width(mb);
+        return padded_columns(values.squeeze(-1), mb, S - R - shift, S - shift)
+            .to(at::kFloat)
+            .cpu();
+      });
   if (outs.empty()) return {};
   return at::cat(outs, 0);
 }
@@ -220,6 +233,31 @@ std::vector<PackGroup> pack_groups(const std::vector<int64_t>& lengths, int64_t 
   return groups;
 }
 
+// `mb`'s sequence padded to a multiple of `multiple` (MicroBatching::
+// sequence_multiple): masked columns on the left of padded rows (as a
+// left-padded prompt's; the columns counted from the end stay), one more
+// sequence of padding tokens at the end of a packed row (its packed_index
+// still points at the real tokens).
+void pad_sequence(engine::MicroBatch& mb, int64_t multiple) {
+  const int64_t s = mb.input_ids.size(1);
+  const int64_t pad = (multiple - s % multiple) % multiple;
+  if (pad == 0) return;
+  auto zeros = [&](const at::Tensor& like) {
+    return at::zeros({like.size(0), pad}, like.options());
+  };
+  if (mb.packed_lengths.empty()) {
+    mb.input_ids = at::cat({zeros(mb.input_ids), mb.input_ids}, 1);
+    mb.attention_mask = at::cat({zeros(mb.attention_mask), mb.attention_mask}, 1);
+    mb.position_ids = at::cat({zeros(mb.position_ids), mb.position_ids}, 1);
+    return;
+  }
+  mb.input_ids = at::cat({mb.input_ids, zeros(mb.input_ids)}, 1);
+  mb.position_ids =
+      at::cat({mb.position_ids, at::arange(pad, mb.position_ids.options()).unsqueeze(0)}, 1);
+  mb.attention_mask = at::ones_like(mb.input_ids);
+  mb.packed_lengths.push_back(pad);
+}
+
 }  // namespace
 
 std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
@@ -229,6 +267,10 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
   if (batching.max_tokens <= 0 && batching.rows < 1) {
     throw Error("make_micro_batches: micro-batch size " + std::to_string(batching.rows) +
                 " (must be >= 1)");
+  }
+  if (batching.sequence_multiple < 1) {
+    throw Error("make_micro_batches: sequence multiple " +
+                std::to_string(batching.sequence_multiple) + " (must be >= 1)");
   }
   std::vector<std::string> required = {"input_ids", "attention_mask"};
   required.insert(required.end(), extra.begin(), extra.end());
@@ -253,6 +295,7 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
       mb.attention_mask = mask.slice(0, start, end);
       mb.position_ids = pos.slice(0, start, end);
       with_extras(mb, start, end);
+      pad_sequence(mb, batching.sequence_multiple);
       out.push_back(std::move(mb));
     }
     return out;
@@ -278,6 +321,7 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
         at::tensor(offsets, at::TensorOptions().dtype(at::kLong)).to(device).unsqueeze(1);
     mb.packed_index = at::where(sel, first + before.slice(0, g.begin, g.end), first);
     with_extras(mb, g.begin, g.end);
+    pad_sequence(mb, batching.sequence_multiple);
     out.push_back(std::move(mb));
   }
   return out;

@@ -42,6 +42,12 @@ struct MicroBatching {
   // in this many real tokens, packed into one row without padding
   // (engine::MicroBatch::packed_lengths). `rows` is then not read.
   int64_t max_tokens = 0;
+  // The sequence of every micro-batch padded to a multiple of this (the TP
+  // size under sequence parallelism: RoleModel::sequence_multiple()). Padded
+  // rows get masked columns on the left, as left-padded prompts; a packed row
+  // gets one more sequence of padding tokens at its end. Columns counted from
+  // a row's end (padded_width, padded_columns) are the same either way.
+  int64_t sequence_multiple = 1;
 };
 
 class RoleModel {
@@ -64,6 +70,10 @@ class RoleModel {
   // REQUIRES: built with an optimizer (baton::Error otherwise).
   engine::Optimizer& optimizer();
   bool trainable() const { return optimizer_ != nullptr; }
+  // What this model's forwards need the sequence to divide by: tp under
+  // sequence parallelism, else 1 (MicroBatching::sequence_multiple). The
+  // role's own forwards (response_log_probs, response_values) pad to it.
+  int64_t sequence_multiple() const;
   const ModelOptions& options() const { return options_; }
   // The HF config.json of the model it was loaded from (kept for export).
   const std::string& hf_config_text() const { return hf_config_text_; }
@@ -103,6 +113,8 @@ class RoleModel {
     std::vector<at::Tensor> params, grads, optimizer;
   };
   Tensors tensors() const;
+  // `batching` with this model's sequence_multiple().
+  MicroBatching padded(MicroBatching batching) const;
 
   std::shared_ptr<engine::ParallelState> state_;
   std::shared_ptr<engine::Transformer> model_;
@@ -128,7 +140,8 @@ class OffloadPhase {
 // `batch` cut into micro-batches of `batching.rows` rows (the last may be
 // shorter): input_ids, attention_mask, position_ids (from the batch, or the
 // cumulative mask when it has none), and the tensors named in `extra`, each
-// on `device` (the model's: a worker's batch arrives in host memory).
+// on `device` (the model's: a worker's batch arrives in host memory), the
+// sequence padded to a multiple of batching.sequence_multiple.
 // With batching.max_tokens > 0, each micro-batch instead packs the real
 // tokens (attention_mask 1) of consecutive rows into one row, at most
 // max_tokens of them, with their own position ids (engine::MicroBatch::

@@ -35,6 +35,8 @@ void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, ModelOp
   f("seed", m.seed);
   f("dtype", m.dtype);
   f("offload", m.offload);
+  f("sequence_parallel", m.sequence_parallel);
+  f("recompute_activations", m.recompute_activations);
   f("collective_timeout_ms", m.collective_timeout_ms);
 }
 

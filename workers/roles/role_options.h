@@ -42,6 +42,16 @@ struct ModelOptions {
   // fp32 master weights and optimizer state either way (engine::Optimizer).
   std::string dtype = "float32";
   OffloadOptions offload;
+  // Megatron sequence parallelism (engine::TransformerOptions::sequence_parallel):
+  // between TP regions the residual stream is split over the sequence, so a
+  // rank holds 1/tp of those activations. Nothing at tp 1. The role pads each
+  // micro-batch's sequence to a multiple of tp (MicroBatching::sequence_multiple).
+  bool sequence_parallel = false;
+  // Full activation recomputation (verl's enable_gradient_checkpointing;
+  // engine::TransformerOptions::recompute_activations): each layer keeps only
+  // its input and runs again in the backward. Same gradients; forwards
+  // without autograd (log-probs, values) are unaffected.
+  bool recompute_activations = false;
   // The deadline of every collective of the role's groups and of its weight
   // syncs (engine/parallel/deadline_group.h): a rank that waits longer for another
   // throws, naming the group, the operation and the ranks that did not

@@ -41,6 +41,9 @@ void RolloutWorker::init_model() {
   m.tp = options_.rollout.tp;
   m.pp = 1;
   m.offload = {};
+  // Generation only: no backward to recompute, no sequence-split activations.
+  m.sequence_parallel = false;
+  m.recompute_activations = false;
   model_ = std::make_unique<RoleModel>(info(), m, "rollout", nullptr);
   engine::GenerationOptions g;
   g.max_batch = options_.rollout.max_batch;
@@ -58,8 +61,8 @@ void RolloutWorker::init_weight_sync(const std::string& endpoint, const std::str
   const int64_t size = engine::sync_group_size(training_, world_size());
   receiver_ = std::make_unique<engine::WeightReceiver>(
       model_->model_ptr(), training_,
-      connect_weight_sync_group(endpoint, name, engine::receiver_sync_rank(training_, rank()),
-                                size, options_.model.collective_timeout_ms));
+      connect_weight_sync_group(endpoint, name, engine::receiver_sync_rank(training_, rank()), size,
+                                options_.model.collective_timeout_ms));
 }
 
 int64_t RolloutWorker::receive_weights() {
