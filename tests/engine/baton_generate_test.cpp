@@ -105,6 +105,27 @@ TEST(BatonGenerate, TensorParallelEqualsSingleProcess) {
   }
 }
 
+// Every family and scaled RoPE, through the tool: HF's greedy generate.
+TEST(BatonGenerate, GreedyEqualsHfGenerateForEachFamily) {
+  for (const std::string fixture : {"tiny-qwen3", "tiny-qwen3-moe", "tiny-llama3-rope",
+                                    "tiny-llama-yarn", "tiny-llama-dynamic", "tiny-mistral"}) {
+    SCOPED_TRACE(fixture);
+    const TensorMap ref = read_safetensors(kFixtures + "/" + fixture + "/reference.safetensors");
+    const at::Tensor out = ref.at("gen_output")[0];
+    const int64_t prompt_len = ref.at("gen_prompt").size(1);
+    std::string prompt;
+    for (int64_t i = 0; i < prompt_len; ++i)
+      prompt += (i ? "," : "") + std::to_string(out[i].item<int64_t>());
+    auto j =
+        generate_json(model_arg(fixture) + " --prompt-tokens '" + prompt + "' --max-new-tokens " +
+                      std::to_string(out.size(0) - prompt_len) + " --temperature 0 --ignore-eos");
+    ASSERT_EQ(j["sequences"].size(), 1u);
+    std::vector<int64_t> want;
+    for (int64_t i = prompt_len; i < out.size(0); ++i) want.push_back(out[i].item<int64_t>());
+    EXPECT_EQ(j["sequences"][0]["response"].get<std::vector<int64_t>>(), want);
+  }
+}
+
 TEST(BatonGenerate, BadArgumentsExitNonZeroNamingTheProblem) {
   struct Bad {
     std::string args, needle;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -63,11 +64,17 @@ TEST_P(BatonLogprobs, MatchesHfReference) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, BatonLogprobs,
                          ::testing::Values(Case{"tiny-llama", 1, 1}, Case{"tiny-llama", 2, 2},
-                                           Case{"tiny-qwen2", 2, 1}, Case{"tiny-qwen2", 1, 2}),
+                                           Case{"tiny-qwen2", 2, 1}, Case{"tiny-qwen2", 1, 2},
+                                           Case{"tiny-qwen3", 2, 2}, Case{"tiny-qwen3-moe", 2, 2},
+                                           Case{"tiny-llama3-rope", 1, 2},
+                                           Case{"tiny-llama-yarn", 2, 1},
+                                           Case{"tiny-mistral", 2, 1}),
                          [](const auto& info) {
-                           return info.param.fixture.substr(5) + "_tp" +
-                                  std::to_string(info.param.tp) + "_pp" +
-                                  std::to_string(info.param.pp);
+                           std::string n = info.param.fixture.substr(5) + "_tp" +
+                                           std::to_string(info.param.tp) + "_pp" +
+                                           std::to_string(info.param.pp);
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
                          });
 
 TEST(BatonLogprobsErrors, MissingModelNamesThePath) {
