@@ -2,7 +2,8 @@
 //
 //   toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]
 //            [--train-size T] [--carry-noise P] [--hidden H] [--layers L]
-//            [--heads A]
+//            [--heads A] [--head-dim D] [--family qwen2|qwen3|qwen3_moe]
+//            [--experts E] [--experts-per-token K]
 //
 // The task is addition: the prompt "a+b=" (0 <= a, b < N), the answer in
 // GSM8K's strict form "#### c". DIR receives
@@ -19,10 +20,20 @@
 //                                     so a model fitted to it is right about
 //                                     the carry only some of the time: a base
 //                                     that is close, for RL to correct
-//   model/                            a tiny Qwen2ForCausalLM with seeded random
-//                                     weights (config.json, model.safetensors)
-//                                     and a character-level WordLevel tokenizer
-//                                     (tokenizer.json, tokenizer_config.json)
+//   model/                            a tiny model with seeded random weights
+//                                     (config.json, model.safetensors) and a
+//                                     character-level WordLevel tokenizer
+//                                     (tokenizer.json, tokenizer_config.json):
+//                                     with --family qwen2 (the default) a
+//                                     Qwen2ForCausalLM (q/k/v biases); qwen3 a
+//                                     Qwen3ForCausalLM (per-head q/k norms, no
+//                                     biases, head_dim D, default H / A);
+//                                     qwen3_moe a Qwen3MoeForCausalLM like it
+//                                     whose layers after the first (dense, so
+//                                     both MLP kinds train) have E experts of
+//                                     width H, K of them per token (default
+//                                     4 and 2), and a load-balancing loss of
+//                                     weight 0.01 in the RL update
 // Everything is a function of the options: the same seed gives the same bytes.
 // Exit status: 0 on success, 1 when writing fails, 2 for a usage error.
 #include <ATen/ATen.h>
@@ -55,22 +66,29 @@ namespace {
 constexpr const char* kUsage =
     "usage: toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]\n"
     "                [--train-size T] [--carry-noise P] [--hidden H] [--layers L]\n"
-    "                [--heads A]\n";
+    "                [--heads A] [--head-dim D] [--family qwen2|qwen3|qwen3_moe]\n"
+    "                [--experts E] [--experts-per-token K]\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+enum class Family { kQwen2, kQwen3, kQwen3Moe };
 
 struct Options {
   fs::path out;
   uint64_t seed = 1;
   int64_t max_operand = 100;  // operands in [0, max_operand)
   int64_t val_size = 256;
-  int64_t train_size = -1;  // -1: every problem that is not in val
+  int64_t train_size = -1;   // -1: every problem that is not in val
   double carry_noise = 0.5;  // share of carrying SFT answers that drop the carry
   int64_t hidden = 64;
   int64_t layers = 2;
   int64_t heads = 4;
+  int64_t head_dim = 0;  // 0: hidden / heads
+  Family family = Family::kQwen2;
+  int64_t experts = 4;            // qwen3_moe
+  int64_t experts_per_token = 2;  // qwen3_moe
 };
 
 int64_t parse_int(const std::string& text, const std::string& flag, int64_t min) {
@@ -95,9 +113,16 @@ double parse_probability(const std::string& text, const std::string& flag) {
   return v;
 }
 
+Family parse_family(const std::string& text) {
+  if (text == "qwen2") return Family::kQwen2;
+  if (text == "qwen3") return Family::kQwen3;
+  if (text == "qwen3_moe") return Family::kQwen3Moe;
+  throw UsageError("--family expects qwen2, qwen3 or qwen3_moe, got \"" + text + "\"");
+}
+
 Options parse_args(int argc, char** argv) {
   Options o;
-  bool have_out = false;
+  bool have_out = false, have_moe_flag = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") throw UsageError("");
@@ -122,6 +147,16 @@ Options parse_args(int argc, char** argv) {
       o.layers = parse_int(value, flag, 1);
     } else if (flag == "--heads") {
       o.heads = parse_int(value, flag, 1);
+    } else if (flag == "--head-dim") {
+      o.head_dim = parse_int(value, flag, 1);
+    } else if (flag == "--family") {
+      o.family = parse_family(value);
+    } else if (flag == "--experts") {
+      o.experts = parse_int(value, flag, 1);
+      have_moe_flag = true;
+    } else if (flag == "--experts-per-token") {
+      o.experts_per_token = parse_int(value, flag, 1);
+      have_moe_flag = true;
     } else {
       throw UsageError("unknown option " + flag);
     }
@@ -134,7 +169,14 @@ Options parse_args(int argc, char** argv) {
     throw UsageError("--train-size " + std::to_string(o.train_size) + " is more than the " +
                      std::to_string(o.max_operand * o.max_operand - o.val_size) +
                      " problems --val-size leaves");
-  if (o.hidden % o.heads != 0)
+  if (o.head_dim > 0 && o.family == Family::kQwen2)
+    throw UsageError("--head-dim needs --family qwen3 or qwen3_moe (Qwen2's is hidden / heads)");
+  if (have_moe_flag && o.family != Family::kQwen3Moe)
+    throw UsageError("--experts and --experts-per-token need --family qwen3_moe");
+  if (o.experts_per_token > o.experts)
+    throw UsageError("--experts-per-token (" + std::to_string(o.experts_per_token) +
+                     ") must be at most --experts (" + std::to_string(o.experts) + ")");
+  if (o.head_dim == 0 && o.hidden % o.heads != 0)
     throw UsageError("--heads (" + std::to_string(o.heads) + ") must divide --hidden (" +
                      std::to_string(o.hidden) + ")");
   return o;
@@ -195,21 +237,43 @@ int64_t vocab_size() {
 }
 
 baton::engine::ModelConfig model_config(const Options& o) {
+  using baton::engine::ModelFamily;
   baton::engine::ModelConfig cfg;
-  cfg.architecture = "Qwen2ForCausalLM";
-  cfg.family = baton::engine::ModelFamily::kQwen2;
+  switch (o.family) {
+    case Family::kQwen2:
+      cfg.architecture = "Qwen2ForCausalLM";
+      cfg.family = ModelFamily::kQwen2;
+      cfg.qkv_bias = true;  // Qwen2 always has them
+      break;
+    case Family::kQwen3:
+      cfg.architecture = "Qwen3ForCausalLM";
+      cfg.family = ModelFamily::kQwen3;
+      cfg.qk_norm = true;
+      break;
+    case Family::kQwen3Moe:
+      cfg.architecture = "Qwen3MoeForCausalLM";
+      cfg.family = ModelFamily::kQwen3Moe;
+      cfg.qk_norm = true;
+      cfg.moe.num_experts = o.experts;
+      cfg.moe.top_k = o.experts_per_token;
+      // Two of them per token: about the dense MLP's width.
+      cfg.moe.intermediate_size = o.hidden;
+      cfg.moe.norm_topk_prob = true;
+      cfg.moe.mlp_only_layers = {0};  // a dense first layer: both MLP kinds train
+      cfg.moe.router_aux_loss_coef = 0.01;
+      break;
+  }
   cfg.vocab_size = vocab_size();
   cfg.hidden_size = o.hidden;
   cfg.intermediate_size = 2 * o.hidden;
   cfg.num_layers = o.layers;
   cfg.num_heads = o.heads;
   cfg.num_kv_heads = o.heads;
-  cfg.head_dim = o.hidden / o.heads;
+  cfg.head_dim = o.head_dim > 0 ? o.head_dim : o.hidden / o.heads;
   cfg.max_position_embeddings = 64;
   cfg.rms_norm_eps = 1e-6;
   cfg.rope_theta = 10000.0;
   cfg.tie_word_embeddings = false;
-  cfg.qkv_bias = true;  // Qwen2 always has them
   cfg.torch_dtype = "float32";
   cfg.eos_token_ids = {1};  // "<eos>"
   return cfg;
@@ -227,9 +291,15 @@ void write_model(const Options& o) {
   fs::create_directories(dir);
   const auto cfg = model_config(o);
   at::manual_seed(o.seed);
-  auto model = std::make_shared<baton::engine::Transformer>(
-      cfg, baton::engine::ParallelState::single());
-  const auto state = model->state_dict();
+  auto model =
+      std::make_shared<baton::engine::Transformer>(cfg, baton::engine::ParallelState::single());
+  auto state = model->state_dict();
+  // A sparse layer's router and experts start as zeros (they are normally
+  // loaded): drawn here as the dense layers' linear maps are, N(0, 0.02).
+  for (auto& [name, w] : state)
+    if (name.find(".mlp.router.") != std::string::npos ||
+        name.find(".mlp.experts.") != std::string::npos)
+      w = at::randn(w.sizes(), w.options()) * 0.02;
   const auto hf = baton::engine::shards_to_hf(
       {{baton::engine::TensorMap(state.begin(), state.end())}}, cfg, {cfg.num_layers},
       /*value_model=*/false, model->parallel().config().make_vocab_size_divisible_by);
@@ -285,7 +355,8 @@ void write_data(const Options& o) {
     // depend on which rows carry.
     const double u = static_cast<double>(noise() >> 11) * 0x1.0p-53;
     const bool carries = p.a % 10 + p.b % 10 >= 10;
-    const std::string target = carries && u < o.carry_noise ? std::to_string(p.a + p.b - 10) : answer;
+    const std::string target =
+        carries && u < o.carry_noise ? std::to_string(p.a + p.b - 10) : answer;
     sft += json{{"prompt", prompt_of(p)}, {"response", "#### " + target}}.dump() + "\n";
   }
   write_text(dir / "train.jsonl", train);

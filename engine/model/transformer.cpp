@@ -62,15 +62,19 @@ class RecomputedLayer : public torch::autograd::Function<RecomputedLayer> {
       out = layer->forward(x, Rotary{saved[1], saved[2]},
                            mask_of(saved[3], ctx->saved_data["lengths"].toIntVector()));
     }
+    // Frozen parameters (a LoRA model's base) get no gradient.
     torch::autograd::variable_list inputs{x};
-    for (const auto& p : layer->parameters()) inputs.push_back(p);
+    const std::vector<at::Tensor> params = layer->parameters();
+    for (const auto& p : params)
+      if (p.requires_grad()) inputs.push_back(p);
     auto grads = torch::autograd::grad({out}, inputs, {grad_out[0]}, /*retain_graph=*/false,
                                        /*create_graph=*/false, /*allow_unused=*/true);
     // One gradient per forward input: layer, x, cos, sin, bias, lengths, then
     // params.
     torch::autograd::variable_list result{at::Tensor(), grads[0],     at::Tensor(),
                                           at::Tensor(), at::Tensor(), at::Tensor()};
-    result.insert(result.end(), grads.begin() + 1, grads.end());
+    size_t next = 1;
+    for (const auto& p : params) result.push_back(p.requires_grad() ? grads[next++] : at::Tensor());
     return result;
   }
 };
@@ -140,7 +144,8 @@ Transformer::Transformer(ModelConfig config, std::shared_ptr<ParallelState> stat
   }
   auto [begin, end] = stage_layer_range(state_->coords().pp, config_.num_layers, state_->config());
   for (int64_t id = begin; id < end; ++id) {
-    auto layer = std::make_shared<TransformerLayer>(config_, tp, id, options_.sequence_parallel);
+    auto layer = std::make_shared<TransformerLayer>(config_, tp, id, options_.sequence_parallel,
+                                                    options_.lora);
     layers_.push_back(register_module("layer" + std::to_string(id), layer));
   }
   if (last_stage()) {
@@ -154,6 +159,10 @@ Transformer::Transformer(ModelConfig config, std::shared_ptr<ParallelState> stat
           register_parameter("output_layer", at::normal(0.0, 0.02, {vocab_shard_.rows, h}));
       zero_padding(output_weight_);
     }
+  }
+  if (options_.lora.enabled()) {
+    // Only the adapters train: the base gets no gradient and no optimizer state.
+    for (auto& [name, p] : named_params()) p.requires_grad_(false);
   }
 }
 
@@ -386,7 +395,8 @@ bool whole_lm_without_sp(const Transformer& m) {
 }  // namespace
 
 bool Transformer::supports_paged_step() const {
-  if (!whole_lm_without_sp(*this)) return false;
+  // The packed kernels multiply by the base weights alone.
+  if (!whole_lm_without_sp(*this) || lora_enabled()) return false;
   for (const auto& [name, t] : named_params())
     if (!t.device().is_cpu() || t.scalar_type() != at::kFloat) return false;
   return true;
@@ -575,6 +585,11 @@ std::vector<std::string> Transformer::tp_partial_grad_params() const {
 }
 
 bool Transformer::tp_replicated(const std::string& name) {
+  if (const size_t lora = name.find(".lora."); lora != std::string::npos) {
+    // A column-parallel layer's A, a row-parallel layer's B (lora.h).
+    const std::string module = name.substr(lora + 6, name.rfind('.') - lora - 6);
+    return name.ends_with(lora_row_parallel(module) ? ".B" : ".A");
+  }
   return name.find("layer_norm_weight") != std::string::npos || is_head_norm(name) ||
          name.ends_with("mlp.router.weight") || name == "decoder.final_layernorm.weight" ||
          name.rfind("value_head.", 0) == 0;
@@ -603,16 +618,56 @@ void Transformer::check_window(int64_t longest, const char* who) const {
 std::map<std::string, at::Tensor> Transformer::state_dict() const {
   std::map<std::string, at::Tensor> out;
   for (const auto& [name, t] : named_params()) out.emplace(name, t.detach().clone());
+  for (const auto& [name, t] : lora_params()) out.emplace(name, t.detach().clone());
   return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::lora_params() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& layer : layers_)
+    for (auto& entry : layer->lora_params()) out.push_back(std::move(entry));
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::trainable_params() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& entry : named_params())
+    if (entry.second.requires_grad()) out.push_back(std::move(entry));
+  for (auto& entry : lora_params()) out.push_back(std::move(entry));
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Transformer::merged_params() const {
+  std::vector<std::pair<std::string, at::Tensor>> out = named_params();
+  if (!options_.lora.enabled()) return out;
+  at::NoGradGuard no_grad;
+  for (auto& [name, t] : out) {
+    for (const auto& layer : layers_) {
+      if (const at::Tensor d = layer->lora_delta(name); d.defined()) {
+        t = t + d.to(t.scalar_type());
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+void Transformer::set_lora_enabled(bool on) {
+  lora_on_ = on;
+  for (const auto& layer : layers_) layer->set_lora_enabled(on);
 }
 
 void Transformer::load_state_dict(const std::map<std::string, at::Tensor>& weights) {
   std::vector<std::string> missing, mismatched;
   std::set<std::string> known;
-  for (const auto& [name, param] : named_params()) {
+  std::vector<std::pair<std::string, at::Tensor>> params = named_params();
+  const std::vector<std::pair<std::string, at::Tensor>> adapters = lora_params();
+  params.insert(params.end(), adapters.begin(), adapters.end());
+  for (const auto& [name, param] : params) {
     known.insert(name);
     auto it = weights.find(name);
     if (it == weights.end()) {
+      if (name.find(".lora.") != std::string::npos) continue;  // a base checkpoint
       if (name.rfind("value_head.", 0) == 0) {
         std::fprintf(stderr,
                      "[baton] [info] value model: no %s in the checkpoint (a causal-LM "

@@ -66,6 +66,9 @@ struct TransformerOptions {
   // Seed of the value head's fresh initialisation (same on every rank).
   uint64_t value_head_seed = 1234;
   PackedAttention packed_attention = PackedAttention::kAuto;
+  // LoRA adapters (lora.h): with a rank > 0 every base parameter is frozen
+  // (requires_grad false) and only the adapters train (trainable_params).
+  LoraOptions lora;
 
   TransformerOptions& set_value_model(bool v) {
     value_model = v;
@@ -142,8 +145,23 @@ class Transformer : public torch::nn::Module {
   std::unique_ptr<KvCache> make_kv_cache(const KvCacheOptions& options) const;
 
   // This rank's parameters under their engine names (docs/engine.md), in a
-  // fixed order. The tensors are the parameters themselves.
+  // fixed order. The tensors are the parameters themselves. The base model's
+  // only: LoRA adapters are lora_params().
   std::vector<std::pair<std::string, at::Tensor>> named_params() const;
+  // The LoRA adapters ("decoder.layers.{i}.lora.<module>.A" / ".B"); empty
+  // without LoRA.
+  std::vector<std::pair<std::string, at::Tensor>> lora_params() const;
+  // What an optimizer updates: the parameters that require gradients (all
+  // of named_params without LoRA; the adapters alone with it).
+  std::vector<std::pair<std::string, at::Tensor>> trainable_params() const;
+  // named_params with the adapters merged in (W + (alpha / rank) · B A, new
+  // tensors for the adapted weights): what a rollout model without adapters
+  // computes the same with. named_params itself without LoRA.
+  std::vector<std::pair<std::string, at::Tensor>> merged_params() const;
+  // Adapters on (the default) or off: off, the model computes its frozen
+  // base, which is a LoRA actor's reference policy (no second copy).
+  void set_lora_enabled(bool on);
+  bool lora_enabled() const { return options_.lora.enabled() && lora_on_; }
   // The bytes of this rank's parameters (named_params()).
   int64_t param_bytes() const;
   // Whether a parameter is the same on every TP rank (norm weights, value
@@ -177,13 +195,14 @@ class Transformer : public torch::nn::Module {
   // sparse layers (NaN before the first).
   double last_router_aux_loss() const { return last_aux_loss_; }
 
-  // Detached copies of the parameters, by engine name.
+  // Detached copies of the parameters, by engine name, LoRA adapters included.
   std::map<std::string, at::Tensor> state_dict() const;
   // Copies `weights` into the parameters. Every parameter must be present
   // with its exact shape, and nothing else, except a value model's head
   // (`value_head.weight`, `value_head.bias`): when absent (an LM checkpoint)
-  // it keeps its fresh initialisation and a notice is logged. Errors name the
-  // keys and shapes.
+  // it keeps its fresh initialisation and a notice is logged; and LoRA
+  // adapters, which keep theirs when absent (a base checkpoint). Errors name
+  // the keys and shapes.
   void load_state_dict(const std::map<std::string, at::Tensor>& weights);
 
   const ModelConfig& config() const { return config_; }
@@ -249,6 +268,7 @@ class Transformer : public torch::nn::Module {
   at::Tensor paged_hidden_;  // the residual stream [capacity, H]
   Rotary paged_rotary_;
   at::Tensor packed_lm_head_;  // pack_paged_weights(); undefined otherwise
+  bool lora_on_ = true;
   double aux_loss_scale_ = 0;
   double last_aux_loss_ = std::numeric_limits<double>::quiet_NaN();
   std::function<void(bool last)> backward_hook_;

@@ -1,5 +1,6 @@
 #include "engine/model/transformer_layer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 
 #include <algorithm>
@@ -73,8 +74,26 @@ void require_divisible(int64_t n, int64_t tp, const char* what, const ModelConfi
 
 }  // namespace
 
+std::vector<std::string> LoraOptions::modules() const {
+  std::vector<std::string> out;
+  for (const std::string& t : targets) {
+    if (t != "all-linear" &&
+        std::find(kLoraModules.begin(), kLoraModules.end(), t) == kLoraModules.end()) {
+      std::string known;
+      for (const auto& m : kLoraModules) known += m + ", ";
+      throw EngineError("LoRA target \"" + t +
+                        "\" is not a module the engine adapts; known: " + known + "all-linear");
+    }
+  }
+  for (const std::string& m : kLoraModules) {
+    const bool all = std::find(targets.begin(), targets.end(), "all-linear") != targets.end();
+    if (all || std::find(targets.begin(), targets.end(), m) != targets.end()) out.push_back(m);
+  }
+  return out;
+}
+
 TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
-                                   bool sequence_parallel)
+                                   bool sequence_parallel, const LoraOptions& lora)
     : config_(config), layer_id_(layer_id), tp_(tp), sequence_parallel_(sequence_parallel) {
   require_divisible(config.num_kv_heads, tp.size, "num_key_value_heads", config);
   require_divisible(config.intermediate_size, tp.size, "intermediate_size", config);
@@ -108,6 +127,7 @@ TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, i
     router_ = register_parameter("router", at::zeros({moe.num_experts, h}));
     experts_fc1_ = register_parameter("experts_fc1", at::zeros({moe.num_experts, 2 * f, h}));
     experts_fc2_ = register_parameter("experts_fc2", at::zeros({moe.num_experts, h, f}));
+    init_lora(lora);
     return;
   }
 
@@ -122,6 +142,43 @@ TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, i
   fc2.out_features = h;
   fc2.sequence_parallel = sequence_parallel;
   fc2_ = register_module("linear_fc2", RowParallelLinear(fc2, tp));
+  init_lora(lora);
+}
+
+void TransformerLayer::init_lora(const LoraOptions& lora) {
+  if (!lora.enabled()) return;
+  if (sequence_parallel_ && tp_.size > 1)
+    throw EngineError(config_.architecture +
+                      ": LoRA adapters with sequence parallelism are not supported; turn "
+                      "sequence_parallel off");
+  lora_scale_ = lora.scale();
+  const int64_t h = config_.hidden_size, t = tp_.size, f = config_.intermediate_size;
+  const std::vector<std::string> modules = lora.modules();
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const std::string& m = modules[i];
+    const bool mlp = m == "gate_proj" || m == "up_proj" || m == "down_proj";
+    if (mlp && sparse()) continue;  // experts are not adapted
+    // The full layer's [out, in].
+    const int64_t out = m == "q_proj"                       ? config_.q_size()
+                        : m == "k_proj" || m == "v_proj"    ? config_.kv_size()
+                        : m == "o_proj" || m == "down_proj" ? h
+                                                            : f;
+    const int64_t in = m == "o_proj" ? config_.q_size() : m == "down_proj" ? f : h;
+    // PEFT's Kaiming-uniform A (a = √5: bound 1/√in) from one seed per
+    // layer and module, so every rank draws the same full A.
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(lora.seed + 1000 * layer_id_ + i);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    at::Tensor a = at::empty({lora.rank, in}).uniform_(-bound, bound, gen);
+    at::Tensor b;
+    if (lora_row_parallel(m)) {
+      a = a.narrow(1, tp_.rank * in / t, in / t).contiguous();
+      b = at::zeros({out, lora.rank});
+    } else {
+      b = at::zeros({out / t, lora.rank});
+    }
+    lora_[m] = {register_parameter("lora_" + m + "_A", a),
+                register_parameter("lora_" + m + "_B", b)};
+  }
 }
 
 at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary,
@@ -129,11 +186,11 @@ at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary
   int64_t d = config_.head_dim;
   int64_t r = config_.num_heads / config_.num_kv_heads;
   int64_t g = local_groups_;
-  auto qkv = qkv_->forward(x);  // [B, S, g * (r + 2) * d], full sequence
+  auto qkv = this->qkv(x);  // [B, S, g * (r + 2) * d], full sequence
   int64_t b = qkv.size(0), s = qkv.size(1);
   if (!config_.qk_norm && fusable(qkv) && fusable(rotary.cos) && d % 2 == 0) {
     QkvHeads heads = fused_qkv_rotary(qkv, rotary.cos, rotary.sin, g, r, d);
-    return proj_->forward(attend(heads.q, heads.k, heads.v, mask));
+    return project(attend(heads.q, heads.k, heads.v, mask));
   }
   auto grouped = qkv.view({b, s, g, r + 2, d});
   auto q = grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2);
@@ -141,7 +198,7 @@ at::Tensor TransformerLayer::attention(const at::Tensor& x, const Rotary& rotary
   auto v = grouped.select(3, r + 1).transpose(1, 2);  // [B, g, S, d]
   q = apply_rotary(norm_q(q), rotary);
   k = apply_rotary(norm_k(k), rotary);
-  return proj_->forward(attend(q, k, v, mask));
+  return project(attend(q, k, v, mask));
 }
 
 at::Tensor TransformerLayer::attend(const at::Tensor& q, at::Tensor k, at::Tensor v,
@@ -186,7 +243,7 @@ at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& r
   int64_t d = config_.head_dim;
   int64_t r = config_.num_heads / config_.num_kv_heads;
   int64_t g = local_groups_;
-  auto qkv = qkv_->forward(normed);  // [B, Q, g * (r + 2) * d]
+  auto qkv = this->qkv(normed);  // [B, Q, g * (r + 2) * d]
   int64_t b = qkv.size(0), s = qkv.size(1);
   auto grouped = qkv.view({b, s, g, r + 2, d});
   auto q = apply_rotary(norm_q(grouped.narrow(3, 0, r).reshape({b, s, g * r, d}).transpose(1, 2)),
@@ -199,7 +256,7 @@ at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& r
   auto slots = step.read_slots.reshape({-1});
   auto k = k_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
   auto v = v_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
-  auto h = x + proj_->forward(attend(q, k, v, AttentionMask{step.bias, {}}));
+  auto h = x + project(attend(q, k, v, AttentionMask{step.bias, {}}));
   return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
 }
 
@@ -362,9 +419,135 @@ at::Tensor TransformerLayer::moe(const at::Tensor& x) {
 at::Tensor TransformerLayer::mlp(const at::Tensor& x) {
   if (sparse()) return moe(x);
   auto gate_up = fc1_->forward(x);
-  if (fusable(gate_up)) return fc2_->forward(fused_silu_mul(gate_up));
-  auto parts = gate_up.chunk(2, -1);
-  return fc2_->forward(at::silu(parts[0]) * parts[1]);
+  if (const at::Tensor d = lora_gate_up(x); d.defined()) gate_up = gate_up + d;
+  at::Tensor act;
+  if (fusable(gate_up)) {
+    act = fused_silu_mul(gate_up);
+  } else {
+    auto parts = gate_up.chunk(2, -1);
+    act = at::silu(parts[0]) * parts[1];
+  }
+  at::Tensor out = fc2_->forward(act);
+  if (const at::Tensor d = lora_row("down_proj", act); d.defined()) out = out + d;
+  return out;
+}
+
+at::Tensor TransformerLayer::qkv(const at::Tensor& x) {
+  at::Tensor out = qkv_->forward(x);
+  if (const at::Tensor d = lora_qkv(x); d.defined()) out = out + d;
+  return out;
+}
+
+at::Tensor TransformerLayer::project(const at::Tensor& ctx) {
+  at::Tensor out = proj_->forward(ctx);
+  if (const at::Tensor d = lora_row("o_proj", ctx); d.defined()) out = out + d;
+  return out;
+}
+
+namespace {
+
+// (x Aᵀ) Bᵀ of a column-parallel adapter: A is replicated, so x Aᵀ enters
+// the TP region (its gradient is summed over the ranks' B shards).
+at::Tensor column_lora(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b,
+                       const Group& tp) {
+  return at::linear(copy_to_tp_region(at::linear(x, a), tp), b);
+}
+
+}  // namespace
+
+at::Tensor TransformerLayer::lora_qkv(const at::Tensor& x) const {
+  if (!lora_on_ || lora_.empty()) return {};
+  const auto q = lora_.find("q_proj"), k = lora_.find("k_proj"), v = lora_.find("v_proj");
+  if (q == lora_.end() && k == lora_.end() && v == lora_.end()) return {};
+  const int64_t g = local_groups_, r = config_.num_heads / config_.num_kv_heads;
+  const int64_t d = config_.head_dim;
+  std::vector<int64_t> lead(x.sizes().begin(), x.sizes().end() - 1);
+  // Each part in the fused layout's groups: r query heads, a key head, a value head.
+  auto part = [&](auto it, int64_t width) {
+    std::vector<int64_t> shape = lead;
+    shape.push_back(g);
+    shape.push_back(width);
+    if (it == lora_.end()) return at::zeros(shape, x.options());
+    return column_lora(x, it->second.a, it->second.b, tp_).view(shape);
+  };
+  at::Tensor fused = at::cat({part(q, r * d), part(k, d), part(v, d)}, -1);
+  std::vector<int64_t> shape = lead;
+  shape.push_back(g * (r + 2) * d);
+  return fused.reshape(shape) * lora_scale_;
+}
+
+at::Tensor TransformerLayer::lora_gate_up(const at::Tensor& x) const {
+  if (!lora_on_ || lora_.empty()) return {};
+  const auto gate = lora_.find("gate_proj"), up = lora_.find("up_proj");
+  if (gate == lora_.end() && up == lora_.end()) return {};
+  const int64_t f = config_.intermediate_size / tp_.size;
+  auto part = [&](auto it) {
+    if (it == lora_.end()) {
+      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+      shape.push_back(f);
+      return at::zeros(shape, x.options());
+    }
+    return column_lora(x, it->second.a, it->second.b, tp_);
+  };
+  return at::cat({part(gate), part(up)}, -1) * lora_scale_;
+}
+
+at::Tensor TransformerLayer::lora_row(const std::string& module, const at::Tensor& x) const {
+  if (!lora_on_) return {};
+  const auto it = lora_.find(module);
+  if (it == lora_.end()) return {};
+  // This rank's input columns: x Aᵀ is a partial sum, reduced before B.
+  return at::linear(reduce_from_tp_region(at::linear(x, it->second.a), tp_), it->second.b) *
+         lora_scale_;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> TransformerLayer::lora_params() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const std::string p = "decoder.layers." + std::to_string(layer_id_) + ".lora.";
+  for (const std::string& m : kLoraModules) {
+    const auto it = lora_.find(m);
+    if (it == lora_.end()) continue;
+    out.emplace_back(p + m + ".A", it->second.a);
+    out.emplace_back(p + m + ".B", it->second.b);
+  }
+  return out;
+}
+
+at::Tensor TransformerLayer::lora_delta(const std::string& name) const {
+  if (lora_.empty()) return {};
+  const std::string p = "decoder.layers." + std::to_string(layer_id_) + ".";
+  at::NoGradGuard no_grad;
+  auto product = [&](const std::string& m) -> at::Tensor {
+    const auto it = lora_.find(m);
+    return it == lora_.end() ? at::Tensor() : at::mm(it->second.b, it->second.a);
+  };
+  if (name == p + "self_attention.linear_qkv.weight") {
+    const at::Tensor q = product("q_proj"), k = product("k_proj"), v = product("v_proj");
+    if (!q.defined() && !k.defined() && !v.defined()) return {};
+    const int64_t g = local_groups_, r = config_.num_heads / config_.num_kv_heads;
+    const int64_t d = config_.head_dim, h = config_.hidden_size;
+    auto part = [&](const at::Tensor& w, int64_t rows) {
+      return w.defined() ? w.view({g, rows, h}) : at::zeros({g, rows, h}, qkv_->weight.options());
+    };
+    return at::cat({part(q, r * d), part(k, d), part(v, d)}, 1).view({-1, h}) * lora_scale_;
+  }
+  if (name == p + "self_attention.linear_proj.weight") {
+    const at::Tensor o = product("o_proj");
+    return o.defined() ? o * lora_scale_ : o;
+  }
+  if (name == p + "mlp.linear_fc1.weight") {
+    const at::Tensor gate = product("gate_proj"), up = product("up_proj");
+    if (!gate.defined() && !up.defined()) return {};
+    const at::Tensor& like = gate.defined() ? gate : up;
+    return at::cat({gate.defined() ? gate : at::zeros_like(like),
+                    up.defined() ? up : at::zeros_like(like)}) *
+           lora_scale_;
+  }
+  if (name == p + "mlp.linear_fc2.weight") {
+    const at::Tensor down = product("down_proj");
+    return down.defined() ? down * lora_scale_ : down;
+  }
+  return {};
 }
 
 at::Tensor TransformerLayer::forward(const at::Tensor& x, const Rotary& rotary,

@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,6 +26,7 @@
 
 #include "engine/io/model_config.h"
 #include "engine/kernels/decode_kernels.h"
+#include "engine/model/lora.h"
 #include "engine/model/rope.h"
 #include "engine/parallel/parallel_linear.h"
 #include "engine/parallel/parallel_state.h"
@@ -91,9 +93,10 @@ struct PagedWorkspace {
 
 class TransformerLayer : public torch::nn::Module {
  public:
-  // `layer_id` is the global layer index (names and nothing else).
+  // `layer_id` is the global layer index (names and nothing else). `lora`:
+  // adapters on the targeted linear layers (lora.h); none when its rank is 0.
   TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
-                   bool sequence_parallel);
+                   bool sequence_parallel, const LoraOptions& lora = {});
 
   // x: [B, S(/tp), H]; rotary and mask as built above for the full sequence.
   at::Tensor forward(const at::Tensor& x, const Rotary& rotary, const AttentionMask& mask);
@@ -126,14 +129,33 @@ class TransformerLayer : public torch::nn::Module {
   // layer): what the load-balancing loss is computed from.
   const at::Tensor& router_logits() const { return router_logits_; }
 
-  // Parameters under their engine names ("decoder.layers.{id}.…").
+  // Parameters under their engine names ("decoder.layers.{id}.…"): the
+  // base model's, without the LoRA adapters.
   std::vector<std::pair<std::string, at::Tensor>> named_params() const;
+  // The LoRA adapters: "decoder.layers.{id}.lora.<module>.A" and ".B".
+  std::vector<std::pair<std::string, at::Tensor>> lora_params() const;
+  // scale · B A of the adapters on base parameter `name` (one of
+  // named_params'), in its layout on this rank; undefined when none targets
+  // it. W + lora_delta(name) is the merged weight.
+  at::Tensor lora_delta(const std::string& name) const;
+  // Adapters off: the layer computes its base (a LoRA model's reference policy).
+  void set_lora_enabled(bool on) { lora_on_ = on; }
 
  private:
   at::Tensor attention(const at::Tensor& x, const Rotary& rotary, const AttentionMask& mask);
   // Scaled dot-product attention of q [B, g·r, Q, d] over k, v [B, g, L, d].
   at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const AttentionMask& mask);
   at::Tensor mlp(const at::Tensor& x);
+  // LoRA's addition to a column-parallel output (q/k/v fused in the group
+  // layout, or gate/up) and to a row-parallel one (reduced over TP), for
+  // input x; undefined when no adapter applies.
+  at::Tensor lora_qkv(const at::Tensor& x) const;
+  at::Tensor lora_gate_up(const at::Tensor& x) const;
+  at::Tensor lora_row(const std::string& module, const at::Tensor& x) const;
+  // x Wᵀ (+ bias) of qkv_, proj_, fc1_, fc2_ with their adapters.
+  at::Tensor qkv(const at::Tensor& x);
+  at::Tensor project(const at::Tensor& ctx);
+  void init_lora(const LoraOptions& lora);
   // The experts' output for x [.., H] (a sparse layer's MLP), reduced over TP
   // (reduce-scattered over the sequence with sequence parallelism).
   at::Tensor moe(const at::Tensor& x);
@@ -155,6 +177,13 @@ class TransformerLayer : public torch::nn::Module {
   at::Tensor experts_fc1_;  // [E, 2F/tp, H]: each expert's gate rows, then its up rows
   at::Tensor experts_fc2_;  // [E, H, F/tp]
   at::Tensor router_logits_;
+  // LoRA adapters by HF module name; empty without LoRA.
+  struct Adapter {
+    at::Tensor a, b;  // this rank's A [r, in(/tp)] and B [out(/tp), r]
+  };
+  std::map<std::string, Adapter> lora_;
+  double lora_scale_ = 0;
+  bool lora_on_ = true;
   ColumnParallelLinear qkv_{nullptr};
   RowParallelLinear proj_{nullptr};
   ColumnParallelLinear fc1_{nullptr};

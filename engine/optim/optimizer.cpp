@@ -203,7 +203,8 @@ Optimizer::Optimizer(std::shared_ptr<Transformer> model, OptimizerOptions option
   if (options_.schedule == LrSchedule::kWarmupCosine && options_.total_steps <= 0)
     throw EngineError("OptimizerOptions: the warmup+cosine schedule needs total_steps > 0");
   bool tied_copy = model_->config().tie_word_embeddings && !model_->first_stage();
-  for (auto& [name, p] : model_->named_params()) {
+  // The trainable ones: a LoRA model's adapters, else every parameter.
+  for (auto& [name, p] : model_->trainable_params()) {
     Slot s;
     s.name = name;
     s.param = p;

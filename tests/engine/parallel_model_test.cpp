@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -329,6 +330,93 @@ TEST(ParallelCheckpoint, ResumeIsExactOnAPp2Dp2Layout) {
 // The critic's model over TP2 x PP2: the value head lives only on the last
 // stage, and the values equal the single-process value model's (which
 // matches HF's token classification, see transformer_test).
+// LoRA adapters split over TP2 as their layers are (lora.h): with the same
+// full adapters, the TP2 model's logits, each rank's adapter gradients (its
+// slice of the single-process ones) and its merged weights (its shard of the
+// single-process merge) match. The adapters get random values first, so that
+// A's gradients are not zero (a fresh B is).
+TEST(ParallelLora, AdaptersSplitOverTp2MatchTheSingleProcessModel) {
+  run_world(2, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    const std::string dir = kFixtures + "/tiny-qwen3";
+    const ModelConfig cfg = ModelConfig::load(dir);
+    const TensorMap hf = read_hf_weights(dir);
+    const TensorMap ref = read_safetensors(dir + "/reference.safetensors");
+    TransformerOptions o;
+    o.lora.rank = 4;
+    o.lora.alpha = 8;
+    o.lora.targets = {"all-linear"};
+    ParallelConfig pc;
+    pc.tp = 2;
+    auto ps = ParallelState::create(store, rank, pc);
+    auto model = std::make_shared<Transformer>(cfg, ps, o);
+    auto dense = std::make_shared<Transformer>(cfg, ParallelState::single(), o);
+    const auto split = even_layer_split(cfg.num_layers, 1);
+    model->load_state_dict(hf_to_shard(hf, cfg, ShardSpec::for_rank(cfg, rank, 2, 0, split)));
+    dense->load_state_dict(hf_to_shard(hf, cfg, ShardSpec::for_rank(cfg, 0, 1, 0, split)));
+    // Full adapters, and this rank's slice of each: a column layer's B rows,
+    // a row layer's A columns; the other factor whole.
+    auto slice = [&](const std::string& name, const at::Tensor& full) {
+      const bool row = name.find(".o_proj.") != std::string::npos ||
+                       name.find(".down_proj.") != std::string::npos;
+      if (row && name.ends_with(".A"))
+        return full.narrow(1, rank * full.size(1) / 2, full.size(1) / 2);
+      if (!row && name.ends_with(".B"))
+        return full.narrow(0, rank * full.size(0) / 2, full.size(0) / 2);
+      return full;
+    };
+    std::map<std::string, at::Tensor> dense_state = dense->state_dict(),
+                                      state = model->state_dict();
+    uint64_t seed = 5;
+    for (const auto& [name, t] : dense->lora_params()) {
+      const at::Tensor full = test::seeded_randn(t.sizes(), seed++) * 0.1;
+      dense_state[name] = full;
+      state[name] = slice(name, full).contiguous();
+    }
+    dense->load_state_dict(dense_state);
+    model->load_state_dict(state);
+
+    auto loss = [&](Transformer& m) {
+      const at::Tensor logits =
+          m.forward(ref.at("input_ids"), ref.at("position_ids"), ref.at("attention_mask"));
+      const at::Tensor lp = next_token_log_probs(logits, ref.at("input_ids"), m.parallel().tp());
+      const at::Tensor mask = ref.at("response_mask").to(at::kFloat);
+      return std::make_pair(logits, -(lp * mask).sum() / mask.sum());
+    };
+    auto [logits, l] = loss(*model);
+    auto [dense_logits, dl] = loss(*dense);
+    const int64_t seq = ref.at("input_ids").size(1);
+    const at::Tensor& mask = ref.at("attention_mask");
+    const VocabShard v = model->vocab_shard();
+    expect_close(logits.narrow(2, 0, v.real).detach(),
+                 dense_logits.narrow(2, std::min(v.begin, dense_logits.size(2)), v.real).detach(),
+                 Tolerance::fp32(test::logit_terms(cfg, seq), max_abs(dense_logits, mask)),
+                 "logits", mask);
+    l.backward();
+    dl.backward();
+    const double tokens = ref.at("response_mask").sum().item<double>();
+    std::map<std::string, at::Tensor> dense_grads;
+    for (const auto& [name, p] : dense->lora_params()) dense_grads[name] = p.grad();
+    int checked = 0;
+    for (const auto& [name, p] : model->lora_params()) {
+      ASSERT_TRUE(p.grad().defined()) << name;
+      const at::Tensor want = slice(name, dense_grads.at(name));
+      expect_close(p.grad(), want,
+                   Tolerance::fp32(test::gradient_terms(cfg, seq, static_cast<int64_t>(tokens)),
+                                   max_abs(want)),
+                   "rank " + std::to_string(rank) + " " + name);
+      ++checked;
+    }
+    EXPECT_EQ(checked, 14 * cfg.num_layers);
+    // Merged weights: this rank's shard of the single-process merge.
+    TensorMap dense_merged;
+    for (const auto& [name, t] : dense->merged_params()) dense_merged[name] = t;
+    const TensorMap want = hf_to_shard(shards_to_hf({{dense_merged}}, cfg, split, false), cfg,
+                                       ShardSpec::for_rank(cfg, rank, 2, 0, split));
+    for (const auto& [name, t] : model->merged_params())
+      expect_close(t, want.at(name), Tolerance::fp32(8, max_abs(want.at(name))), name);
+  });
+}
+
 TEST(ParallelValueModel, HeadOnlyOnTheLastStageAndValuesMatch) {
   run_world(4, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
     auto dir = kFixtures + "/tiny-qwen2-value";

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -36,9 +37,9 @@ Outcome run(const std::string& cmd, const fs::path& log) {
 class DriversTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const Outcome r = run(std::string("'") + TOY_TASK_EXE + "' --out '" + toy_.path().string() +
-                          "' --val-size 8",
-                      toy_ / "toy_task.log");
+    const Outcome r =
+        run(std::string("'") + TOY_TASK_EXE + "' --out '" + toy_.path().string() + "' --val-size 8",
+            toy_ / "toy_task.log");
     ASSERT_EQ(r.status, 0) << r.output;
     // The drivers start from toy/sft/model; the untrained model stands in.
     fs::create_directories(toy_ / "sft");
@@ -56,7 +57,8 @@ class DriversTest : public ::testing::Test {
 };
 
 TEST_F(DriversTest, GrpoPrintsTheTableAndTheSummaryAndWritesItsOutputs) {
-  const Outcome r = run(grpo("trainer.total_training_steps=2 trainer.test_freq=2"), toy_ / "grpo.log");
+  const Outcome r =
+      run(grpo("trainer.total_training_steps=2 trainer.test_freq=2"), toy_ / "grpo.log");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("pg_loss"), std::string::npos) << r.output;  // the table's header
   EXPECT_NE(r.output.find("validation before training: val-core/openai/gsm8k/reward/mean@1 = "),
@@ -84,7 +86,7 @@ TEST_F(DriversTest, GrpoRefusesABadConfigNamingTheKeyAndStartsNothing) {
 
 TEST_F(DriversTest, TheCustomDriverRunsItsLoop) {
   const Outcome r = run(std::string("'") + CUSTOM_DRIVER_EXE + "' '" + toy_.path().string() + "' 2",
-                    toy_ / "custom.log");
+                        toy_ / "custom.log");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("step  1  score"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step  2  score"), std::string::npos) << r.output;
@@ -94,24 +96,38 @@ TEST_F(DriversTest, TheCustomDriverRunsItsLoop) {
 
 namespace {
 
+// One model family of the learning test: toy_task's flags and the SFT and
+// GRPO configs (their paths are overridden to the test's directory).
+struct Family {
+  std::string name;
+  std::string toy_flags;
+  std::string sft_config;
+  std::string grpo_config;
+};
+
+class LearningTest : public ::testing::TestWithParam<Family> {};
+
 // The main job, shortened: toy data, the SFT base, then GRPO. Fails unless the
-// greedy validation accuracy rises and the sampled reward rises with it. The
-// margins are a fraction of what a run gives (72 % → 90 % by step 30 on the
+// greedy validation accuracy rises and the sampled reward rises with it (and,
+// for the MoE, the router's load-balancing loss is reported). The margins are
+// a fraction of what a run gives (Qwen2: 72 % → 90 % by step 30 on the
 // development machine), so that other CPUs' kernels and summation orders
 // cannot flip the verdict.
-TEST(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
+TEST_P(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
+  const Family& family = GetParam();
   TempDir toy;
   const std::string t = toy.path().string();
-  Outcome r = run(std::string("'") + TOY_TASK_EXE + "' --out '" + t + "'", toy / "toy.log");
+  Outcome r = run(std::string("'") + TOY_TASK_EXE + "' --out '" + t + "' " + family.toy_flags,
+                  toy / "toy.log");
   ASSERT_EQ(r.status, 0) << r.output;
-  r = run(std::string("cd '") + SOURCE_DIR + "' && '" + SFT_EXE +
-              "' --config configs/sft_toy.yaml 'data.train_files=[" + t +
+  r = run(std::string("cd '") + SOURCE_DIR + "' && '" + SFT_EXE + "' --config " +
+              family.sft_config + " 'data.train_files=[" + t +
               "/data/sft.jsonl]' 'data.val_files=[" + t + "/data/val.jsonl]' model.path=" + t +
               "/model trainer.default_local_dir=" + t + "/sft",
           toy / "sft.log");
   ASSERT_EQ(r.status, 0) << r.output;
-  r = run(std::string("cd '") + SOURCE_DIR + "' && '" + GRPO_EXE +
-              "' --config configs/grpo_toy.yaml 'data.train_files=[" + t +
+  r = run(std::string("cd '") + SOURCE_DIR + "' && '" + GRPO_EXE + "' --config " +
+              family.grpo_config + " 'data.train_files=[" + t +
               "/data/train.jsonl]' 'data.val_files=[" + t +
               "/data/val.jsonl]' actor_rollout_ref.model.path=" + t +
               "/sft/model trainer.default_local_dir=" + t +
@@ -120,7 +136,7 @@ TEST(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
   ASSERT_EQ(r.status, 0) << r.output;
 
   std::ifstream jsonl(toy / "grpo" / "metrics.jsonl");
-  std::vector<double> val, score;
+  std::vector<double> val, score, aux;
   for (std::string line; std::getline(jsonl, line);) {
     const auto number_after = [&](const std::string& key) -> std::optional<double> {
       const size_t at = line.find("\"" + key + "\":");
@@ -129,6 +145,7 @@ TEST(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
     };
     if (auto v = number_after("val-core/openai/gsm8k/reward/mean@1")) val.push_back(*v);
     if (auto s = number_after("critic/score/mean")) score.push_back(*s);
+    if (auto a = number_after("actor/router_aux_loss")) aux.push_back(*a);
   }
   ASSERT_EQ(val.size(), 2u) << r.output;  // before training and after step 30
   ASSERT_EQ(score.size(), 30u);
@@ -140,6 +157,21 @@ TEST(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
   };
   EXPECT_GT(mean(score.end() - 10, score.end()), mean(score.begin(), score.begin() + 10))
       << "the sampled reward did not rise";
+  if (family.name == "qwen3_moe") {
+    ASSERT_EQ(aux.size(), 30u) << "no actor/router_aux_loss in every step";
+    for (double a : aux) EXPECT_TRUE(std::isfinite(a) && a > 0) << "actor/router_aux_loss " << a;
+  } else {
+    EXPECT_TRUE(aux.empty()) << "a dense model reported actor/router_aux_loss";
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, LearningTest,
+    ::testing::Values(Family{"qwen2", "", "configs/sft_toy.yaml", "configs/grpo_toy.yaml"},
+                      Family{"qwen3", "--family qwen3", "configs/sft_toy_qwen3.yaml",
+                             "configs/grpo_toy_qwen3.yaml"},
+                      Family{"qwen3_moe", "--family qwen3_moe", "configs/sft_toy_qwen3_moe.yaml",
+                             "configs/grpo_toy_qwen3_moe.yaml"}),
+    [](const ::testing::TestParamInfo<Family>& info) { return info.param.name; });
 
 }  // namespace
