@@ -17,6 +17,7 @@
 #include "engine/io/weight_conversion.h"
 #include "engine/kernels/packed_linear.h"
 #include "tests/engine/expect_error.h"
+#include "tests/engine/fixture_model.h"
 #include "tests/engine/model_tolerance.h"
 
 namespace baton::engine {
@@ -29,12 +30,7 @@ using testing::expect_error;
 const std::string kFixtures = BATON_FIXTURES_DIR;
 
 std::shared_ptr<Transformer> load_model(const std::string& name) {
-  auto dir = kFixtures + "/" + name;
-  auto cfg = ModelConfig::load(dir);
-  auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
-  model->load_state_dict(
-      hf_to_shard(read_hf_weights(dir), cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers})));
-  return model;
+  return test::load_fixture_model(name);
 }
 
 // Prompts of assorted lengths (1 to 13 tokens) over the vocabulary.

@@ -14,6 +14,7 @@
 #include "engine/optim/optimizer.h"
 #include "engine/parallel/pipeline_schedule.h"
 #include "tests/engine/expect_error.h"
+#include "tests/engine/fixture_model.h"
 #include "tests/engine/model_tolerance.h"
 
 namespace baton::engine {
@@ -27,12 +28,7 @@ using testing::expect_error;
 const std::string kFixtures = BATON_FIXTURES_DIR;
 
 std::shared_ptr<Transformer> load(const std::string& fixture, TransformerOptions options = {}) {
-  const std::string dir = kFixtures + "/" + fixture;
-  const ModelConfig cfg = ModelConfig::load(dir);
-  auto model = std::make_shared<Transformer>(cfg, ParallelState::single(), options);
-  model->load_state_dict(
-      hf_to_shard(read_hf_weights(dir), cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers})));
-  return model;
+  return test::load_fixture_model(fixture, options);
 }
 
 TransformerOptions with_lora(std::vector<std::string> targets, int64_t rank = 4) {

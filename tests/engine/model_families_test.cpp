@@ -21,6 +21,7 @@
 #include "engine/model/transformer.h"
 #include "engine/rollout/generation.h"
 #include "tests/engine/expect_error.h"
+#include "tests/engine/fixture_model.h"
 #include "tests/engine/model_tolerance.h"
 
 namespace baton::engine {
@@ -33,11 +34,9 @@ using testing::expect_error;
 
 const std::string kFixtures = BATON_FIXTURES_DIR;
 
+// The fixture in `dir` with `cfg` (its own, or one a test altered).
 std::shared_ptr<Transformer> load(const ModelConfig& cfg, const std::string& dir) {
-  auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
-  model->load_state_dict(
-      hf_to_shard(read_hf_weights(dir), cfg, ShardSpec::for_rank(cfg, 0, 1, 0, {cfg.num_layers})));
-  return model;
+  return test::load_fixture_model(dir.substr(dir.rfind('/') + 1), cfg);
 }
 
 struct Fixture {
