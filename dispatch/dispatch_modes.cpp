@@ -71,8 +71,9 @@ std::vector<List> split_protos(const List& args, int parts, size_t first = 0) {
   return chunks;
 }
 
+// The layout's sizes and coordinates are int64; a group's ranks fit an int.
 int pp_as_dp_index(const ParallelLayout& l, const ParallelCoords& c) {
-  return (c.cp * l.dp + c.dp) * l.pp + c.pp;
+  return static_cast<int>((c.cp * l.dp + c.dp) * l.pp + c.pp);
 }
 
 DispatchPlan megatron_plan(const WorkerGroup& g, std::vector<List> chunks) {
@@ -81,7 +82,7 @@ DispatchPlan megatron_plan(const WorkerGroup& g, std::vector<List> chunks) {
   p.chunks = std::move(chunks);
   for (int r = 0; r < g.world_size(); ++r) {
     ParallelCoords c = l.coords(r);
-    p.chunk_of_rank.push_back(c.dp);
+    p.chunk_of_rank.push_back(static_cast<int>(c.dp));
     p.collect.push_back(c.tp == 0 && c.pp == l.pp - 1 && c.cp == 0);
   }
   return p;
