@@ -166,7 +166,11 @@ class Resharder {
                 (t_tp_ != r_tp_ || train.padded_vocab_size() != rollout.padded_vocab_size())),
         items_(plan_items(rollout, train_ps_.config())),
         buckets_(make_buckets(items_, train_ps_.config().pp, options.bucket_bytes)) {
-    for (const auto& [name, p] : train.named_params()) train_params_.emplace(name, p);
+    // A LoRA model's rollout generates with its adapters merged in (new
+    // tensors, held here for the whole reshard).
+    for (const auto& [name, p] :
+         train.lora_enabled() ? train.merged_params() : train.named_params())
+      train_params_.emplace(name, p);
     // Check this rank's own training shards before any communication.
     for (const Item& it : items_) {
       if (it.stage != stage_) continue;

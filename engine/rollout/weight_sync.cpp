@@ -301,6 +301,13 @@ class WeightSender::Impl {
     stats.buckets = static_cast<int64_t>(plan_.buckets.size());
     stats.largest_bucket_bytes = largest_bucket(plan_);
     if (sync_) {
+      // A LoRA model sends its weights with the adapters merged in, made
+      // now (the adapters have trained since the last send) and held until
+      // every message that reads them has gone.
+      std::map<std::string, at::Tensor> merged;
+      if (train_->lora_enabled())
+        for (const auto& [name, p] : train_->merged_params()) merged.emplace(name, p);
+      const std::map<std::string, at::Tensor>& params = merged.empty() ? params_ : merged;
       // Each training rank of the first replica sends its own shards of its
       // stage's buckets straight to the receivers that need them (those
       // whose rollout slice they overlap), one message per shard: no
@@ -315,15 +322,15 @@ class WeightSender::Impl {
         bool in_place = true;
         for (size_t i = 0; i < bucket.items.size(); ++i) {
           if (bucket.layout.offset[i][k] < 0) continue;
-          const at::Tensor& p = params_.at(bucket.items[i]->name);
+          const at::Tensor& p = params.at(bucket.items[i]->name);
           in_place = in_place && p.device().is_cpu() && p.is_contiguous();
         }
-        at::Tensor buf = in_place ? at::Tensor() : fill_region(bucket, k);
+        at::Tensor buf = in_place ? at::Tensor() : fill_region(bucket, k, params);
         std::vector<c10::intrusive_ptr<c10d::Work>> works;
         for (size_t i = 0; i < bucket.items.size(); ++i) {
           if (bucket.layout.offset[i][k] < 0) continue;
           const StreamTensor& t = *bucket.items[i];
-          at::Tensor src = in_place ? params_.at(t.name).detach()
+          at::Tensor src = in_place ? params.at(t.name).detach()
                                     : region_segment(buf, bucket, i, k, t_tp, dtype_);
           for (size_t j = 0; j < receivers_.size(); ++j) {
             if (!shard_needed(t, t_tp, k, receivers_[j])) continue;
@@ -409,15 +416,16 @@ class WeightSender::Impl {
                                     "options differ; see their errors); nothing was sent"));
   }
 
-  // Region k of a bucket: this rank's shards, in host memory (copied from
-  // the GPU when the model is there).
-  at::Tensor fill_region(const Bucket& b, int64_t k) {
+  // Region k of a bucket: this rank's shards of `params`, in host memory
+  // (copied from the GPU when the model is there).
+  at::Tensor fill_region(const Bucket& b, int64_t k,
+                         const std::map<std::string, at::Tensor>& params) {
     at::NoGradGuard no_grad;
     const int64_t t_tp = train_->parallel().config().tp;
     at::Tensor buf = pool_.take(b.layout.region_bytes[k]);
     for (size_t i = 0; i < b.items.size(); ++i)
       if (b.layout.offset[i][k] >= 0)
-        region_segment(buf, b, i, k, t_tp, dtype_).copy_(params_.at(b.items[i]->name));
+        region_segment(buf, b, i, k, t_tp, dtype_).copy_(params.at(b.items[i]->name));
     return buf;
   }
 

@@ -109,6 +109,31 @@ TEST(ConfigCoverage, TheSettingsCarryWhatTheConfigSays) {
   EXPECT_TRUE(workers::RewardModelOptions::from_json(s.rm.to_json()) == s.rm);
 }
 
+TEST(ConfigCoverage, LoraKeysReachTheActorsModelOptions) {
+  // Off by default; target_modules null is all-linear, and one name is a string.
+  const TrainerSettings off = read_trainer_settings(everything_on().resolved());
+  EXPECT_FALSE(off.actor.model.lora.enabled());
+  EXPECT_EQ(off.actor.model.lora.alpha, 16.0);
+  EXPECT_EQ(off.actor.model.lora.targets, (std::vector<std::string>{"all-linear"}));
+  Config one = everything_on();
+  one.apply_override("actor_rollout_ref.model.target_modules=q_proj");
+  EXPECT_EQ(read_trainer_settings(one.resolved()).actor.model.lora.targets,
+            (std::vector<std::string>{"q_proj"}));
+  // A list of HF module names; only the actor's model is adapted.
+  Config c = everything_on();
+  c.apply_overrides({"actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=32",
+                     "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"});
+  const TrainerSettings s = read_trainer_settings(c.resolved());
+  EXPECT_EQ(s.actor.model.lora.rank, 8);
+  EXPECT_EQ(s.actor.model.lora.alpha, 32.0);
+  EXPECT_EQ(s.actor.model.lora.targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_FALSE(s.critic.model.lora.enabled());
+  // The workers are spawned with them.
+  const auto back = workers::ActorRolloutRefOptions::from_json(s.actor.to_json());
+  EXPECT_TRUE(back.model.lora == s.actor.model.lora);
+  EXPECT_TRUE(back == s.actor);
+}
+
 TEST(ConfigCoverage, SamplingKeysReadInTheEnginesTerms) {
   Config c = everything_on();
   c.apply_overrides({"actor_rollout_ref.rollout.temperature=0.7",

@@ -219,6 +219,28 @@ TEST(ConfigValidation, ParameterDtypesAreCheckedAndTheRolloutFollowsTheActor) {
             "");
 }
 
+TEST(ConfigValidation, LoraKeysAreCheckedAndRefuseSequenceParallelism) {
+  const std::string m = "actor_rollout_ref.model.";
+  EXPECT_EQ(problems_with(small_with({m + "lora_rank=8", m + "target_modules=[q_proj,down_proj]"})),
+            "");
+  const std::string ranges = problems_with(small_with({m + "lora_rank=-1", m + "lora_alpha=0"}));
+  EXPECT_CONTAINS(ranges, "actor_rollout_ref.model.lora_rank = -1 must be >= 0");
+  EXPECT_CONTAINS(ranges, "actor_rollout_ref.model.lora_alpha = 0 must be > 0");
+  // The engine's own check names the unknown module and the known ones.
+  const std::string unknown =
+      problems_with(small_with({m + "lora_rank=8", m + "target_modules=[q_proj,qkv_proj]"}));
+  EXPECT_CONTAINS(unknown, "actor_rollout_ref.model.target_modules: LoRA target \"qkv_proj\"");
+  EXPECT_CONTAINS(unknown, "all-linear");
+  EXPECT_CONTAINS(problems_with(small_with({m + "lora_rank=8", m + "target_modules=[]"})),
+                  "actor_rollout_ref.model.target_modules names no module");
+  // Without adapters the targets are not read for a check.
+  EXPECT_EQ(problems_with(small_with({m + "target_modules=[qkv_proj]"})), "");
+  const std::string sp = problems_with(
+      small_with({m + "lora_rank=8", "actor_rollout_ref.actor.megatron.sequence_parallel=true"}));
+  EXPECT_CONTAINS(sp, "actor_rollout_ref.model.lora_rank = 8");
+  EXPECT_CONTAINS(sp, "actor_rollout_ref.actor.megatron.sequence_parallel = true");
+}
+
 TEST(ConfigValidation, OptimizerSettingsAreInRange) {
   const std::string message =
       problems_with(small_with({"actor_rollout_ref.actor.optim.betas=[0.9]", "critic.optim.lr=-1",

@@ -372,6 +372,68 @@ TEST(ActorRolloutRefWorker, OffloadBetweenPhasesTrainsBitIdenticallyAndFreesTheR
   }
 }
 
+// LoRA (ModelOptions::lora, rank 4 on every linear layer), as verl uses it:
+// an update trains the adapters only, so the reference log-probs (the
+// actor's own model with its adapters off, no second copy) stay those of the
+// untrained model bit for bit while the actor's move; and the rollout
+// generates with the adapters, both where it shares the actor's weights (DP2)
+// and where they are resharded into a rollout model (TP2, merged there), as
+// does the HF model export_hf writes.
+TEST(ActorRolloutRefWorker, ALoraActorTrainsItsAdaptersOnlyAndTheRolloutGeneratesWithThem) {
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp" + std::to_string(tp));
+    ActorRolloutRefOptions o = actor_options(tp, 1, tp);
+    o.model.lora.rank = 4;
+    o.model.lora.alpha = 16;
+    o.model.lora.targets = {"all-linear"};
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), o.to_json(), tp, 1);
+    auto log_probs = [&](const DataProto& batch) {
+      return g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
+    };
+    auto ref_log_probs = [&](const DataProto& batch) {
+      return g.call("compute_ref_log_prob", {batch}).get().as<DataProto>().tensor("ref_log_prob");
+    };
+    const DataProto batch =
+        with_advantages(g.call("generate_sequences", {prompts()}).get().as<DataProto>());
+    const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
+    const at::Tensor untrained = log_probs(batch), ref_before = ref_log_probs(batch);
+    // A fresh adapter adds zeros: the reference is the untrained actor.
+    EXPECT_TRUE(at::equal(ref_before, untrained));
+    g.call("update_actor", {batch}).get();
+    // (a) The base did not move: the reference is still the untrained model.
+    EXPECT_TRUE(at::equal(ref_log_probs(batch), untrained));
+    // (b) The adapters did.
+    EXPECT_GT(((log_probs(batch) - untrained) * mask).abs().max().item<double>(), 1e-2);
+    // (c) The rollout samples with the adapters: its log-probs are the
+    // trained actor's, and far from the base's.
+    const DataProto after =
+        with_advantages(g.call("generate_sequences", {prompts()}).get().as<DataProto>());
+    const at::Tensor after_mask = after.tensor("response_mask").to(at::kFloat);
+    const at::Tensor rollout = after.tensor("rollout_log_probs") * after_mask;
+    const Tolerance tol = log_prob_tolerance(after);
+    test::expect_close(log_probs(after) * after_mask, rollout, tol,
+                       "the LoRA actor's log-probs vs its rollout's");
+    EXPECT_GT((ref_log_probs(after) * after_mask - rollout).abs().max().item<double>(),
+              100 * tol.atol)
+        << "the rollout generated with the base weights";
+    // export_hf writes the merged weights: a plain model loaded from them
+    // computes the adapted log-probs (W + s·B A rounded once more).
+    const fs::path dir =
+        fs::temp_directory_path() /
+        ("baton_lora_export_" + std::to_string(::getpid()) + "_tp" + std::to_string(tp));
+    baton::remove_tree(dir);
+    g.call("export_hf", {dir.string()}).get();
+    ActorRolloutRefOptions plain = actor_options(1, 1, 1);
+    plain.model.path = dir.string();
+    WorkerGroup merged = spawn(actor_rollout_ref_worker_class(), plain.to_json(), 1, 1);
+    const at::Tensor from_export =
+        merged.call("compute_log_prob", {after}).get().as<DataProto>().tensor("old_log_probs");
+    test::expect_close(from_export * after_mask, log_probs(after) * after_mask,
+                       Tolerance{2 * tol.atol, 2 * tol.rtol}, "the merged export's log-probs");
+    baton::remove_tree(dir);
+  }
+}
+
 // Dynamic batch size: micro-batches hold whole sequences up to a token
 // budget, packed into one row without padding.
 TEST(MakeMicroBatches, PacksWholeRowsUpToTheTokenBudgetAndMapsColumnsBack) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "engine/errors.h"
 #include "trainer/config/settings.h"
 
 namespace baton::trainer {
@@ -213,8 +214,30 @@ void check_optim(Problems& p, const std::string& prefix, const workers::OptimOpt
   }
 }
 
+// actor_rollout_ref.model's LoRA keys: a rank >= 0 (0: none), alpha > 0,
+// target modules the engine adapts, and no sequence parallelism beside them.
+void check_lora(Problems& p, const TrainerSettings& s) {
+  const engine::LoraOptions& lora = s.actor.model.lora;
+  const std::string m = "actor_rollout_ref.model.";
+  p.at_least(m + "lora_rank", lora.rank, 0);
+  if (!(lora.alpha > 0)) p.add(cat(m, "lora_alpha = ", lora.alpha, " must be > 0"));
+  if (!lora.enabled()) return;
+  try {
+    if (lora.modules().empty())
+      p.add(cat(m, "target_modules names no module, but ", m, "lora_rank = ", lora.rank,
+                " (name some, or all-linear)"));
+  } catch (const engine::EngineError& e) {
+    p.add(cat(m, "target_modules: ", e.what()));
+  }
+  if (s.actor.model.sequence_parallel)
+    p.add(cat(m, "lora_rank = ", lora.rank,
+              " cannot be used with actor_rollout_ref.actor.megatron.sequence_parallel = true "
+              "(set one of them off)"));
+}
+
 // The actor, its rollout and the reference: dtypes, optimizer, loss, sampling.
 void check_actor(Problems& p, const TrainerSettings& s) {
+  check_lora(p, s);
   // The rollout generates with the actor's parameters (the HybridEngine
   // shares or reshards them): its dtype is theirs.
   // (An empty dtype was not one of the dtypes: that is named already.)

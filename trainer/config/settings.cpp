@@ -75,8 +75,9 @@ constexpr std::initializer_list<const char*> kKlKinds = {
     "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"};
 constexpr std::initializer_list<const char*> kDtypes = {"float32", "bfloat16"};
 
-// data.train_files / val_files: a list of files, or one file as a string.
-std::vector<std::string> files(Reader& r, const std::string& key) {
+// A list of strings, or one as a string; null: none (data.train_files,
+// val_files, actor_rollout_ref.model.target_modules).
+std::vector<std::string> string_list(Reader& r, const std::string& key) {
   if (r.config().is_null(key)) return {};
   try {
     return r.config().get<std::vector<std::string>>(key);
@@ -146,6 +147,11 @@ void read_actor(Reader& r, TrainerSettings& s) {
   o.model.sequence_parallel = r.get<bool>(a + ".megatron.sequence_parallel");
   o.model.recompute_activations =
       r.get<bool>("actor_rollout_ref.model.enable_gradient_checkpointing");
+  o.model.lora.rank = r.get<int64_t>("actor_rollout_ref.model.lora_rank");
+  o.model.lora.alpha = r.get<double>("actor_rollout_ref.model.lora_alpha");
+  const std::string targets = "actor_rollout_ref.model.target_modules";
+  o.model.lora.targets = r.config().is_null(targets) ? std::vector<std::string>{"all-linear"}
+                                                     : string_list(r, targets);
   const std::string ref = "actor_rollout_ref.ref";
   s.ref_tp = r.get<int64_t>(ref + ".megatron.tensor_model_parallel_size");
   s.ref_pp = r.get<int64_t>(ref + ".megatron.pipeline_model_parallel_size");
@@ -307,8 +313,8 @@ void read_data(Reader& r, TrainerSettings& s) {
   s.out_dir = r.get<std::string>("trainer.default_local_dir");
   s.project_name = r.get<std::string>("trainer.project_name");
   s.experiment_name = r.get<std::string>("trainer.experiment_name");
-  s.train_files = files(r, "data.train_files");
-  s.val_files = files(r, "data.val_files");
+  s.train_files = string_list(r, "data.train_files");
+  s.val_files = string_list(r, "data.val_files");
 
   s.dataset.max_prompt_length = r.get<int64_t>("data.max_prompt_length");
   s.max_response_length = r.get<int64_t>("data.max_response_length");

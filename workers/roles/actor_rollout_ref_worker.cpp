@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "base/errors.h"
 #include "dispatch/dispatch_modes.h"
@@ -24,6 +25,22 @@ namespace baton::workers {
 namespace {
 
 namespace fs = std::filesystem;
+
+// RAII: a LoRA model's adapters off for a scope (the frozen base, a LoRA
+// actor's reference policy), restored at its exit, also when it throws.
+class AdaptersOff {
+ public:
+  explicit AdaptersOff(engine::Transformer& model) : model_(model), was_on_(model.lora_enabled()) {
+    model_.set_lora_enabled(false);
+  }
+  ~AdaptersOff() { model_.set_lora_enabled(was_on_); }
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  engine::Transformer& model_;
+  bool was_on_;
+};
 
 }  // namespace
 
@@ -50,7 +67,9 @@ RoleModel& ActorRolloutRefWorker::actor() {
 void ActorRolloutRefWorker::init_model() {
   actor_ = std::make_unique<RoleModel>(info(), options_.model, "actor",
                                        options_.actor ? &options_.optim : nullptr);
-  if (options_.ref) {
+  // A LoRA actor's reference policy is its own base (the adapters off), as
+  // verl's: no second copy.
+  if (options_.ref && !options_.model.lora.enabled()) {
     ModelOptions ref_model = options_.model;
     ref_model.dtype = options_.ref_dtype;
     ref_model.offload = OffloadOptions{.params = options_.ref_param_offload};
@@ -111,14 +130,18 @@ DataProto ActorRolloutRefWorker::compute_log_prob(const DataProto& batch) {
 }
 
 DataProto ActorRolloutRefWorker::compute_ref_log_prob(const DataProto& batch) {
-  if (!ref_) {
+  const bool lora_base = options_.ref && options_.model.lora.enabled();
+  if (!ref_ && !lora_base) {
     throw Error(
         "compute_ref_log_prob: this worker has no reference model (spawn it with "
         "ActorRolloutRefOptions::ref = true)");
   }
   batch.require_tensors({"input_ids", "attention_mask", "responses"}, "compute_ref_log_prob");
-  OffloadPhase phase(*ref_, /*training=*/false);
-  at::Tensor lp = ref_->response_log_probs(
+  RoleModel& ref = ref_ ? *ref_ : actor();
+  OffloadPhase phase(ref, /*training=*/false);
+  std::optional<AdaptersOff> base;
+  if (lora_base) base.emplace(ref.model());
+  at::Tensor lp = ref.response_log_probs(
       batch, {options_.ref_log_prob_micro_batch_size, options_.ref_log_prob_max_token_len},
       meta_float(batch, "temperature", 1.0));
   DataProto out;

@@ -3,7 +3,10 @@
 // Megatron layout (tp × dp × pp); for a rollout its weights are resharded into
 // a rollout layout (rollout tp × world/tp replicas) by the HybridEngine,
 // generate, and are freed again; the reference policy is a frozen copy of the
-// initial weights in the actor's layout, built only when asked for.
+// initial weights in the actor's layout, built only when asked for. A LoRA
+// actor (ModelOptions::lora, as verl's) trains its adapters only, generates
+// with them (merged into the rollout's weights when they are resharded), and
+// its reference policy is the actor itself with the adapters off.
 //
 // Methods and their dispatch modes (verl's Megatron worker):
 //   init_model()                 ONE_TO_ALL  load the models, build the optimizer and the
@@ -77,7 +80,7 @@ class ActorRolloutRefWorker : public Worker {
 
   ActorRolloutRefOptions options_;
   std::unique_ptr<RoleModel> actor_;
-  std::unique_ptr<RoleModel> ref_;
+  std::unique_ptr<RoleModel> ref_;  // null for a LoRA actor (its base is the reference)
   std::unique_ptr<engine::HybridEngine> hybrid_;
   std::unique_ptr<engine::WeightSender> sender_;  // init_weight_sync
   int64_t updates_ = 0;  // update_actor calls so far (shuffle seeds without a step)

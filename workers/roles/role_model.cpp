@@ -74,6 +74,7 @@ RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const 
   // the model from generating (the HybridEngine shares a tp-1 actor).
   topts.sequence_parallel = options.sequence_parallel && options.tp > 1;
   topts.recompute_activations = options.recompute_activations;
+  topts.lora = options.lora;
   model_ = std::make_shared<engine::Transformer>(hf.config, state_, topts);
   model_->load_state_dict(engine::hf_to_shard(hf.weights, hf.config, model_->shard_spec()));
   hf.weights.clear();
@@ -93,7 +94,9 @@ engine::Optimizer& RoleModel::optimizer() {
 
 RoleModel::Tensors RoleModel::tensors() const {
   Tensors out;
-  for (const auto& [name, p] : model_->named_params()) {
+  auto params = model_->named_params();
+  for (auto& entry : model_->lora_params()) params.push_back(std::move(entry));
+  for (const auto& [name, p] : params) {
     out.params.push_back(p);
     if (p.grad().defined()) out.grads.push_back(p.grad());
   }
@@ -444,8 +447,15 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
     engine::write_sharded_layout(shards, cfg, layout, &base);
   });
   part_then_agree(ps, "writing the shards", [&] {
-    if (c.dp == 0 && c.cp == 0)
-      engine::write_sharded_rank(shards, c.tp, c.pp, role.model().state_dict());
+    if (c.dp != 0 || c.cp != 0) return;
+    // A LoRA model exports its merged weights: an HF model without adapters.
+    engine::TensorMap weights;
+    if (role.model().options().lora.enabled()) {
+      for (const auto& [name, t] : role.model().merged_params()) weights.emplace(name, t.detach());
+    } else {
+      weights = role.model().state_dict();
+    }
+    engine::write_sharded_rank(shards, c.tp, c.pp, weights);
   });
   part_then_agree(ps, "merging the shards into the HF checkpoint", [&] {
     if (ps.rank() != 0) return;

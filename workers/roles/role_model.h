@@ -195,7 +195,8 @@ void all_reduce_sum(std::vector<double>& values, const engine::Group& group, at:
 // safetensors, and the source directory's other files such as the
 // tokenizer's). Collective over the role's world: DP rank 0 of every TP × PP
 // position writes its shard under `dir`.shards, rank 0 merges them and
-// removes that directory.
+// removes that directory. A LoRA model (ModelOptions::lora) writes its
+// merged weights (Transformer::merged_params): a plain HF model.
 void export_hf_model(RoleModel& role, const std::string& dir);
 
 // ModelOptions::dtype as a LibTorch dtype: "float32"/"fp32" or

@@ -4,6 +4,7 @@
 
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "base/errors.h"
 
@@ -26,6 +27,14 @@ void fields(O& o, F&& f) requires std::is_same_v<std::remove_const_t<O>, Offload
 }
 
 template <typename O, typename F>
+void fields(O& l, F&& f) requires std::is_same_v<std::remove_const_t<O>, engine::LoraOptions> {
+  f("rank", l.rank);
+  f("alpha", l.alpha);
+  f("targets", l.targets);
+  f("seed", l.seed);
+}
+
+template <typename O, typename F>
 void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, ModelOptions> {
   f("path", m.path);
   f("value_model", m.value_model);
@@ -37,6 +46,7 @@ void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, ModelOp
   f("offload", m.offload);
   f("sequence_parallel", m.sequence_parallel);
   f("recompute_activations", m.recompute_activations);
+  f("lora", m.lora);
   f("collective_timeout_ms", m.collective_timeout_ms);
 }
 
@@ -132,10 +142,11 @@ void fields(O& o, F&& f) requires std::is_same_v<std::remove_const_t<O>, RewardM
   f("max_token_len", o.max_token_len);
 }
 
-// A scalar or a string travels as itself, an empty optional as null, a
-// struct as an object of its fields.
+// A scalar, a string or a list of strings travels as itself, an empty
+// optional as null, a struct as an object of its fields.
 template <typename T>
-constexpr bool kLeaf = std::is_arithmetic_v<T> || std::is_same_v<T, std::string>;
+constexpr bool kLeaf = std::is_arithmetic_v<T> || std::is_same_v<T, std::string> ||
+                       std::is_same_v<T, std::vector<std::string>>;
 
 template <typename T>
 json write(const T& value) {

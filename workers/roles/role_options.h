@@ -17,6 +17,8 @@
 #include <optional>
 #include <string>
 
+#include "engine/model/lora.h"
+
 namespace baton::workers {
 
 // What of a role leaves the device between the phases that need it (verl's
@@ -52,6 +54,12 @@ struct ModelOptions {
   // its input and runs again in the backward. Same gradients; forwards
   // without autograd (log-probs, values) are unaffected.
   bool recompute_activations = false;
+  // LoRA adapters (verl's actor_rollout_ref.model.lora_rank, lora_alpha,
+  // target_modules; engine/model/lora.h): with a rank > 0 the base weights
+  // are frozen and only the adapters train; the rollout generates with the
+  // merged weights, and an actor-rollout-ref worker's reference policy is its
+  // actor with the adapters off (no second copy). Rank 0: none.
+  engine::LoraOptions lora;
   // The deadline of every collective of the role's groups and of its weight
   // syncs (engine/parallel/deadline_group.h): a rank that waits longer for another
   // throws, naming the group, the operation and the ranks that did not
@@ -131,8 +139,11 @@ struct ActorRolloutRefOptions {
   UpdateOptions update;
   PolicyOptions policy;
   RolloutOptions rollout;
-  bool actor = true;                  // the actor role (training); false: rollout/ref only
-  bool ref = false;                   // keep a frozen copy of the initial weights (ref log-probs)
+  bool actor = true;  // the actor role (training); false: rollout/ref only
+  // Reference log-probs: a frozen copy of the initial weights, or, for a
+  // LoRA actor (model.lora), the actor with its adapters off (ref_dtype and
+  // ref_param_offload are then the actor's).
+  bool ref = false;
   std::string ref_dtype = "float32";  // the reference copy's parameter dtype (ModelOptions::dtype)
   int64_t ref_log_prob_micro_batch_size = 8;  // rows per reference log-prob forward on one rank
   int64_t ref_log_prob_max_token_len = 0;     // > 0: packed (UpdateOptions::max_token_len)
