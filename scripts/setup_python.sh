@@ -28,6 +28,9 @@ pip_pins=(
   huggingface_hub==2.4.0
   # Apache Arrow's C++ libraries for verl's parquet prompt files (cmake/arrow.cmake).
   pyarrow==26.0.1
+  # PEFT: the LoRA peer of bench/recompute_bench_hf.py --compare lora (accelerate: its dependency).
+  peft==0.21.2
+  accelerate==1.15.0
 )
 
 sudo_cmd=()
