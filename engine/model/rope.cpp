@@ -70,14 +70,21 @@ at::Tensor yarn_frequencies(double theta, int64_t d, const RopeScaling& r,
   return interpolation * (1 - keep) + extrapolation * keep;
 }
 
+// cos and sin of [angles, angles] (angles = position × inv_freq, fp32),
+// times `factor`, in `dtype`.
+Rotary tables_of(const at::Tensor& position_ids, const at::Tensor& inv_freq, double factor,
+                 at::ScalarType dtype) {
+  auto angles = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq.to(position_ids.device());
+  auto emb = at::cat({angles, angles}, -1);  // [B, S, d]
+  if (factor == 1.0) return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return {(emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)};
+}
+
 }  // namespace
 
 Rotary rotary_tables(const at::Tensor& position_ids, int64_t head_dim, double theta,
                      at::ScalarType dtype) {
-  auto inv_freq = base_inverse_frequencies(theta, head_dim).to(position_ids.device());
-  auto angles = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, S, d/2]
-  auto emb = at::cat({angles, angles}, -1);                            // [B, S, d]
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return tables_of(position_ids, base_inverse_frequencies(theta, head_dim), 1.0, dtype);
 }
 
 RotaryEmbedding::RotaryEmbedding(const ModelConfig& config)
@@ -115,11 +122,7 @@ at::Tensor RotaryEmbedding::inverse_frequencies(int64_t length) const {
 Rotary RotaryEmbedding::tables(const at::Tensor& position_ids, at::ScalarType dtype) const {
   // Dynamic NTK reads the call's longest position: one host sync, only then.
   const int64_t length = call_dependent() ? position_ids.max().item<int64_t>() + 1 : 0;
-  auto inv_freq = inverse_frequencies(length).to(position_ids.device());
-  auto angles = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, S, d/2]
-  auto emb = at::cat({angles, angles}, -1);                            // [B, S, d]
-  if (attention_factor_ == 1.0) return {emb.cos().to(dtype), emb.sin().to(dtype)};
-  return {(emb.cos() * attention_factor_).to(dtype), (emb.sin() * attention_factor_).to(dtype)};
+  return tables_of(position_ids, inverse_frequencies(length), attention_factor_, dtype);
 }
 
 }  // namespace baton::engine
