@@ -6,6 +6,7 @@
 //
 //   ./build/bench/rollout_bench [--batches 1,16,64] [--prompt 32] [--new 32] [--repeats 3]
 //                               [--n 1] [--no-prefix-sharing] [--threads N] [--profile FILE]
+//                               [--shape small|qwen0.5b] [--lora-rank R]
 //
 // The last line of stdout is JSON. Per batch size (medians over --repeats):
 //   prefill_tokens_per_s  prompt tokens / time in prefill steps
@@ -25,6 +26,32 @@
 // Intra-op threads: all cores (one process) unless --threads. --profile FILE:
 // after timing, one more cached generation at the first batch size under
 // LibTorch's autograd profiler, written as a Chrome trace.
+// --shape qwen0.5b: Qwen2.5-0.5B's dimensions (hidden 896, 24 layers, 14
+// heads, 2 kv heads, intermediate 4864, vocab 151936, tied embeddings; random
+// weights) instead of the small Llama; the output then names "shape".
+//
+// --lora-rank R (0: off): a second model of the same config with random
+// non-zero LoRA adapters of rank R (alpha 2R) on every linear layer, and the
+// two ways a rollout can use it (issue 39), timed in the same run. Each row
+// then also has, over the same prompts and --repeats (medians):
+//   lora_adapter_tokens_per_s  generated tokens / wall time of generate() on
+//                              the LoRA model itself (adapters applied in
+//                              every step; the path it takes is
+//                              lora.adapter_packed_steps: false = padded steps)
+//   lora_merge_s               merged_params() (W + (alpha/R)·B·A) plus
+//                              load_state_dict into a plain model of the
+//                              same config (merge on entering the rollout)
+//   lora_merged_tokens_per_s   generated tokens / wall time of generate() on
+//                              that plain model (the engine's default steps)
+//   lora_adapter_rollout_s     one rollout of B × n × --new tokens, adapters
+//   lora_merged_rollout_s      the same, merge_s + generation on the merge
+//   lora_faster                "merge" or "adapter" (the smaller rollout_s)
+//   lora_same_tokens           fraction of sequences whose greedy responses
+//                              are identical (fp32; W + ΔW and x Wᵀ + x ΔWᵀ
+//                              round differently, so a near-tie in the
+//                              logits of random weights can flip a token)
+//   lora_same_token_fraction   fraction of response tokens equal position by
+//                              position (a flip changes the rest of its sequence)
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -35,6 +62,9 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,13 +89,15 @@ struct Args {
   bool share = true;
   int64_t threads = 0;  // 0: all cores
   std::string profile;
+  std::string shape = "small";  // or "qwen0.5b"
+  int64_t lora_rank = 0;        // 0: no LoRA comparison
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "rollout_bench: %s\nusage: rollout_bench [--batches 1,16,64] [--prompt N] "
                "[--new N] [--repeats N] [--n N] [--no-prefix-sharing] [--threads N] "
-               "[--profile FILE]\n",
+               "[--profile FILE] [--shape small|qwen0.5b] [--lora-rank R]\n",
                why.c_str());
   std::exit(2);
 }
@@ -90,6 +122,10 @@ Args parse(int argc, char** argv) try {
                            a.threads = cli::parse_int(v, k);
                          } else if (k == "--profile") {
                            a.profile = v;
+                         } else if (k == "--shape") {
+                           a.shape = v;
+                         } else if (k == "--lora-rank") {
+                           a.lora_rank = cli::parse_int(v, k);
                          } else {
                            cli::unknown_option(k);
                          }
@@ -98,13 +134,34 @@ Args parse(int argc, char** argv) try {
     if (b < 1) usage("batch sizes must be positive");
   if (a.prompt < 1 || a.new_tokens < 1 || a.repeats < 1 || a.n < 1 || a.threads < 0)
     usage("--prompt, --new, --repeats and --n must be positive, --threads >= 0");
+  if (a.shape != "small" && a.shape != "qwen0.5b") usage("--shape must be small or qwen0.5b");
+  if (a.lora_rank < 0) usage("--lora-rank must be >= 0");
   return a;
 } catch (const cli::UsageError& e) {
   usage(e.what());
 }
 
+// Qwen2.5-0.5B's dimensions (494M parameters), random weights.
+ModelConfig qwen_05b_config(int64_t max_positions) {
+  json j = {{"architectures", {"Qwen2ForCausalLM"}},
+            {"model_type", "qwen2"},
+            {"vocab_size", 151936},
+            {"hidden_size", 896},
+            {"intermediate_size", 4864},
+            {"num_hidden_layers", 24},
+            {"num_attention_heads", 14},
+            {"num_key_value_heads", 2},
+            {"max_position_embeddings", max_positions},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", 1000000.0},
+            {"tie_word_embeddings", true},
+            {"eos_token_id", 2}};
+  return ModelConfig::from_hf_json(j, "rollout_bench");
+}
+
 // The fixed model: engine_bench's small Llama (4M parameters).
-ModelConfig bench_config(int64_t max_positions) {
+ModelConfig bench_config(int64_t max_positions, const std::string& shape) {
+  if (shape == "qwen0.5b") return qwen_05b_config(max_positions);
   json j = {{"architectures", {"LlamaForCausalLM"}},
             {"model_type", "llama"},
             {"vocab_size", 2048},
@@ -129,6 +186,79 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// Merge on entering the rollout: what HybridEngine does before it reshards,
+// in one process (the plain model stands for the rollout's copy).
+void load_merged(const Transformer& lora_model, Transformer& rollout_model) {
+  const auto merged = lora_model.merged_params();
+  rollout_model.load_state_dict({merged.begin(), merged.end()});
+}
+
+// The LoRA model and the engines that compare the two ways to roll out with it.
+struct LoraBench {
+  std::shared_ptr<Transformer> model;   // base + adapters
+  std::shared_ptr<Transformer> merged;  // plain, loaded with merged_params()
+  std::unique_ptr<GenerationEngine> adapter_engine;
+  std::unique_ptr<GenerationEngine> merged_engine;
+  int64_t adapter_params = 0;
+};
+
+LoraBench make_lora_bench(const ModelConfig& cfg, int64_t rank, const GenerationOptions& options) {
+  LoraBench lb;
+  TransformerOptions o;
+  o.lora = LoraOptions{.rank = rank, .alpha = 2.0 * rank, .targets = {"all-linear"}};
+  lb.model = std::make_shared<Transformer>(cfg, ParallelState::single(), o);
+  // B starts at zero (a fresh adapter changes nothing); a trained one does not.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(99);
+  at::NoGradGuard no_grad;
+  for (const auto& [name, t] : lb.model->lora_params()) {
+    if (name.ends_with(".B")) t.normal_(0.0, 0.02, gen);
+    lb.adapter_params += t.numel();
+  }
+  lb.merged = std::make_shared<Transformer>(cfg, ParallelState::single());
+  lb.adapter_engine = std::make_unique<GenerationEngine>(lb.model, options);
+  lb.merged_engine = std::make_unique<GenerationEngine>(lb.merged, options);
+  return lb;
+}
+
+// The LoRA columns of one batch size's row (see the header).
+json lora_row(LoraBench& lb, const std::vector<std::vector<int64_t>>& prompts,
+              const SamplingParams& greedy, int64_t repeats, double tokens) {
+  load_merged(*lb.model, *lb.merged);
+  lb.adapter_engine->generate(prompts, greedy);  // warm-up
+  lb.merged_engine->generate(prompts, greedy);
+  std::vector<double> adapter_s, merge_s, merged_gen_s;
+  std::vector<GeneratedSequence> with_adapters, with_merge;
+  for (int64_t r = 0; r < repeats; ++r) {
+    auto t = Clock::now();
+    with_adapters = lb.adapter_engine->generate(prompts, greedy);
+    adapter_s.push_back(seconds_since(t));
+    t = Clock::now();
+    load_merged(*lb.model, *lb.merged);
+    merge_s.push_back(seconds_since(t));
+    t = Clock::now();
+    with_merge = lb.merged_engine->generate(prompts, greedy);
+    merged_gen_s.push_back(seconds_since(t));
+  }
+  int64_t same_seqs = 0, same_toks = 0, toks = 0;
+  for (size_t i = 0; i < with_adapters.size(); ++i) {
+    const auto& a = with_adapters[i].response;
+    const auto& m = with_merge[i].response;
+    same_seqs += a == m;
+    for (size_t j = 0; j < std::max(a.size(), m.size()); ++j, ++toks)
+      same_toks += j < a.size() && j < m.size() && a[j] == m[j];
+  }
+  const double adapter_rollout = median(adapter_s);
+  const double merged_rollout = median(merge_s) + median(merged_gen_s);
+  return {{"lora_adapter_tokens_per_s", tokens / adapter_rollout},
+          {"lora_merge_s", median(merge_s)},
+          {"lora_merged_tokens_per_s", tokens / median(merged_gen_s)},
+          {"lora_adapter_rollout_s", adapter_rollout},
+          {"lora_merged_rollout_s", merged_rollout},
+          {"lora_faster", merged_rollout < adapter_rollout ? "merge" : "adapter"},
+          {"lora_same_tokens", static_cast<double>(same_seqs) / with_adapters.size()},
+          {"lora_same_token_fraction", toks > 0 ? static_cast<double>(same_toks) / toks : 1.0}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,7 +267,7 @@ int main(int argc, char** argv) {
                     ? static_cast<int>(args.threads)
                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
-  auto cfg = bench_config(args.prompt + args.new_tokens);
+  auto cfg = bench_config(args.prompt + args.new_tokens, args.shape);
   at::manual_seed(1234);
   auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
   int64_t params = 0;
@@ -154,6 +284,8 @@ int main(int argc, char** argv) {
   options.share_prompt_prefill = args.share;
   GenerationEngine engine(model, options);
   GenerationEngine padded_engine(model, GenerationOptions(options).set_packed_cpu_steps(false));
+  std::optional<LoraBench> lora;
+  if (args.lora_rank > 0) lora = make_lora_bench(cfg, args.lora_rank, options);
 
   json results = json::array();
   for (int64_t b : args.batches) {
@@ -194,6 +326,8 @@ int main(int argc, char** argv) {
                 {"same_tokens", same},
                 {"prefill_computed", engine.last_stats().prefill_tokens},
                 {"prefill_shared", engine.last_stats().shared_prefill_tokens}};
+    if (lora)
+      row.update(lora_row(*lora, prompts, greedy, args.repeats, b * args.n * args.new_tokens));
     std::fprintf(stderr, "%s\n", row.dump().c_str());
     results.push_back(row);
   }
@@ -224,6 +358,14 @@ int main(int argc, char** argv) {
               {"kv_cache_bytes_per_token", engine.cache().bytes_per_token()},
               {"kv_cache_block_size", engine.cache().block_size()},
               {"results", results}};
+  if (args.shape != "small") out["shape"] = args.shape;
+  if (lora)
+    out["lora"] = {{"rank", args.lora_rank},
+                   {"alpha", 2.0 * args.lora_rank},
+                   {"targets", "all-linear"},
+                   {"adapter_params", lora->adapter_params},
+                   {"adapter_packed_steps", lora->adapter_engine->packed_steps()},
+                   {"merged_packed_steps", lora->merged_engine->packed_steps()}};
   std::cout << out.dump() << std::endl;
   return 0;
 }

@@ -15,8 +15,11 @@ namespace fs = std::filesystem;
 namespace baton::engine {
 namespace {
 
-std::string shard_suffix(const ParallelState& ps) {
-  return detail::cat("tp", ps.coords().tp, "-pp", ps.coords().pp);
+// A per-rank file's name after its prefix ("optim"): as sharded_rank_file's.
+std::string rank_file(const std::string& prefix, const Coords& c, int64_t ep_rank,
+                      int64_t ep_size) {
+  return detail::cat(prefix, "-tp", c.tp, "-pp", c.pp,
+                     ep_size > 1 ? detail::cat("-ep", ep_rank) : std::string(), ".safetensors");
 }
 
 ShardedLayout sharded_layout(const Transformer& model) {
@@ -28,7 +31,14 @@ ShardedLayout sharded_layout(const Transformer& model) {
       pc.layer_split.empty() ? even_layer_split(model.config().num_layers, pc.pp) : pc.layer_split;
   l.value_model = model.options().value_model;
   l.make_vocab_size_divisible_by = pc.make_vocab_size_divisible_by;
+  // A dense model's EP ranks hold the same tensors: one file per (tp, pp).
+  l.ep = model.config().moe.num_experts > 0 ? pc.ep : 1;
   return l;
+}
+
+// This rank's EP rank in `layout` (0 without EP).
+int64_t ep_rank_in(const ShardedLayout& layout, const ParallelState& ps) {
+  return layout.ep > 1 ? ps.ep_rank() : 0;
 }
 
 nlohmann::json checkpoint_json(const Transformer& model, int64_t step) {
@@ -62,18 +72,23 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
   }
   barrier(ps.world());
   const Coords& c = ps.coords();
+  const ShardedLayout layout = sharded_layout(model);
+  // The ranks holding distinct parts: the first DP replica, under expert
+  // parallelism the first ep (dp rank j < ep holds EP rank j's experts, and
+  // their optimizer state).
+  const bool writes = c.cp == 0 && c.dp < layout.ep;
   // The distributed optimizer gathers its state over DP: every rank takes part.
   std::map<std::string, at::Tensor> optim_state;
-  if (optimizer.options().distributed || (c.dp == 0 && c.cp == 0))
-    optim_state = optimizer.state_dict();
-  if (c.dp == 0 && c.cp == 0) {
-    write_sharded_rank(partial, c.tp, c.pp, model.state_dict());
-    write_safetensors(partial / ("optim-" + shard_suffix(ps) + ".safetensors"), optim_state);
+  if (optimizer.options().distributed || writes) optim_state = optimizer.state_dict();
+  if (writes) {
+    const int64_t e = ep_rank_in(layout, ps);
+    write_sharded_rank(partial, c.tp, c.pp, model.state_dict(), e, layout.ep);
+    write_safetensors(partial / rank_file("optim", c, e, layout.ep), optim_state);
   }
   write_safetensors(partial / detail::cat("rng-", ps.rank(), ".safetensors"),
                     {{"cpu", rng_state()}});
   if (ps.rank() == 0) {
-    write_sharded_layout(partial, model.config(), sharded_layout(model));
+    write_sharded_layout(partial, model.config(), layout);
     write_file_atomically(partial / "checkpoint.json", checkpoint_json(model, step).dump(2));
     write_file_atomically(partial / "extra.json", extra.dump(2));
   }
@@ -126,8 +141,14 @@ nlohmann::json load_checkpoint(const fs::path& root, Transformer& model, Optimiz
              detail::cat(want.padded_vocab_size(cfg), " (make_vocab_size_divisible_by ",
                          want.make_vocab_size_divisible_by, ")"));
   const Coords& c = ps.coords();
-  model.load_state_dict(load_sharded_rank(dir, c.tp, c.pp));
-  optimizer.load_state_dict(read_safetensors(dir / ("optim-" + shard_suffix(ps) + ".safetensors")));
+  // Another ep than the checkpoint's: its experts joined and split again.
+  const int64_t e = ep_rank_in(want, ps);
+  model.load_state_dict(load_sharded_rank(dir, c.tp, c.pp, e, want.ep));
+  optimizer.load_state_dict(resplit_experts(saved.ep, e, want.ep, [&](int64_t j) {
+    const fs::path file = dir / rank_file("optim", c, j, saved.ep);
+    if (!fs::exists(file)) throw EngineError(file.string() + ": missing optimizer state file");
+    return read_safetensors(file);
+  }));
   auto rng_file = dir / detail::cat("rng-", ps.rank(), ".safetensors");
   if (fs::exists(rng_file)) {
     auto rng = read_safetensors(rng_file);

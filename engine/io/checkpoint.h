@@ -6,12 +6,19 @@
 //   root/step_00000012/               a baton-sharded-v1 model directory (so
 //                                      baton-convert --to-hf exports it) plus:
 //     config.json, layout.json         the model's HF config; tp, pp, layer split,
-//                                      vocabulary padding
+//                                      vocabulary padding, ep (> 1 only)
 //     model-tp{t}-pp{p}.safetensors    engine-named weights (DP rank 0 writes)
 //     checkpoint.json                  step, dp, cp
 //     optim-tp{t}-pp{p}.safetensors    optimizer state (DP rank 0 writes)
 //     rng-{rank}.safetensors           every rank's generator state
 //     extra.json                       the caller's JSON
+//
+// Expert parallelism (a MoE model at ep > 1): dp ranks 0..ep-1 (cp 0) hold
+// different experts, and the plain optimizer different state for them; each
+// writes model-tp{t}-pp{p}-ep{e}.safetensors and optim-tp{t}-pp{p}-ep{e}
+// .safetensors for its EP rank e (sharded_model.h). Loading under another ep
+// (one that divides num_experts and the new dp) reshards: the files' experts
+// are joined and split again (resplit_experts), model and optimizer state.
 //
 // Atomic: every rank writes into `step_N.partial/`; after a barrier rank 0
 // renames it to `step_N` and then rewrites `latest` by rename. A crash at any
@@ -77,7 +84,7 @@ SavedCheckpoint find_checkpoint(const std::filesystem::path& root,
 // latest when empty) and returns the caller's JSON. Throws EngineError when
 // there is no checkpoint, a file is missing or corrupt, or the checkpoint's
 // layout (tp, pp, layer split, model kind, padded vocabulary size) differs
-// from the model's.
+// from the model's. A different ep is resharded, not refused.
 nlohmann::json load_checkpoint(const std::filesystem::path& root, Transformer& model,
                                Optimizer& optimizer, std::optional<int64_t> step = std::nullopt);
 

@@ -245,8 +245,9 @@ std::vector<Planned> plan_rank(const ModelConfig& cfg, const ShardSpec& spec) {
       p.hf_shapes = {resolve(rule.hf.front().shape, cfg)};
       p.export_ignored = true;
     } else if (expert_rule(rule)) {
-      // Expert by expert, each expert's tensors in the rule's order.
-      for (int64_t e = 0; e < cfg.moe.num_experts; ++e) {
+      // Expert by expert (this EP rank's), each expert's tensors in the rule's order.
+      const int64_t local = cfg.moe.num_experts / spec.ep_size;
+      for (int64_t e = spec.ep_rank * local; e < (spec.ep_rank + 1) * local; ++e) {
         for (const auto& h : rule.hf) {
           p.hf_names.push_back(expand_expert(expand(h.name, layer), e));
           p.hf_shapes.push_back(resolve(h.shape, cfg));
@@ -556,8 +557,50 @@ ShardSpec ShardSpec::for_rank(const ModelConfig& cfg, int64_t tp_rank, int64_t t
   return s;
 }
 
+void validate_expert_parallel(const ModelConfig& cfg, int64_t ep_size) {
+  if (ep_size < 1)
+    throw EngineError(detail::cat(where(cfg), "expert parallel size ", ep_size, " must be >= 1"));
+  if (cfg.moe.num_experts > 0 && cfg.moe.num_experts % ep_size != 0)
+    throw EngineError(detail::cat(where(cfg), "expert parallel size ", ep_size,
+                                  " does not divide num_experts = ", cfg.moe.num_experts));
+}
+
+bool is_expert_tensor(const std::string& engine_name) {
+  return engine_name.find(".mlp.experts.") != std::string::npos;
+}
+
+TensorMap join_expert_shards(const std::vector<TensorMap>& by_ep_rank) {
+  ENGINE_CHECK(!by_ep_rank.empty(), "join_expert_shards: no shards");
+  TensorMap out;
+  for (const auto& [name, t] : by_ep_rank.front()) {
+    if (!is_expert_tensor(name)) {
+      out.emplace(name, t);
+      continue;
+    }
+    std::vector<at::Tensor> parts;
+    for (size_t r = 0; r < by_ep_rank.size(); ++r) {
+      auto it = by_ep_rank[r].find(name);
+      if (it == by_ep_rank[r].end())
+        throw EngineError(
+            detail::cat("join_expert_shards: EP rank ", r, " has no ", name, " (EP rank 0 has)"));
+      parts.push_back(it->second);
+    }
+    out.emplace(name, at::cat(parts, 0));
+  }
+  for (size_t r = 1; r < by_ep_rank.size(); ++r)
+    if (by_ep_rank[r].size() != by_ep_rank.front().size())
+      throw EngineError(detail::cat("join_expert_shards: EP rank ", r, " holds ",
+                                    by_ep_rank[r].size(), " tensors, EP rank 0 ",
+                                    by_ep_rank.front().size()));
+  return out;
+}
+
 TensorMap hf_to_shard(const TensorMap& hf, const ModelConfig& cfg, const ShardSpec& spec) {
   validate_tensor_parallel(cfg, spec.tp_size);
+  validate_expert_parallel(cfg, spec.ep_size);
+  if (spec.ep_rank < 0 || spec.ep_rank >= spec.ep_size)
+    throw EngineError(
+        detail::cat("ep rank ", spec.ep_rank, " is out of range for ep size ", spec.ep_size));
   if (spec.tp_rank < 0 || spec.tp_rank >= spec.tp_size)
     throw EngineError(
         detail::cat("tp rank ", spec.tp_rank, " is out of range for tp size ", spec.tp_size));

@@ -139,6 +139,10 @@ struct ShardSpec {
   bool first_stage = true;
   bool last_stage = true;
   bool value_model = false;
+  // Expert parallelism (ParallelConfig::ep): this rank holds experts
+  // [ep_rank · E / ep_size, (ep_rank + 1) · E / ep_size) of each sparse layer.
+  int64_t ep_rank = 0;
+  int64_t ep_size = 1;
   // The layout's vocabulary padding (ParallelConfig's field of the same name).
   int64_t make_vocab_size_divisible_by = kDefaultVocabDivisibleBy;
 
@@ -168,6 +172,21 @@ void validate_layer_split(const std::vector<int64_t>& split, int64_t num_layers)
 // it is padded.
 void validate_tensor_parallel(const ModelConfig& cfg, int64_t tp_size);
 
+// Throws EngineError naming the sizes when `ep_size` is not positive or, for
+// a MoE model, does not divide num_experts; a dense model takes any ep_size
+// (expert parallelism then changes nothing).
+void validate_expert_parallel(const ModelConfig& cfg, int64_t ep_size);
+
+// Whether an engine tensor is a MoE layer's stacked experts ([E/ep, ...],
+// split over the EP group along dim 0).
+bool is_expert_tensor(const std::string& engine_name);
+
+// One TP/PP rank's shard with every expert, from the shards of its EP group
+// in EP-rank order: the expert tensors concatenated along dim 0, the others
+// taken from EP rank 0. What shards_to_hf takes under expert parallelism.
+// Throws EngineError when the shards' names differ.
+TensorMap join_expert_shards(const std::vector<TensorMap>& by_ep_rank);
+
 // The engine tensors of one rank, from a whole HF checkpoint (docs/engine.md).
 // - Every HF tensor the config implies must be present with the full shape
 //   the config implies (checked for the whole model, not just this rank's
@@ -187,13 +206,13 @@ void validate_tensor_parallel(const ModelConfig& cfg, int64_t tp_size);
 TensorMap hf_to_shard(const TensorMap& hf, const ModelConfig& cfg, const ShardSpec& spec);
 
 // The inverse: a whole HF checkpoint from every rank's shard, `shards[p][k]`
-// being pipeline stage p, TP rank k, padded with `make_vocab_size_divisible_by`
-// (the padding rows are dropped, whatever they hold). Replicated tensors are
-// taken from TP rank 0; a tied model's embedding from the first stage. A value model with a
-// `value_head.weight` but no `value_head.bias` gets a zero `score.bias`, which
-// HF's token-classification head has. Throws EngineError when the grid does
-// not match `layer_split`, or a shard lacks a tensor, holds an unknown one or
-// one with the wrong shape (naming rank, tensor and shapes).
+// being pipeline stage p, TP rank k (holding every expert: join_expert_shards), padded with
+// `make_vocab_size_divisible_by` (the padding rows are dropped, whatever they hold). Replicated
+// tensors are taken from TP rank 0; a tied model's embedding from the first stage. A value model
+// with a `value_head.weight` but no `value_head.bias` gets a zero `score.bias`, which HF's
+// token-classification head has. Throws EngineError when the grid does not match `layer_split`, or
+// a shard lacks a tensor, holds an unknown one or one with the wrong shape (naming rank, tensor and
+// shapes).
 TensorMap shards_to_hf(const std::vector<std::vector<TensorMap>>& shards, const ModelConfig& cfg,
                        const std::vector<int64_t>& layer_split, bool value_model,
                        int64_t make_vocab_size_divisible_by = kDefaultVocabDivisibleBy);

@@ -144,8 +144,8 @@ Transformer::Transformer(ModelConfig config, std::shared_ptr<ParallelState> stat
   }
   auto [begin, end] = stage_layer_range(state_->coords().pp, config_.num_layers, state_->config());
   for (int64_t id = begin; id < end; ++id) {
-    auto layer = std::make_shared<TransformerLayer>(config_, tp, id, options_.sequence_parallel,
-                                                    options_.lora);
+    auto layer = std::make_shared<TransformerLayer>(config_, tp, state_->ep(), id,
+                                                    options_.sequence_parallel, options_.lora);
     layers_.push_back(register_module("layer" + std::to_string(id), layer));
   }
   if (last_stage()) {
@@ -185,6 +185,8 @@ ShardSpec Transformer::shard_spec() const {
   auto spec = ShardSpec::for_rank(config_, state_->coords().tp, pc.tp, state_->coords().pp, split,
                                   options_.value_model);
   spec.make_vocab_size_divisible_by = pc.make_vocab_size_divisible_by;
+  spec.ep_rank = state_->ep_rank();
+  spec.ep_size = pc.ep;
   return spec;
 }
 

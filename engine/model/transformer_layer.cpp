@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "engine/errors.h"
 #include "engine/kernels/fused_ops.h"
 #include "engine/kernels/packed_linear.h"
+#include "engine/parallel/expert_parallel.h"
 #include "engine/parallel/tensor_parallel.h"
 
 namespace baton::engine {
@@ -92,9 +94,14 @@ std::vector<std::string> LoraOptions::modules() const {
   return out;
 }
 
-TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
-                                   bool sequence_parallel, const LoraOptions& lora)
-    : config_(config), layer_id_(layer_id), tp_(tp), sequence_parallel_(sequence_parallel) {
+TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, const Group& ep,
+                                   int64_t layer_id, bool sequence_parallel,
+                                   const LoraOptions& lora)
+    : config_(config),
+      layer_id_(layer_id),
+      tp_(tp),
+      ep_(ep),
+      sequence_parallel_(sequence_parallel) {
   require_divisible(config.num_kv_heads, tp.size, "num_key_value_heads", config);
   require_divisible(config.intermediate_size, tp.size, "intermediate_size", config);
   local_groups_ = config.num_kv_heads / tp.size;
@@ -122,11 +129,12 @@ TransformerLayer::TransformerLayer(const ModelConfig& config, const Group& tp, i
   if (config.sparse_layer(layer_id)) {
     const MoeConfig& moe = config.moe;
     require_divisible(moe.intermediate_size, tp.size, "moe_intermediate_size", config);
-    const int64_t f = moe.intermediate_size / tp.size;
+    require_divisible(moe.num_experts, ep.size, "num_experts (over expert parallel ranks)", config);
+    const int64_t f = moe.intermediate_size / tp.size, local = moe.num_experts / ep.size;
     // Loaded from a checkpoint (load_state_dict); zeros until then.
     router_ = register_parameter("router", at::zeros({moe.num_experts, h}));
-    experts_fc1_ = register_parameter("experts_fc1", at::zeros({moe.num_experts, 2 * f, h}));
-    experts_fc2_ = register_parameter("experts_fc2", at::zeros({moe.num_experts, h, f}));
+    experts_fc1_ = register_parameter("experts_fc1", at::zeros({local, 2 * f, h}));
+    experts_fc2_ = register_parameter("experts_fc2", at::zeros({local, h, f}));
     init_lora(lora);
     return;
   }
@@ -398,20 +406,67 @@ at::Tensor TransformerLayer::moe(const at::Tensor& x) {
     experts = idx;
   }
   const at::Tensor xf = input.reshape({-1, h});
-  const at::Tensor wf = weights.reshape({-1, k});
-  const at::Tensor ef = experts.reshape({-1, k});
-  const int64_t f = experts_fc2_.size(2);
-  at::Tensor out = at::zeros_like(xf);
-  // Expert by expert in id order, as HF sums them.
-  for (int64_t e = 0; e < m.num_experts; ++e) {
-    const at::Tensor hits = ef.eq(e).nonzero();  // [n_e, 2]: (token, slot)
-    if (hits.size(0) == 0) continue;
-    const at::Tensor tokens = hits.select(1, 0), slots = hits.select(1, 1);
-    const at::Tensor gate_up = at::linear(xf.index_select(0, tokens), experts_fc1_[e]);
-    const at::Tensor act = at::silu(gate_up.narrow(1, 0, f)) * gate_up.narrow(1, f, f);
-    const at::Tensor y = at::linear(act, experts_fc2_[e]) * wf.index({tokens, slots}).unsqueeze(1);
-    out = out.index_add(0, tokens, y.to(out.scalar_type()));
+  // The (token, slot) assignments sorted by expert, stably: each expert's
+  // rows are one run, its tokens in order, and so are each EP rank's.
+  const at::Tensor order = at::argsort(experts.reshape({-1}), /*stable=*/true);
+  const at::Tensor token_of = at::floor_divide(order, k);
+  const at::Tensor per_expert_dev = at::bincount(experts.reshape({-1}), {}, m.num_experts);
+  const at::Tensor per_expert_host = per_expert_dev.cpu();  // the one host sync
+  const std::vector<int64_t> per_expert(per_expert_host.data_ptr<int64_t>(),
+                                        per_expert_host.data_ptr<int64_t>() + m.num_experts);
+  at::Tensor rows = xf.index_select(0, token_of);  // [n·k, H] in expert order
+  const int64_t local = experts_fc1_.size(0);
+  // Rows per local expert, and (under EP) how to undo the exchange.
+  std::vector<int64_t> counts(per_expert.begin() + ep_.rank * local,
+                              per_expert.begin() + (ep_.rank + 1) * local);
+  std::vector<int64_t> send, recv;
+  at::Tensor regroup;  // received rows → expert order
+  if (ep_.size > 1) {
+    for (int64_t j = 0; j < ep_.size; ++j)
+      send.push_back(std::accumulate(per_expert.begin() + j * local,
+                                     per_expert.begin() + (j + 1) * local, int64_t{0}));
+    // [source rank][local expert] counts of the rows this rank receives.
+    const std::vector<int64_t> from = exchange_counts(per_expert, ep_);
+    std::vector<int64_t> expert_of;
+    counts.assign(local, 0);
+    recv.assign(ep_.size, 0);
+    for (int64_t j = 0; j < ep_.size; ++j)
+      for (int64_t e = 0; e < local; ++e) {
+        const int64_t c = from[j * local + e];
+        recv[j] += c;
+        counts[e] += c;
+        expert_of.insert(expert_of.end(), c, e);
+      }
+    rows = all_to_all(rows, send, recv, ep_);
+    regroup = at::argsort(at::tensor(expert_of, at::kLong).to(rows.device()), /*stable=*/true);
+    rows = rows.index_select(0, regroup);
   }
+  // Each local expert on its run of rows, in expert id order.
+  const int64_t f = experts_fc2_.size(2);
+  std::vector<at::Tensor> outs;
+  int64_t begin = 0;
+  for (int64_t e = 0; e < local; ++e) {
+    if (counts[e] == 0) continue;
+    const at::Tensor run = rows.narrow(0, begin, counts[e]);
+    begin += counts[e];
+    const at::Tensor gate_up = at::linear(run, experts_fc1_[e]);
+    const at::Tensor act = at::silu(gate_up.narrow(1, 0, f)) * gate_up.narrow(1, f, f);
+    outs.push_back(at::linear(act, experts_fc2_[e]));
+  }
+  // No rows at all: an empty result that still depends on the rows and the
+  // expert weights, so this rank's backward runs the same all-to-alls as its
+  // EP peers' and every expert weight gets a (zero) gradient.
+  at::Tensor y =
+      outs.empty() ? rows.new_zeros({0, h}) +
+                         0 * (experts_fc1_.sum() + experts_fc2_.sum() + rows.sum()).to(rows.dtype())
+                   : at::cat(outs, 0);
+  if (ep_.size > 1) {
+    y = at::empty_like(y).index_copy(0, regroup, y);  // back to the received order
+    y = all_to_all(y, recv, send, ep_);
+  }
+  // Weighted by the router and summed per token in expert order, as HF sums them.
+  const at::Tensor w = weights.reshape({-1}).index_select(0, order).unsqueeze(1);
+  at::Tensor out = at::zeros_like(xf).index_add(0, token_of, (y * w).to(xf.scalar_type()));
   out = out.view(input.sizes());
   return split ? reduce_scatter_to_sequence_region(out, tp_) : reduce_from_tp_region(out, tp_);
 }

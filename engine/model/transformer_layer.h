@@ -9,10 +9,11 @@
 // and E SwiGLU experts split over TP as the dense MLP is (each rank holds
 // every expert's share of the intermediate dim); tokens go to their top-k
 // experts, whose outputs are summed with the router's weights and reduced
-// over TP once. qk_norm (Qwen3, ModelConfig::qk_norm) is an RMSNorm of
-// each query and key head, one weight [head_dim] for the queries and one for
-// the keys, on every TP rank. With sequence parallelism `x` and `y` are
-// [B, S/tp, H].
+// over TP once. Under expert parallelism (ParallelConfig::ep) the layer
+// holds E/ep of the experts and its tokens travel to the EP ranks holding
+// theirs and back by all-to-all (expert_parallel.h). qk_norm (Qwen3, ModelConfig::qk_norm) is an
+// RMSNorm of each query and key head, one weight [head_dim] for the queries and one for the keys,
+// on every TP rank. With sequence parallelism `x` and `y` are [B, S/tp, H].
 #pragma once
 
 #include <ATen/ATen.h>
@@ -95,7 +96,9 @@ class TransformerLayer : public torch::nn::Module {
  public:
   // `layer_id` is the global layer index (names and nothing else). `lora`:
   // adapters on the targeted linear layers (lora.h); none when its rank is 0.
-  TransformerLayer(const ModelConfig& config, const Group& tp, int64_t layer_id,
+  // `ep`: the expert-parallel group (a sparse layer holds experts
+  // [ep.rank · E / ep.size, ...)); the rank alone for no EP.
+  TransformerLayer(const ModelConfig& config, const Group& tp, const Group& ep, int64_t layer_id,
                    bool sequence_parallel, const LoraOptions& lora = {});
 
   // x: [B, S(/tp), H]; rotary and mask as built above for the full sequence.
@@ -172,10 +175,11 @@ class TransformerLayer : public torch::nn::Module {
   at::Tensor q_norm_, k_norm_;  // [head_dim]; undefined without qk_norm
   // A sparse layer's MLP (undefined in a dense one, whose fc1_ / fc2_ are null).
   Group tp_;
+  Group ep_;
   bool sequence_parallel_ = false;
   at::Tensor router_;       // [E, H], replicated over TP
-  at::Tensor experts_fc1_;  // [E, 2F/tp, H]: each expert's gate rows, then its up rows
-  at::Tensor experts_fc2_;  // [E, H, F/tp]
+  at::Tensor experts_fc1_;  // [E/ep, 2F/tp, H]: each expert's gate rows, then its up rows
+  at::Tensor experts_fc2_;  // [E/ep, H, F/tp]
   at::Tensor router_logits_;
   // LoRA adapters by HF module name; empty without LoRA.
   struct Adapter {

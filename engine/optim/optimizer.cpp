@@ -203,6 +203,11 @@ Optimizer::Optimizer(std::shared_ptr<Transformer> model, OptimizerOptions option
   if (options_.schedule == LrSchedule::kWarmupCosine && options_.total_steps <= 0)
     throw EngineError("OptimizerOptions: the warmup+cosine schedule needs total_steps > 0");
   bool tied_copy = model_->config().tie_word_embeddings && !model_->first_stage();
+  const bool ep = model_->parallel().config().ep > 1;
+  if (ep && options_.distributed)
+    throw EngineError(
+        detail::cat("Optimizer: the distributed optimizer does not support expert parallelism (",
+                    model_->parallel().config().to_string(), "); use the plain optimizer"));
   // The trainable ones: a LoRA model's adapters, else every parameter.
   for (auto& [name, p] : model_->trainable_params()) {
     Slot s;
@@ -217,6 +222,7 @@ Optimizer::Optimizer(std::shared_ptr<Transformer> model, OptimizerOptions option
     s.tp_replicated = Transformer::tp_replicated(name);
     s.tp_partial = model_->tp_partial_grad(name);
     s.tied_copy = tied_copy && name == "output_layer.weight";
+    s.expert = ep && is_expert_tensor(name);
     slots_.push_back(std::move(s));
   }
   if (options_.distributed)
@@ -416,7 +422,7 @@ bool Optimizer::tied_across_stages(const Slot& s) const {
 }
 
 bool Optimizer::reduced_before_dp(const Slot& s) const {
-  return s.tp_partial || tied_across_stages(s);
+  return s.tp_partial || s.expert || tied_across_stages(s);
 }
 
 void Optimizer::reduce_gradients() {
@@ -443,10 +449,16 @@ void Optimizer::reduce_gradients() {
   // Over DP: everything, or with the overlapped reduction the parameters it
   // leaves out (those reduced over TP or the embedding group first, so that
   // each sum is taken in the same order either way).
-  std::vector<at::Tensor> grads;
-  for (auto it = slots_.rbegin(); it != slots_.rend(); ++it)
-    if (!overlap_ || reduced_before_dp(*it)) grads.push_back(it->param.mutable_grad());
+  // Expert parameters (EP) over the ranks holding the same experts.
+  std::vector<at::Tensor> grads, expert_grads;
+  for (auto it = slots_.rbegin(); it != slots_.rend(); ++it) {
+    if (it->expert)
+      expert_grads.push_back(it->param.mutable_grad());
+    else if (!overlap_ || reduced_before_dp(*it))
+      grads.push_back(it->param.mutable_grad());
+  }
   all_reduce_buckets(grads, ps.dp_cp());
+  all_reduce_buckets(expert_grads, ps.expert_dp());
   if (options_.average_dp && ps.dp_cp().size > 1)
     for (auto& s : slots_) s.param.mutable_grad().div_(static_cast<double>(ps.dp_cp().size));
 }
@@ -560,9 +572,16 @@ double Optimizer::global_grad_norm() {
     all_reduce(total, ps.model_parallel());
     return std::sqrt(total.item<double>());
   }
+  // Experts (EP): each EP rank holds different ones; sum theirs first.
+  auto experts = at::zeros({1}, total.options());
   for (auto& s : slots_)
-    if (counted(s) && s.param.grad().defined()) add_squares(s.param.grad(), 1.0);
+    if (s.expert && s.param.grad().defined())
+      experts += s.param.grad().to(at::kDouble).pow(2).sum().to(device);
+  if (ps.config().ep > 1) all_reduce(experts, ps.ep());
+  for (auto& s : slots_)
+    if (!s.expert && counted(s) && s.param.grad().defined()) add_squares(s.param.grad(), 1.0);
   total += host;
+  total += experts;
   all_reduce(total, ps.model_parallel());
   return std::sqrt(total.item<double>());
 }

@@ -35,6 +35,12 @@
 // sum is the blocking path's (the same all-reduce of the same elements, in
 // buckets cut elsewhere, after the same reductions).
 //
+// Expert parallelism (ParallelConfig::ep > 1): an expert's gradient already
+// sums every EP rank's tokens (the all-to-all's backward brought them), so
+// expert parameters are summed over the expert-data group (dp·cp / ep ranks)
+// instead of dp·cp, and the global norm adds each EP rank's experts once.
+// The distributed optimizer does not shard expert parameters and refuses EP.
+//
 // Gradient convention: gradients are SUMMED over DP ranks (and over
 // micro-batches), not averaged — the loss function scales by the global
 // token count (docs/architecture.md, "The RL layer in one paragraph":
@@ -175,6 +181,9 @@ class Optimizer {
     bool tp_replicated = false;
     bool tp_partial = false;  // Transformer::tp_partial_grad: all-reduced over TP first
     bool tied_copy = false;   // the last stage's copy of tied embeddings (pp > 1)
+    // A MoE layer's experts under expert parallelism (ParallelConfig::ep > 1):
+    // reduced over the expert-data group, counted in the norm over EP.
+    bool expert = false;
   };
   // The distributed optimizer's flat buffers: slot i's elements are
   // [offset[i], offset[i] + numel) of `params` and `grads`; this rank's shard
@@ -203,7 +212,8 @@ class Optimizer {
   // gradients are summed over the embedding group.
   bool tied_across_stages(const Slot& s) const;
   // Whether the slot's gradient is reduced over TP (sequence parallelism)
-  // or the embedding group before DP.
+  // or the embedding group before DP, or not over DP at all (EP experts):
+  // the overlapped reduction leaves it out.
   bool reduced_before_dp(const Slot& s) const;
   void build_overlap();
   void build_flat();

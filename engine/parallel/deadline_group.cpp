@@ -513,6 +513,15 @@ c10::intrusive_ptr<c10d::Work> DeadlineGroup::alltoall(std::vector<at::Tensor>& 
                 [&] { return ProcessGroup::alltoall(outputs, inputs, opts); });
 }
 
+c10::intrusive_ptr<c10d::Work> DeadlineGroup::all_to_all_single(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  return record(code(Op::kAllToAll), -1, 0, [&] {
+    return ProcessGroup::all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                           opts);
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> DeadlineGroup::barrier(const c10d::BarrierOptions& opts) {
   return record(code(Op::kBarrier), -1, 0, [&] { return ProcessGroup::barrier(opts); });
 }

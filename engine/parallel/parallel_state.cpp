@@ -18,7 +18,7 @@ namespace baton::engine {
 namespace {
 
 constexpr const char* kStorePrefix = "baton/parallel_state/";
-constexpr int kNumGroupKinds = static_cast<int>(GroupKind::kEmbedding) + 1;
+constexpr int kNumGroupKinds = static_cast<int>(GroupKind::kExpertData) + 1;
 
 std::string join(const std::vector<int64_t>& v) {
   std::string out;
@@ -48,6 +48,10 @@ Fixed fixed_coords(GroupKind kind) {
       return {true, true, true, false};
     case GroupKind::kModel:
       return {false, true, true, false};
+    case GroupKind::kExpert:  // dp within the EP block (group_ranks)
+      return {true, true, false, true};
+    case GroupKind::kExpertData:  // dp with the same EP rank (group_ranks)
+      return {true, false, false, true};
   }
   ENGINE_CHECK(false, "unknown group kind ", static_cast<int>(kind));
 }
@@ -63,6 +67,10 @@ void ParallelConfig::validate(int64_t world_size) const {
   if (!layer_split.empty() && static_cast<int64_t>(layer_split.size()) != pp)
     throw EngineError(detail::cat("parallel config ", to_string(), ": layer_split has ",
                                   layer_split.size(), " entries for ", pp, " pipeline stages"));
+  if (ep < 1 || dp % ep != 0)
+    throw EngineError(detail::cat(
+        "parallel config ", to_string(), ": ep = ", ep, " must be at least 1 and divide dp = ", dp,
+        " (expert parallel ranks are carved from the data parallel ones)"));
   for (int64_t n : layer_split)
     if (n < 0)
       throw EngineError("parallel config " + to_string() + ": negative layer count in layer_split");
@@ -76,6 +84,7 @@ std::string ParallelConfig::to_string() const {
   if (!layer_split.empty()) s += " layer_split=[" + join(layer_split) + "]";
   if (make_vocab_size_divisible_by != kDefaultVocabDivisibleBy)
     s += detail::cat(" make_vocab_size_divisible_by=", make_vocab_size_divisible_by);
+  if (ep != 1) s += detail::cat(" ep=", ep);
   return s;
 }
 
@@ -111,6 +120,10 @@ const char* to_string(GroupKind kind) {
       return "model_parallel";
     case GroupKind::kEmbedding:
       return "embedding";
+    case GroupKind::kExpert:
+      return "ep";
+    case GroupKind::kExpertData:
+      return "expert_dp";
   }
   return "?";
 }
@@ -123,6 +136,9 @@ std::vector<int64_t> group_ranks(GroupKind kind, int64_t rank, const ParallelCon
     const Coords c = coords_of(r, config);
     if ((f.tp && c.tp != me.tp) || (f.cp && c.cp != me.cp) || (f.dp && c.dp != me.dp) ||
         (f.pp && c.pp != me.pp))
+      continue;
+    if (kind == GroupKind::kExpert && c.dp / config.ep != me.dp / config.ep) continue;
+    if (kind == GroupKind::kExpertData && config.ep_rank_of(c.dp) != config.ep_rank_of(me.dp))
       continue;
     ranks.push_back(r);
   }

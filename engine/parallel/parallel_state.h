@@ -41,6 +41,17 @@ struct ParallelConfig : ParallelLayout {
   // padded_vocab_size() rows, a multiple of this × tp (vocab_padding.h), so
   // any vocabulary splits over any tp. 1 pads only as far as tp needs.
   int64_t make_vocab_size_divisible_by = kDefaultVocabDivisibleBy;
+  // Expert parallelism (Megatron's expert_model_parallel_size): a MoE model's
+  // experts are split over `ep` ranks carved from the data-parallel ranks —
+  // dp ranks [b·ep, (b+1)·ep) of one (tp, cp, pp) form an EP group, each
+  // holding num_experts / ep experts, and tokens travel to their experts'
+  // ranks by all-to-all. Dense parameters stay data-parallel over all dp·cp
+  // ranks; expert parameters are data-parallel over the dp·cp / ep ranks
+  // that hold the same experts (GroupKind::kExpertData). 1: no EP.
+  int64_t ep = 1;
+
+  // This layout's EP rank of data-parallel rank `dp`.
+  int64_t ep_rank_of(int64_t dp_rank) const { return dp_rank % ep; }
 
   // Rows of this layout's embedding and LM head for a vocabulary of
   // `vocab_size` (all TP ranks together).
@@ -52,7 +63,8 @@ struct ParallelConfig : ParallelLayout {
   // world_size() that differs from world_size; the message names both.
   void validate(int64_t world_size = -1) const;
   // "tp=2 cp=1 dp=2 pp=2" (plus " layer_split=[..]" when given and
-  // " make_vocab_size_divisible_by=N" when not the default).
+  // " make_vocab_size_divisible_by=N" when not the default, " ep=N" when
+  // not 1).
   std::string to_string() const;
 
   bool operator==(const ParallelConfig&) const = default;
@@ -87,6 +99,13 @@ enum class GroupKind {
   // embedding's gradient is all-reduced over it. pp == 1: the rank alone; a
   // middle stage (pp > 2): the rank alone.
   kEmbedding,
+  // Expert parallelism (ParallelConfig::ep): the ep ranks of one (tp, cp, pp)
+  // whose dp ranks lie in the same block [b·ep, (b+1)·ep), in dp order; the
+  // tokens' all-to-all runs over it. ep == 1: the rank alone.
+  kExpert,
+  // Same tp, pp and EP rank: the dp·cp / ep ranks holding the same experts,
+  // over which the expert parameters' gradients are all-reduced.
+  kExpertData,
 };
 
 const char* to_string(GroupKind kind);
@@ -194,6 +213,11 @@ class ParallelState {
   const Group& pp() const { return group(GroupKind::kPipeline); }
   const Group& model_parallel() const { return group(GroupKind::kModel); }
   const Group& embedding() const { return group(GroupKind::kEmbedding); }
+  const Group& ep() const { return group(GroupKind::kExpert); }
+  const Group& expert_dp() const { return group(GroupKind::kExpertData); }
+  // This rank's place in its EP group: it holds experts
+  // [ep_rank · E / ep, (ep_rank + 1) · E / ep).
+  int64_t ep_rank() const { return config_.ep_rank_of(coords_.dp); }
 
   bool is_first_stage() const { return coords_.pp == 0; }
   bool is_last_stage() const { return coords_.pp == config_.pp - 1; }

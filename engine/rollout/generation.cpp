@@ -176,6 +176,13 @@ GenerationEngine::GenerationEngine(std::shared_ptr<Transformer> model, Generatio
   require_one_stage_lm(*model_, "GenerationEngine");
   if (model_->options().sequence_parallel)
     throw EngineError("GenerationEngine: build the rollout model without sequence parallelism");
+  // Every replica decodes its own prompts for its own number of steps: no
+  // all-to-all could pair them up. The rollout layout holds every expert.
+  if (model_->parallel().config().ep > 1 && model_->has_sparse_layers())
+    throw EngineError(detail::cat(
+        "GenerationEngine: build the rollout model without expert "
+        "parallelism (layout ",
+        model_->parallel().config().to_string(), "); the rollout layout holds every expert"));
   ENGINE_CHECK(options_.max_batch >= 1, "GenerationEngine: max_batch must be >= 1, got ",
                options_.max_batch);
   cache_ = model_->make_kv_cache(options_.cache);

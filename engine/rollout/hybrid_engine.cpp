@@ -18,7 +18,8 @@ HybridEngine::HybridEngine(std::shared_ptr<Transformer> train,
                                       ps.backend(), ps.collective_timeout());
   rollout_state_->set_num_layers(train_->config().num_layers);
   const ParallelConfig& pc = ps.config();
-  shares_weights_ = pc.tp == 1 && pc.pp == 1 && pc.cp == 1 && options_.rollout_tp == 1;
+  shares_weights_ =
+      pc.tp == 1 && pc.pp == 1 && pc.cp == 1 && pc.ep == 1 && options_.rollout_tp == 1;
 }
 
 ReshardStats HybridEngine::enter_rollout() {

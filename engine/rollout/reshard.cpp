@@ -119,17 +119,19 @@ std::vector<Item> plan_items(const Transformer& rollout, const ParallelConfig& t
   return items;
 }
 
-// Per stage, consecutive items up to `bucket_bytes` of full tensors; the
-// stages' buckets interleaved (stage 0's first, stage 1's first, ...) so that
-// two buckets in flight usually come from different stages and travel in
-// opposite directions over the pipeline group.
+// Per stage, consecutive items up to `bucket_bytes` of full tensors, expert
+// tensors split over EP in buckets of their own (they travel over the EP
+// group as well); the stages' buckets interleaved (stage 0's first, stage
+// 1's first, ...) so that two buckets in flight usually come from different
+// stages and travel in opposite directions over the pipeline group.
 std::vector<Bucket> make_buckets(const std::vector<Item>& items, int64_t pp, int64_t bucket_bytes) {
   std::vector<std::vector<Bucket>> per_stage(pp);
   std::vector<int64_t> filled(pp, 0);
   for (const Item& it : items) {
     auto& list = per_stage[it.stage];
     int64_t& bytes = filled[it.stage];
-    if (list.empty() || bytes + it.bytes > bucket_bytes) {
+    if (list.empty() || bytes + it.bytes > bucket_bytes ||
+        (list.back().items.back()->ep > 1) != (it.ep > 1)) {
       list.push_back(Bucket{it.stage, {}});
       bytes = 0;
     }
@@ -159,6 +161,7 @@ class Resharder {
         t_rank_(train_ps_.coords().tp),
         r_rank_(rollout.parallel().coords().tp),
         stage_(train_ps_.coords().pp),
+        ep_rank_(train_ps_.ep_rank()),
         device_(train_ps_.device()),
         // Equal TP sizes that pad the vocabulary differently split it
         // differently too: the owning stage gathers then as well.
@@ -216,9 +219,15 @@ class Resharder {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
 
+  // Regions per row of a bucket's buffer (one row per EP rank of an expert
+  // bucket, else one).
+  int64_t regions() const { return gather_ ? t_tp_ : 1; }
+
+  static bool experts(const Bucket& b) { return b.items.front()->ep > 1; }
+
   RegionLayout layout_of(const Bucket& b) const {
     std::vector<const StreamTensor*> tensors(b.items.begin(), b.items.end());
-    return region_layout(tensors, gather_ ? t_tp_ : 1, t_tp_);
+    return region_layout(tensors, regions(), t_tp_);
   }
 
   // Item i's shard in region `k` of a buffer, typed and shaped.
@@ -233,7 +242,8 @@ class Resharder {
   void launch(const Bucket& b, InFlight& f) {
     const int64_t pp = train_ps_.config().pp;
     const bool owner = b.stage == stage_;
-    if (pp == 1 && !gather_) {
+    // Expert buckets always travel: every rank holds only its EP rank's experts.
+    if (pp == 1 && !gather_ && !experts(b)) {
       f.direct = true;
       return;
     }
@@ -255,9 +265,10 @@ class Resharder {
       f.received = true;
       return;
     }
-    // This rank's stage owns the bucket. Without a TP gather its own shards
-    // are the source (direct); with one, the bucket's buffer.
-    if (!gather_) {
+    // This rank's stage owns the bucket. Without a TP gather (nor an EP
+    // one) its own shards are the source (direct); with one, the bucket's
+    // buffer.
+    if (!gather_ && !experts(b)) {
       f.direct = true;
     } else {
       f.layout = layout_of(b);
@@ -266,21 +277,45 @@ class Resharder {
       // host); copies into and out of it move between devices as needed.
       f.buffer = at::empty({total}, at::TensorOptions().dtype(at::kByte).device(device_));
       hold(total);
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < b.items.size(); ++i)
-        if (f.layout.offset[i][t_rank_] >= 0)
-          segment(f, b, i, t_rank_).copy_(train_params_.at(b.items[i]->name));
+      // This rank's region: its EP rank's row of an expert bucket.
+      const int64_t row = experts(b) ? ep_rank_ : 0;
+      const int64_t mine = row * regions() + (gather_ ? t_rank_ : 0);
+      {
+        at::NoGradGuard no_grad;
+        for (size_t i = 0; i < b.items.size(); ++i)
+          if (f.layout.offset[i][mine] >= 0)
+            segment(f, b, i, mine).copy_(train_params_.at(b.items[i]->name));
+      }
       // Gloo's all-gather copies through a temporary of the whole output;
       // one in-place broadcast per TP rank, all in flight at once, fills
       // the buffer with no second copy.
-      const Group& tp = train_ps_.tp();
-      for (int64_t k = 0; k < t_tp_; ++k) {
-        if (f.layout.region_bytes[k] == 0) continue;
-        std::vector<at::Tensor> ts{
-            f.buffer.narrow(0, f.layout.region_begin[k], f.layout.region_bytes[k])};
-        c10d::BroadcastOptions opts;
-        opts.rootRank = k;
-        f.works.push_back(tp.pg->broadcast(ts, opts));
+      if (gather_) {
+        const Group& tp = train_ps_.tp();
+        for (int64_t k = 0; k < t_tp_; ++k) {
+          const int64_t region = row * regions() + k;
+          if (f.layout.region_bytes[region] == 0) continue;
+          std::vector<at::Tensor> ts{
+              f.buffer.narrow(0, f.layout.region_begin[region], f.layout.region_bytes[region])};
+          c10d::BroadcastOptions opts;
+          opts.rootRank = k;
+          f.works.push_back(tp.pg->broadcast(ts, opts));
+        }
+      }
+      // Then each EP rank's row (complete once its TP gather is) over the EP
+      // group, whose members share this rank's TP rank: one broadcast per row.
+      if (experts(b)) {
+        wait(f);
+        const Group& ep = train_ps_.ep();
+        for (int64_t j = 0; j < ep.size; ++j) {
+          const int64_t first = j * regions();
+          const int64_t begin = f.layout.region_begin[first];
+          const int64_t end = f.layout.region_begin[first + regions() - 1] +
+                              f.layout.region_bytes[first + regions() - 1];
+          std::vector<at::Tensor> ts{f.buffer.narrow(0, begin, end - begin)};
+          c10d::BroadcastOptions opts;
+          opts.rootRank = j;
+          f.works.push_back(ep.pg->broadcast(ts, opts));
+        }
       }
     }
     if (pp > 1) {
@@ -348,9 +383,11 @@ class Resharder {
   void copy_slice(const at::Tensor& dst, const Bucket& b, const InFlight& f, size_t i,
                   int64_t r_rank) {
     const Item& it = *b.items[i];
-    auto shard = [&](int64_t k) -> at::Tensor {
+    // Shard j·t_tp + k: EP rank j's (0 but for experts), TP rank k's.
+    auto shard = [&](int64_t index) -> at::Tensor {
       if (f.direct) return train_params_.at(it.name);
-      return segment(f, b, i, gather_ ? k : 0);
+      const int64_t j = index / t_tp_, k = index % t_tp_;
+      return segment(f, b, i, j * regions() + (gather_ ? k : 0));
     };
     if (it.replicated()) {
       dst.copy_(shard(0));
@@ -365,6 +402,7 @@ class Resharder {
   const int64_t t_tp_, r_tp_;      // TP sizes: training, rollout
   const int64_t t_rank_, r_rank_;  // this rank's TP ranks
   const int64_t stage_;            // this rank's training pipeline stage
+  const int64_t ep_rank_;          // this rank's EP rank: its experts' block
   const at::Device device_;        // the training groups': bucket buffers live there
   const bool gather_;              // the owning stage all-gathers its TP shards
   std::vector<Item> items_;

@@ -27,8 +27,18 @@
 // 8-byte alignment per tensor), and on an owning stage the slices on their
 // way to the other pp − 1 stages (1/TP_r of a bucket each): not a second
 // copy of the model. With TP_r == TP_t (padding alike) and pp = 1 nothing is
-// communicated. Each CP/DP replica of the training layout streams over its
-// own groups.
+// communicated (but the experts under EP). Each CP/DP replica of the training layout streams over
+// its own groups.
+//
+// Expert parallelism (training ep > 1; the rollout layout has ep = 1, every
+// rollout rank holding every expert): a MoE layer's expert tensors travel in
+// buckets of their own, which always use a buffer of ep rows, row j for the
+// experts of EP rank j. The owning stage fills its row (gathered over TP as
+// above), then each EP rank broadcasts its row over the EP group (the ranks
+// of the same TP rank whose dp ranks form an EP block), so every rank of the
+// block holds every expert of its TP shard before slicing. Which rank holds
+// which experts follows from the layout (ParallelConfig::ep_rank_of): still
+// no metadata.
 //
 // Example (every rank of a TP2 × PP2 training world, rollout TP2):
 //   auto rollout_state = make_rollout_state(store, rank, train_state->config(), /*tp=*/2);

@@ -28,6 +28,18 @@ TpSplit tp_split_of(Transform transform) {
 void copy_tp_slice(at::Tensor dst, const StreamTensor& t, int64_t t_tp, int64_t r_tp,
                    int64_t r_rank, int64_t k_begin, int64_t k_end,
                    const std::function<at::Tensor(int64_t k)>& shard) {
+  if (t.ep > 1) {
+    // Each EP rank's block of experts is a tensor of its own, TP-split alike.
+    StreamTensor block = t;
+    block.full[0] /= t.ep;
+    block.bytes /= t.ep;
+    block.ep = 1;
+    const int64_t n = block.full[0];
+    for (int64_t j = 0; j < t.ep; ++j)
+      copy_tp_slice(dst.narrow(0, j * n, n), block, t_tp, r_tp, r_rank, k_begin, k_end,
+                    [&](int64_t k) { return shard(j * t_tp + k); });
+    return;
+  }
   const auto& full = t.full;
   const int64_t dim = t.split.dim, blocks = t.split.blocks;
   ENGINE_CHECK(dim >= 0 && dim < dst.dim(), t.name, ": not split over TP");
@@ -62,13 +74,18 @@ void copy_tp_slice(at::Tensor dst, const StreamTensor& t, int64_t t_tp, int64_t 
 std::vector<int64_t> StreamTensor::shard_shape(int64_t tp) const {
   auto s = full;
   if (!replicated()) s[split.dim] /= tp;
+  s[0] /= ep;
   return s;
 }
 
 std::vector<int64_t> StreamTensor::shard_shape_in(const ParallelConfig& layout) const {
-  if (vocab == 0) return shard_shape(layout.tp);
   auto s = full;
-  s[split.dim] = layout.padded_vocab_size(vocab) / layout.tp;
+  if (vocab > 0) {
+    s[split.dim] = layout.padded_vocab_size(vocab) / layout.tp;
+    return s;
+  }
+  if (!replicated()) s[split.dim] /= layout.tp;
+  if (expert) s[0] /= layout.ep;
   return s;
 }
 
@@ -79,6 +96,7 @@ std::vector<StreamTensor> stream_tensors(const ModelConfig& cfg, bool value_mode
     auto [begin, end] = stage_layer_range(s, cfg.num_layers, training);
     for (int64_t l = begin; l < end; ++l) stage_of_layer[l] = s;
   }
+  validate_expert_parallel(cfg, training.ep);
   std::vector<StreamTensor> out;
   for (auto& t : whole_model_tensors(cfg, value_model)) {
     StreamTensor st;
@@ -96,6 +114,10 @@ std::vector<StreamTensor> stream_tensors(const ModelConfig& cfg, bool value_mode
         break;
     }
     st.split = tp_split_of(t.rule->transform);
+    if (cfg.moe.num_experts > 0 && is_expert_tensor(t.engine_name)) {
+      st.expert = true;
+      st.ep = training.ep;
+    }
     if (is_vocab_rule(*t.rule)) {
       st.vocab = t.shape[0];
       t.shape[0] = training.padded_vocab_size(st.vocab);
@@ -117,18 +139,23 @@ std::vector<StreamTensor> stream_tensors(const ModelConfig& cfg, bool value_mode
 RegionLayout region_layout(const std::vector<const StreamTensor*>& tensors, int64_t regions,
                            int64_t tp) {
   auto align8 = [](int64_t n) { return (n + 7) / 8 * 8; };
+  int64_t rows = 1;
+  for (const StreamTensor* t : tensors) rows = std::max(rows, t->ep);
   RegionLayout l;
-  l.offset.assign(tensors.size(), std::vector<int64_t>(regions, -1));
+  l.offset.assign(tensors.size(), std::vector<int64_t>(rows * regions, -1));
   int64_t pos = 0;
-  for (int64_t k = 0; k < regions; ++k) {
-    l.region_begin.push_back(pos);
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      if (tensors[i]->replicated() && k > 0) continue;
-      l.offset[i][k] = pos;
-      pos += align8(tensors[i]->shard_bytes(tp));
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t k = 0; k < regions; ++k) {
+      l.region_begin.push_back(pos);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if ((tensors[i]->replicated() && k > 0) || (tensors[i]->ep == 1 && j > 0)) continue;
+        ENGINE_CHECK(tensors[i]->ep == 1 || tensors[i]->ep == rows, tensors[i]->name,
+                     ": expert tensors of different ep in one bucket");
+        l.offset[i][j * regions + k] = pos;
+        pos += align8(tensors[i]->shard_bytes(tp));
+      }
+      l.region_bytes.push_back(pos - l.region_begin.back());
     }
-    l.region_bytes.push_back(pos - l.region_begin.back());
-  }
   l.total = pos;
   return l;
 }

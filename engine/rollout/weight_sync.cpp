@@ -24,8 +24,10 @@ double seconds_since(Clock::time_point t) {
 }
 
 // Items in whole_model_tensors() order (weight_stream.h), cut into buckets at
-// stage changes and at `bucket_bytes`. Region k of a bucket's buffer holds
-// training TP rank k's shards (replicated tensors in region 0 only).
+// stage changes, between expert tensors split over EP and the others, and at
+// `bucket_bytes`. Region k of a bucket's buffer holds training TP rank k's
+// shards (replicated tensors in region 0 only); an expert bucket's region
+// j·tp + k those of EP rank j, TP rank k (region_layout).
 struct Bucket {
   int64_t stage = 0;
   std::vector<const StreamTensor*> items;
@@ -46,6 +48,7 @@ Plan make_plan(const ModelConfig& cfg, bool value_model, const ParallelConfig& t
   for (const StreamTensor& it : plan.items) {
     plan.model_bytes += it.model_bytes();
     if (plan.buckets.empty() || plan.buckets.back().stage != it.stage ||
+        (plan.buckets.back().items.back()->ep > 1) != (it.ep > 1) ||
         filled + it.bytes > bucket_bytes) {
       plan.buckets.push_back(Bucket{it.stage, {}, {}});
       filled = 0;
@@ -67,6 +70,7 @@ int64_t plan_digest(const Plan& plan) {
   };
   for (const StreamTensor& it : plan.items) {
     mix(it.stage);
+    mix(it.ep);
     for (int64_t d : it.full) mix(d);
     mix(-1);
   }
@@ -83,6 +87,7 @@ int64_t largest_bucket(const Plan& plan) {
 // Item i's shard of region k in `buffer`, typed and shaped.
 at::Tensor segment(const at::Tensor& buffer, const Bucket& b, size_t i, int64_t k, int64_t tp,
                    at::ScalarType dtype) {
+  ENGINE_CHECK(b.layout.offset[i][k] >= 0, b.items[i]->name, ": no segment in region ", k);
   return at::from_blob(static_cast<uint8_t*>(buffer.data_ptr()) + b.layout.offset[i][k],
                        b.items[i]->shard_shape(tp),
                        at::TensorOptions().dtype(dtype).device(buffer.device()));
@@ -117,7 +122,8 @@ bool shard_needed(const StreamTensor& t, int64_t t_tp, int64_t k, const Receiver
 }
 
 // Each shard of a send is one message, tagged by the tensor's place in the
-// stream and the shard's TP rank.
+// stream and the shard's TP rank (an expert tensor's EP ranks send from
+// different sync ranks, which tells their shards apart).
 int tag_of(const Plan& plan, const StreamTensor* t, int64_t k, int64_t t_tp) {
   return static_cast<int>((t - plan.items.data()) * t_tp + k);
 }
@@ -185,6 +191,7 @@ enum Header : int64_t {
   kDtype,
   kTrainingTp,
   kTrainingPp,
+  kTrainingEp,
   kTrainingVocabRows,  // the training layout's padded vocabulary (vocab_padding.h)
   kBucketBytes,
   kValueModel,
@@ -193,6 +200,20 @@ enum Header : int64_t {
   kTrainerOk,  // 0 when a training rank failed its own checks: nothing follows
   kHeaderSize
 };
+
+// The sync group's training ranks: every (stage, TP rank) of the first
+// data-parallel replica, under expert parallelism of each of the first ep
+// dp ranks (one per EP rank: they hold different experts).
+int64_t sync_senders(const ParallelConfig& training) {
+  return training.tp * training.pp * training.ep;
+}
+
+// The sync rank of the sender of region `region` of a stage's bucket: EP
+// rank region / tp, TP rank region % tp (trainer_sync_rank).
+int64_t sender_of(const ParallelConfig& training, int64_t stage, int64_t region) {
+  const int64_t j = region / training.tp, k = region % training.tp;
+  return (j * training.pp + stage) * training.tp + k;
+}
 
 void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
   for (auto& w : works) w->wait();
@@ -230,16 +251,17 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_sync_group(c10::intrusive_ptr<c10d::
 
 int64_t trainer_sync_rank(const ParallelState& ps) {
   const Coords& c = ps.coords();
-  if (c.dp != 0 || c.cp != 0) return -1;
-  return c.pp * ps.config().tp + c.tp;
+  const ParallelConfig& pc = ps.config();
+  if (c.dp >= pc.ep || c.cp != 0) return -1;
+  return (c.dp * pc.pp + c.pp) * pc.tp + c.tp;  // dp < ep: the EP rank
 }
 
 int64_t receiver_sync_rank(const ParallelConfig& training, int64_t rollout_rank) {
-  return training.tp * training.pp + rollout_rank;
+  return sync_senders(training) + rollout_rank;
 }
 
 int64_t sync_group_size(const ParallelConfig& training, int64_t rollout_world) {
-  return training.tp * training.pp + rollout_world;
+  return sync_senders(training) + rollout_world;
 }
 
 // ---------------------------------------------------------------- sender
@@ -250,13 +272,14 @@ class WeightSender::Impl {
        WeightSyncOptions options)
       : train_(std::move(train)), sync_(std::move(sync)), options_(options) {
     const ParallelState& ps = train_->parallel();
-    const int64_t me = trainer_sync_rank(ps), trainers = ps.config().tp * ps.config().pp;
+    const int64_t me = trainer_sync_rank(ps), trainers = sync_senders(ps.config());
     if (me >= 0 && !sync_)
       throw EngineError(detail::cat("WeightSender: training rank ", ps.rank(),
-                                    " is in the first data-parallel replica and needs the sync "
-                                    "group (make_sync_group with trainer_sync_rank = ",
+                                    " is a sender (the first data-parallel replica, or under "
+                                    "expert parallelism dp < ep) and needs the sync group "
+                                    "(make_sync_group with trainer_sync_rank = ",
                                     me, ")"));
-    if (me < 0) sync_.reset();  // other replicas take part in the handshake only
+    if (me < 0) sync_.reset();  // the others take part in the handshake only
     if (sync_ && (sync_->getRank() != me || sync_->getSize() <= trainers))
       throw EngineError(detail::cat("WeightSender: training rank ", ps.rank(), " has sync rank ",
                                     sync_->getRank(), " of ", sync_->getSize(), ", expected ", me,
@@ -308,30 +331,35 @@ class WeightSender::Impl {
       if (train_->lora_enabled())
         for (const auto& [name, p] : train_->merged_params()) merged.emplace(name, p);
       const std::map<std::string, at::Tensor>& params = merged.empty() ? params_ : merged;
-      // Each training rank of the first replica sends its own shards of its
-      // stage's buckets straight to the receivers that need them (those
-      // whose rollout slice they overlap), one message per shard: no
-      // gathering hop among the trainers. Shards go out of the parameters
-      // themselves when they are contiguous host memory, else through a
-      // host buffer per bucket (a GPU model). At most two buckets in flight.
-      const int64_t trainers = ps.config().tp * ps.config().pp;
+      // Each sender (a training rank of the first replica; under EP, of the first ep) sends its own
+      // shards of its stage's buckets straight to the receivers that need them (those whose rollout
+      // slice they overlap), one message per shard: no gathering hop among the trainers. Shards go
+      // out of the parameters themselves when they are contiguous host memory, else through a host
+      // buffer per bucket (a GPU model). At most two buckets in flight.
+      const int64_t trainers = sync_senders(ps.config());
       const int64_t t_tp = ps.config().tp, k = ps.coords().tp;
+      // This rank's region of a bucket: under EP, its EP rank's row of an
+      // expert bucket; the rows of the others are EP rank 0's alone.
+      const int64_t ep_rank = ps.coords().dp;
       std::deque<std::pair<at::Tensor, std::vector<c10::intrusive_ptr<c10d::Work>>>> flying;
       for (const Bucket& bucket : plan_.buckets) {
-        if (bucket.stage != ps.coords().pp || bucket.layout.region_bytes[k] == 0) continue;
+        const bool experts = bucket.items.front()->ep > 1;
+        if (bucket.stage != ps.coords().pp || (!experts && ep_rank > 0)) continue;
+        const int64_t region = (experts ? ep_rank * t_tp : 0) + k;
+        if (bucket.layout.region_bytes[region] == 0) continue;
         bool in_place = true;
         for (size_t i = 0; i < bucket.items.size(); ++i) {
-          if (bucket.layout.offset[i][k] < 0) continue;
+          if (bucket.layout.offset[i][region] < 0) continue;
           const at::Tensor& p = params.at(bucket.items[i]->name);
           in_place = in_place && p.device().is_cpu() && p.is_contiguous();
         }
-        at::Tensor buf = in_place ? at::Tensor() : fill_region(bucket, k, params);
+        at::Tensor buf = in_place ? at::Tensor() : fill_region(bucket, region, params);
         std::vector<c10::intrusive_ptr<c10d::Work>> works;
         for (size_t i = 0; i < bucket.items.size(); ++i) {
-          if (bucket.layout.offset[i][k] < 0) continue;
+          if (bucket.layout.offset[i][region] < 0) continue;
           const StreamTensor& t = *bucket.items[i];
           at::Tensor src = in_place ? params.at(t.name).detach()
-                                    : region_segment(buf, bucket, i, k, t_tp, dtype_);
+                                    : region_segment(buf, bucket, i, region, t_tp, dtype_);
           for (size_t j = 0; j < receivers_.size(); ++j) {
             if (!shard_needed(t, t_tp, k, receivers_[j])) continue;
             std::vector<at::Tensor> ts{src};
@@ -362,7 +390,7 @@ class WeightSender::Impl {
   // The training ranks agree that their shards are sound; rank 0 tells the
   // receivers what comes (or that nothing does); their verdicts come back
   // summed and the training world learns the outcome, so all fail together.
-  // Every member of the sync group (the first replica's ranks) takes part in
+  // Every member of the sync group (the senders) takes part in
   // its broadcast and all-reduce.
   void handshake(int64_t version) {
     const ParallelState& ps = train_->parallel();
@@ -385,6 +413,7 @@ class WeightSender::Impl {
       h[kDtype] = static_cast<int64_t>(dtype_);
       h[kTrainingTp] = ps.config().tp;
       h[kTrainingPp] = ps.config().pp;
+      h[kTrainingEp] = ps.config().ep;
       h[kTrainingVocabRows] = train_->padded_vocab_size();
       h[kBucketBytes] = options_.bucket_bytes;
       h[kValueModel] = train_->options().value_model ? 1 : 0;
@@ -395,7 +424,7 @@ class WeightSender::Impl {
       c10d::BroadcastOptions opts;
       opts.rootRank = 0;
       sync_->broadcast(ts, opts)->wait();
-      receivers_ = gather_layouts(*sync_, ReceiverLayout{}, ps.config().tp * ps.config().pp);
+      receivers_ = gather_layouts(*sync_, ReceiverLayout{}, sync_senders(ps.config()));
       std::vector<at::Tensor> verdict{rejected};
       sync_->allreduce(verdict)->wait();
     }
@@ -416,21 +445,21 @@ class WeightSender::Impl {
                                     "options differ; see their errors); nothing was sent"));
   }
 
-  // Region k of a bucket: this rank's shards of `params`, in host memory
-  // (copied from the GPU when the model is there).
-  at::Tensor fill_region(const Bucket& b, int64_t k,
+  // Region `region` of a bucket: this rank's shards of `params`, in host
+  // memory (copied from the GPU when the model is there).
+  at::Tensor fill_region(const Bucket& b, int64_t region,
                          const std::map<std::string, at::Tensor>& params) {
     at::NoGradGuard no_grad;
     const int64_t t_tp = train_->parallel().config().tp;
-    at::Tensor buf = pool_.take(b.layout.region_bytes[k]);
+    at::Tensor buf = pool_.take(b.layout.region_bytes[region]);
     for (size_t i = 0; i < b.items.size(); ++i)
-      if (b.layout.offset[i][k] >= 0)
-        region_segment(buf, b, i, k, t_tp, dtype_).copy_(params.at(b.items[i]->name));
+      if (b.layout.offset[i][region] >= 0)
+        region_segment(buf, b, i, region, t_tp, dtype_).copy_(params.at(b.items[i]->name));
     return buf;
   }
 
   std::shared_ptr<Transformer> train_;
-  c10::intrusive_ptr<c10d::ProcessGroup> sync_;  // null outside the first replica
+  c10::intrusive_ptr<c10d::ProcessGroup> sync_;  // null but on the senders (trainer_sync_rank)
   WeightSyncOptions options_;
   at::ScalarType dtype_ = at::kFloat;
   at::Device device_ = at::kCPU;  // the training groups' (ParallelState::device)
@@ -463,10 +492,10 @@ class WeightReceiver::Impl {
     if (!rollout_->first_stage() || !rollout_->last_stage())
       throw EngineError("WeightReceiver: the rollout model must be one stage (pp = 1)");
     ENGINE_CHECK(sync_, "WeightReceiver: no sync group");
-    if (sync_->getRank() < training_.tp * training_.pp)
-      throw EngineError(detail::cat(
-          "WeightReceiver: sync rank ", sync_->getRank(), " belongs to a trainer (the first ",
-          training_.tp * training_.pp, " ranks); use receiver_sync_rank"));
+    if (sync_->getRank() < sync_senders(training_))
+      throw EngineError(detail::cat("WeightReceiver: sync rank ", sync_->getRank(),
+                                    " belongs to a trainer (the first ", sync_senders(training_),
+                                    " ranks); use receiver_sync_rank"));
     for (const auto& [name, p] : rollout_->named_params()) params_.emplace(name, p);
   }
 
@@ -536,7 +565,7 @@ class WeightReceiver::Impl {
       opts.rootRank = 0;
       sync_->broadcast(ts, opts)->wait();
     }
-    gather_layouts(*sync_, me, training_.tp * training_.pp);
+    gather_layouts(*sync_, me, sync_senders(training_));
     auto h = header.accessor<int64_t, 1>();
     if (h[kTrainerOk] == 0) {
       // The trainer failed its own checks; it still counts on our verdict.
@@ -578,6 +607,10 @@ class WeightReceiver::Impl {
     if (!dst.device().is_cpu() || !dst.is_contiguous() || dst.scalar_type() != where.dtype)
       return false;
     if (whole(t, where)) return true;
+    // Under EP, EP rank j's shard of an expert tensor is the experts
+    // [j·E/ep, (j+1)·E/ep) of the parameter when the TP split is the same.
+    if (t.ep > 1)
+      return where.t_tp == where.me.tp && dst.size(t.split.dim) * where.t_tp == t.full[t.split.dim];
     if (t.split.dim != 0 || t.split.blocks != 1) return false;
     const int64_t t_tp = where.t_tp, r_rank = where.me.rank;
     const int64_t t_len = t.full[0] / t_tp, r_len = dst.size(0);
@@ -589,7 +622,8 @@ class WeightReceiver::Impl {
   }
 
   // Posts the receives of bucket b: each shard this rank needs is one
-  // message from sync rank stage·t_tp + k.
+  // message from the sync rank that holds it (sender_of: stage, EP rank, TP
+  // rank k).
   PostedBucket post(size_t b, const Placement& where, WeightSyncStats& stats) {
     const Bucket& bucket = plan_.buckets[b];
     const int64_t t_tp = where.t_tp;
@@ -598,15 +632,20 @@ class WeightReceiver::Impl {
       p.in_place[i] = lands_in_place(*bucket.items[i], where);
       if (!p.in_place[i] && !p.buf.defined()) p.buf = pool_.take(bucket.layout.total);
     }
+    const auto regions = static_cast<int64_t>(bucket.layout.region_begin.size());
     for (size_t i = 0; i < bucket.items.size(); ++i) {
       const StreamTensor& t = *bucket.items[i];
-      for (int64_t k = 0; k < t_tp; ++k) {
-        if (bucket.layout.offset[i][k] < 0 || !shard_needed(t, t_tp, k, where.me)) continue;
+      for (int64_t region = 0; region < regions; ++region) {
+        const int64_t k = region % t_tp;
+        if (bucket.layout.offset[i][region] < 0 || !shard_needed(t, t_tp, k, where.me)) continue;
         at::Tensor into;
         if (!p.in_place[i]) {
-          into = segment(p.buf, bucket, i, k, t_tp, where.dtype);
+          into = segment(p.buf, bucket, i, region, t_tp, where.dtype);
         } else if (whole(t, where)) {
           into = params_.at(t.name).detach();
+        } else if (t.ep > 1) {
+          const int64_t n = t.full[0] / t.ep;
+          into = params_.at(t.name).detach().narrow(0, region / t_tp * n, n);
         } else {
           const at::Tensor& dst = params_.at(t.name);
           const int64_t t_len = t.full[0] / t_tp;
@@ -614,8 +653,9 @@ class WeightReceiver::Impl {
         }
         std::vector<at::Tensor> ts{into};
         stats.transferred_bytes += static_cast<int64_t>(into.nbytes());
-        p.works.push_back(
-            sync_->recv(ts, static_cast<int>(bucket.stage * t_tp + k), tag_of(plan_, &t, k, t_tp)));
+        p.works.push_back(sync_->recv(ts,
+                                      static_cast<int>(sender_of(training_, bucket.stage, region)),
+                                      tag_of(plan_, &t, k, t_tp)));
       }
     }
     return p;
@@ -670,6 +710,7 @@ class WeightReceiver::Impl {
     };
     cmp("training tp", h[kTrainingTp], training_.tp);
     cmp("training pp", h[kTrainingPp], training_.pp);
+    cmp("training ep", h[kTrainingEp], training_.ep);
     // The stream carries the trainer's padding rows: both sides must agree on them.
     cmp("training padded vocab_size (make_vocab_size_divisible_by x tp)", h[kTrainingVocabRows],
         training_.padded_vocab_size(rollout_->config().vocab_size));

@@ -3,7 +3,13 @@
 // workers' processes are different ones, joined by a sync group of the
 // training ranks of the first data-parallel replica (dp = cp = 0; sync rank
 // stage·tp + tp rank, trainer_sync_rank) and every rollout rank (sync rank
-// tp·pp + r, receiver_sync_rank). One send:
+// tp·pp + r, receiver_sync_rank). Under expert parallelism (training ep > 1)
+// the first ep data-parallel replicas send (cp = 0, dp < ep; sync rank
+// (dp·pp + stage)·tp + tp rank, the rollout ranks from tp·pp·ep on): dp rank
+// j holds the experts of EP rank j (ParallelConfig::ep_rank_of), which only
+// it sends, in buckets of expert tensors of their own; the other tensors
+// come from dp 0 as without EP. The rollout model holds every expert. One
+// send:
 //   1. Handshake. The training ranks all-reduce whether their own shards fit
 //      the model; rank 0 broadcasts a header (version, tensor count, model
 //      bytes, dtype, training TP/PP and padded vocabulary, bucket count, a
@@ -40,12 +46,13 @@
 //   // every training rank (those of the first replica join the sync group):
 //   const int64_t size = sync_group_size(training_cfg, rollout_world);
 //   c10::intrusive_ptr<c10d::ProcessGroup> sync;           // null outside the first replica
-//   if (int64_t s = trainer_sync_rank(*ps); s >= 0) sync = make_sync_group(store, "actor", s, size);
-//   WeightSender sender(train_model, sync);
-//   sender.send(/*version=*/step);                         // every training rank
+//   if (int64_t s = trainer_sync_rank(*ps); s >= 0) sync = make_sync_group(store, "actor", s,
+//   size); WeightSender sender(train_model, sync); sender.send(/*version=*/step); // every training
+//   rank
 //   // rollout rank r:
 //   WeightReceiver receiver(rollout_model, training_cfg,
-//                           make_sync_group(store, "actor", receiver_sync_rank(training_cfg, r), size));
+//                           make_sync_group(store, "actor", receiver_sync_rank(training_cfg, r),
+//                           size));
 //   auto stats = receiver.receive();                       // stats.version == step
 //
 // Thread safety: none; each side is driven by one thread.
@@ -103,24 +110,24 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_sync_group(
     std::chrono::milliseconds timeout = kDefaultCollectiveTimeout);
 
 // The sync group's ranks: a training rank's (-1 outside the first
-// data-parallel replica, which takes part in the handshake over the training
-// world only), rollout rank r's, and the group's size.
+// data-parallel replica, or under expert parallelism outside the first ep:
+// the others take part in the handshake over the training world only),
+// rollout rank r's, and the group's size.
 int64_t trainer_sync_rank(const ParallelState& training);
 int64_t receiver_sync_rank(const ParallelConfig& training, int64_t rollout_rank);
 int64_t sync_group_size(const ParallelConfig& training, int64_t rollout_world);
 
 class WeightSender {
  public:
-  // `sync`: the sync group on the first replica's ranks (at
-  // trainer_sync_rank), null on the others. Throws EngineError when one of
-  // the first replica has none or another rank in it, or the parameters do
-  // not share one dtype.
+  // `sync`: the sync group on the senders (at trainer_sync_rank >= 0), null
+  // on the others. Throws EngineError when a sender has none or another
+  // rank in it, or the parameters do not share one dtype.
   WeightSender(std::shared_ptr<Transformer> train, c10::intrusive_ptr<c10d::ProcessGroup> sync,
                WeightSyncOptions options = {});
   ~WeightSender();
 
   // Collective over the training world (every training rank calls it) and,
-  // on the first replica, over the sync group. Returns once this rank's last
+  // on the senders, over the sync group. Returns once this rank's last
   // region is out.
   // Throws EngineError on every training rank when a receiver rejected the
   // header (its model or options differ), naming how many did.
@@ -135,7 +142,9 @@ class WeightReceiver {
  public:
   // `rollout`: this rollout rank's model (one stage, its TP slice);
   // `training`: the trainer's ParallelConfig (its stage split decides the
-  // buckets, its make_vocab_size_divisible_by the trainer's padding rows). Throws EngineError when the rollout model is not one stage.
+  // buckets, its make_vocab_size_divisible_by the trainer's padding rows,
+  // its ep which ranks send which experts). Throws EngineError when the rollout model is not one
+  // stage.
   WeightReceiver(std::shared_ptr<Transformer> rollout, const ParallelConfig& training,
                  c10::intrusive_ptr<c10d::ProcessGroup> sync, WeightSyncOptions options = {});
   ~WeightReceiver();

@@ -49,9 +49,15 @@ struct Layout {
   bool sequence_parallel = false;
   std::vector<int64_t> split;  // empty: even
   bool recompute = false;
+  int64_t ep = 1;  // expert parallel ranks, carved from dp
 
   explicit Layout(std::string f, int64_t tp_ = 1, int64_t pp_ = 1, int64_t dp_ = 1)
       : fixture(std::move(f)), tp(tp_), pp(pp_), dp(dp_) {}
+  Layout with_ep(int64_t n) const {
+    Layout l = *this;
+    l.ep = n;
+    return l;
+  }
   Layout with_sequence_parallel() const {
     Layout l = *this;
     l.sequence_parallel = true;
@@ -71,7 +77,8 @@ struct Layout {
 
 void PrintTo(const Layout& l, std::ostream* os) {
   *os << l.fixture << " tp" << l.tp << " pp" << l.pp << " dp" << l.dp
-      << (l.sequence_parallel ? " sp" : "") << (l.recompute ? " recompute" : "");
+      << (l.sequence_parallel ? " sp" : "") << (l.recompute ? " recompute" : "")
+      << (l.ep > 1 ? " ep" + std::to_string(l.ep) : "");
 }
 
 std::string layout_name(const ::testing::TestParamInfo<Layout>& info) {
@@ -82,6 +89,7 @@ std::string layout_name(const ::testing::TestParamInfo<Layout>& info) {
     if (c == '-') c = '_';  // gtest names: letters, digits and underscores
   if (l.sequence_parallel) n += "_sp";
   if (l.recompute) n += "_recompute";
+  if (l.ep > 1) n += "_ep" + std::to_string(l.ep);
   for (auto s : l.split) n += "_" + std::to_string(s);
   return n;
 }
@@ -126,9 +134,7 @@ std::shared_ptr<Transformer> build(const ModelConfig& cfg, const TensorMap& hf,
                                              TransformerOptions()
                                                  .set_sequence_parallel(l.sequence_parallel)
                                                  .set_recompute_activations(l.recompute));
-  auto split = l.split.empty() ? even_layer_split(cfg.num_layers, l.pp) : l.split;
-  auto spec = ShardSpec::for_rank(cfg, ps->coords().tp, l.tp, ps->coords().pp, split);
-  model->load_state_dict(hf_to_shard(hf, cfg, spec));
+  model->load_state_dict(hf_to_shard(hf, cfg, model->shard_spec()));
   return model;
 }
 
@@ -146,6 +152,7 @@ TEST_P(ParallelModel, MatchesTheSingleProcessModel) {
     pc.pp = l.pp;
     pc.dp = l.dp;
     pc.layer_split = l.split;
+    pc.ep = l.ep;
     auto ps = ParallelState::create(store, rank, pc);
     auto model = build(cfg, hf, ps, l);
     auto dense = build(cfg, hf, ParallelState::single(), Layout(l.fixture));
@@ -195,9 +202,7 @@ TEST_P(ParallelModel, MatchesTheSingleProcessModel) {
     TensorMap dense_grads;
     for (const auto& [name, p] : dense->named_params()) dense_grads[name] = p.grad();
     auto hf_grads = shards_to_hf({{dense_grads}}, cfg, {cfg.num_layers}, false);
-    auto split = l.split.empty() ? even_layer_split(cfg.num_layers, l.pp) : l.split;
-    auto expected = hf_to_shard(
-        hf_grads, cfg, ShardSpec::for_rank(cfg, ps->coords().tp, l.tp, ps->coords().pp, split));
+    auto expected = hf_to_shard(hf_grads, cfg, model->shard_spec());
     // Forward, backward, the sum over the batch's positions and over dp.
     const int64_t seq = batch.ids.size(1);
     const double grad_terms =
@@ -477,7 +482,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout("tiny-llama3-rope", 2, 2, 1), Layout("tiny-mistral", 2, 1, 1),
                       // Qwen3-MoE: experts split over TP, a dense first stage.
                       Layout("tiny-qwen3-moe", 2, 1, 1), Layout("tiny-qwen3-moe", 1, 2, 1),
-                      Layout("tiny-qwen3-moe", 2, 1, 1).with_sequence_parallel()),
+                      Layout("tiny-qwen3-moe", 2, 1, 1).with_sequence_parallel(),
+                      // Expert parallelism: tokens to their experts' ranks and
+                      // back by all-to-all, composed with TP (and SP) and PP.
+                      Layout("tiny-qwen3-moe", 1, 1, 2).with_ep(2),
+                      Layout("tiny-qwen3-moe", 2, 1, 2).with_ep(2).with_sequence_parallel(),
+                      Layout("tiny-qwen3-moe", 1, 2, 2).with_ep(2)),
     layout_name);
 
 // One rank of a DP layout on a fixture: the model's config and weights, the

@@ -74,6 +74,34 @@ TEST(ParallelState, EmbeddingGroupJoinsFirstAndLastStageOnly) {
             (std::vector<int64_t>{2}));  // pp == 1
 }
 
+// tp 2 × dp 4 × pp 1, ep 2: dp ranks {0, 1} and {2, 3} of each tp rank form
+// the EP groups; dp ranks {0, 2} and {1, 3} hold the same experts.
+TEST(ParallelState, ExpertGroupsAreCarvedFromDataParallelBlocks) {
+  ParallelConfig c = config(2, 1, 4, 1);
+  c.ep = 2;
+  EXPECT_NO_THROW(c.validate(8));
+  EXPECT_EQ(all_group_ranks(GroupKind::kData, c), (Ranks{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(all_group_ranks(GroupKind::kExpert, c), (Ranks{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(all_group_ranks(GroupKind::kExpertData, c), (Ranks{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(c.ep_rank_of(3), 1);
+  EXPECT_EQ(c.to_string(), "tp=2 cp=1 dp=4 pp=1 ep=2");
+  // Without EP: each rank alone, and the experts' data group is dp × cp.
+  const ParallelConfig plain = config(2, 1, 4, 1);
+  EXPECT_EQ(group_ranks(GroupKind::kExpert, 5, plain), (std::vector<int64_t>{5}));
+  EXPECT_EQ(all_group_ranks(GroupKind::kExpertData, plain),
+            all_group_ranks(GroupKind::kDataContext, plain));
+  // ep must divide dp.
+  ParallelConfig bad = config(1, 1, 4, 1);
+  bad.ep = 3;
+  try {
+    bad.validate();
+    FAIL() << "ep 3 over dp 4 was accepted";
+  } catch (const EngineError& e) {
+    EXPECT_NE(std::string(e.what()).find("ep = 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("divide dp = 4"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ParallelState, ValidateNamesConfigAndWorldSize) {
   const ParallelConfig c = config(2, 1, 2, 2);
   EXPECT_NO_THROW(c.validate(8));

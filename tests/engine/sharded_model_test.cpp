@@ -116,5 +116,48 @@ TEST(ShardedModel, LoadNamesMissingAndCorruptFiles) {
   expect_error([&] { load_sharded_layout(dir.path()); }, {"layout.json", "sums to 2"});
 }
 
+// Expert parallelism: one file per (tp, pp, EP rank), ep in layout.json; a
+// reader asks for any ep that divides num_experts (the files' experts joined
+// and split again), and load_sharded_all gives every expert.
+TEST(ShardedModel, ExpertParallelFilesLoadUnderAnyEp) {
+  TempDir dir;
+  const std::string fixture = std::string(BATON_FIXTURES_DIR) + "/tiny-qwen3-moe";
+  const auto cfg = ModelConfig::load(fixture);
+  const TensorMap hf = read_hf_weights(fixture);
+  ShardedLayout layout{.tp = 2, .pp = 1, .ep = 2};
+  const auto shards = shard_all(hf, cfg, layout);
+  save_sharded(dir.path(), cfg, layout, shards);
+  for (const char* f : {"model-tp0-pp0-ep0.safetensors", "model-tp1-pp0-ep1.safetensors"})
+    EXPECT_TRUE(fs::exists(dir / f)) << f;
+  EXPECT_FALSE(fs::exists(dir / "model-tp0-pp0.safetensors"));
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir / "layout.json"))["ep"], 2);
+  EXPECT_EQ(load_sharded_layout(dir.path()).ep, 2);
+
+  auto expect_same = [](const TensorMap& got, const TensorMap& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (const auto& [name, t] : want) EXPECT_TRUE(at::equal(got.at(name), t)) << what << name;
+  };
+  const auto all = load_sharded_all(dir.path());
+  for (int64_t k = 0; k < 2; ++k) {
+    expect_same(all[0][k], shards[0][k], "every expert");
+    for (int64_t ep : {1, 2, 4})
+      for (int64_t e = 0; e < ep; ++e) {
+        auto spec = ShardSpec::for_rank(cfg, k, 2, 0, {cfg.num_layers});
+        spec.ep_rank = e;
+        spec.ep_size = ep;
+        expect_same(load_sharded_rank(dir.path(), k, 0, e, ep), hf_to_shard(hf, cfg, spec),
+                    detail::cat("tp ", k, " ep ", e, " of ", ep, ": "));
+      }
+  }
+  expect_error([&] { load_sharded_rank(dir.path(), 0, 0, 0, 3); }, {"do not split over ep 3"});
+
+  // Back to ep 1: the EP rank files go.
+  save_sharded(dir.path(), cfg, {.tp = 2, .pp = 1}, shards);
+  EXPECT_TRUE(fs::exists(dir / "model-tp0-pp0.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "model-tp0-pp0-ep1.safetensors"));
+  expect_error([&] { save_sharded(dir.path(), cfg, {.tp = 2, .pp = 1, .ep = 3}, shards); },
+               {"expert parallel size 3", "num_experts = 4"});
+}
+
 }  // namespace
 }  // namespace baton::engine

@@ -170,8 +170,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Family{"qwen2", "", "configs/sft_toy.yaml", "configs/grpo_toy.yaml"},
                       Family{"qwen3", "--family qwen3", "configs/sft_toy_qwen3.yaml",
                              "configs/grpo_toy_qwen3.yaml"},
+                      // Expert parallelism over the 2 workers.
                       Family{"qwen3_moe", "--family qwen3_moe", "configs/sft_toy_qwen3_moe.yaml",
-                             "configs/grpo_toy_qwen3_moe.yaml"}),
+                             "configs/grpo_toy_qwen3_moe.yaml"},
+                      // LoRA adapters on the Qwen2 base.
+                      Family{"qwen2_lora", "", "configs/sft_toy.yaml",
+                             "configs/grpo_toy_lora.yaml"}),
     [](const ::testing::TestParamInfo<Family>& info) { return info.param.name; });
 
 }  // namespace

@@ -4,10 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "base/atomic_file.h"
 #include "trainer/config/settings.h"
 #include "trainer/step_profiler.h"
 
@@ -239,6 +243,66 @@ TEST(ConfigValidation, LoraKeysAreCheckedAndRefuseSequenceParallelism) {
       small_with({m + "lora_rank=8", "actor_rollout_ref.actor.megatron.sequence_parallel=true"}));
   EXPECT_CONTAINS(sp, "actor_rollout_ref.model.lora_rank = 8");
   EXPECT_CONTAINS(sp, "actor_rollout_ref.actor.megatron.sequence_parallel = true");
+}
+
+// verl's lora_adapter_path: a PEFT adapter directory, whose r, lora_alpha and
+// target modules the actor takes (LoRA on even with lora_rank 0, as verl's).
+TEST(ConfigValidation, LoraAdapterPathIsAPeftAdapterThatSuppliesTheLoraKeys) {
+  const std::string m = "actor_rollout_ref.model.";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("baton_peft_config_" + std::to_string(::getpid()));
+  baton::remove_tree(dir);
+  std::filesystem::create_directories(dir / "empty");
+  auto write_config = [&](const std::string& extra) {
+    std::ofstream(dir / "adapter_config.json")
+        << R"({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 32,)"
+        << R"( "target_modules": ["v_proj", "q_proj"], "bias": "none")" << extra << "}";
+  };
+  write_config("");
+  Config config = Config::load(kBase);
+  config.apply_overrides(
+      {m + "path=models/m", "data.train_files=[t.jsonl]", m + "lora_adapter_path=" + dir.string()});
+  const TrainerSettings s = read_trainer_settings(config);
+  EXPECT_EQ(s.actor.model.lora_adapter_path, dir.string());
+  EXPECT_EQ(s.actor.model.lora.rank, 8);
+  EXPECT_EQ(s.actor.model.lora.alpha, 32.0);
+  EXPECT_EQ(s.actor.model.lora.targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_FALSE(s.critic.model.lora.enabled());
+  // The adapter's values win over the keys'.
+  EXPECT_EQ(problems_with(small_with({m + "lora_rank=4", m + "lora_adapter_path=" + dir.string()})),
+            "");
+  // Not an adapter directory, or not plain LoRA: named.
+  EXPECT_CONTAINS(problems_with({m + "lora_adapter_path=" + (dir / "none").string()}),
+                  m + "lora_adapter_path = '" + (dir / "none").string() + "' is not a directory");
+  EXPECT_CONTAINS(
+      problems_with({m + "lora_adapter_path=" + (dir / "empty").string()}),
+      m + "lora_adapter_path = '" + (dir / "empty").string() + "' has no adapter_config.json");
+  write_config(R"(, "use_dora": true)");
+  const std::string dora = problems_with({m + "lora_adapter_path=" + dir.string()});
+  EXPECT_CONTAINS(dora, m + "lora_adapter_path: " + (dir / "adapter_config.json").string());
+  EXPECT_CONTAINS(dora, "\"use_dora\": true");
+  // The adapter turns LoRA on: sequence parallelism is refused beside it.
+  write_config("");
+  EXPECT_CONTAINS(
+      problems_with(small_with({m + "lora_adapter_path=" + dir.string(),
+                                "actor_rollout_ref.actor.megatron.sequence_parallel=true"})),
+      "actor_rollout_ref.model.lora_rank = 8 cannot be used with");
+  baton::remove_tree(dir);
+}
+
+TEST(ConfigValidation, ExpertParallelismDividesDpAndNeedsThePlainOptimizer) {
+  const std::string a = "actor_rollout_ref.actor.megatron.";
+  EXPECT_EQ(problems_with(small_with(
+                {a + "expert_model_parallel_size=2", a + "use_distributed_optimizer=false"})),
+            "");
+  const std::string three = problems_with(
+      small_with({a + "expert_model_parallel_size=3", a + "use_distributed_optimizer=false"}));
+  EXPECT_CONTAINS(three,
+                  a + "expert_model_parallel_size = 3 does not divide the data-parallel size 2");
+  EXPECT_CONTAINS(problems_with(small_with({a + "expert_model_parallel_size=2"})),
+                  a + "use_distributed_optimizer = false");
+  EXPECT_CONTAINS(problems_with(small_with({a + "expert_model_parallel_size=0"})),
+                  a + "expert_model_parallel_size = 0 must be >= 1");
 }
 
 TEST(ConfigValidation, OptimizerSettingsAreInRange) {

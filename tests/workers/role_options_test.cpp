@@ -27,6 +27,9 @@ ModelOptions model() {
   m.dtype = "bfloat16";
   m.sequence_parallel = true;
   m.recompute_activations = true;
+  m.ep = 2;
+  m.lora = engine::LoraOptions{.rank = 8, .alpha = 32, .targets = {"q_proj"}, .seed = 9};
+  m.lora_adapter_path = "adapters/a";
   m.collective_timeout_ms = 1500;
   return m;
 }

@@ -478,6 +478,48 @@ TEST(MakeMicroBatches, PacksWholeRowsUpToTheTokenBudgetAndMapsColumnsBack) {
                Error);
 }
 
+// Expert parallelism: the EP ranks agree on a micro-batch count and each
+// cuts its rows into exactly that many (fixed rows as evenly as possible,
+// packed groups split at their widest); too few rows is an error.
+TEST(MakeMicroBatches, CutsExactlyTheAgreedCount) {
+  // Rows of 3, 5, 2 and 4 real tokens.
+  at::Tensor mask = at::tensor({0, 0, 0, 1, 1, 1,  //
+                                0, 1, 1, 1, 1, 1,  //
+                                0, 0, 0, 0, 1, 1,  //
+                                0, 0, 1, 1, 1, 1},
+                               at::kLong)
+                        .view({4, 6});
+  DataProto batch;
+  batch.set_tensor("input_ids", (at::arange(24, at::kLong).view({4, 6}) + 1) * mask);
+  batch.set_tensor("attention_mask", mask);
+  const at::Device cpu(at::kCPU);
+  EXPECT_EQ(natural_micro_batches(batch, {.rows = 4}), 1);
+  EXPECT_EQ(natural_micro_batches(batch, {.rows = 1, .max_tokens = 8}), 2);
+
+  const auto rows = make_micro_batches(batch, {.rows = 4, .count = 3}, {}, cpu);
+  ASSERT_EQ(rows.size(), 3u);
+  std::vector<int64_t> sizes;
+  for (const auto& mb : rows) sizes.push_back(mb.input_ids.size(0));
+  EXPECT_EQ(sizes, (std::vector<int64_t>{2, 1, 1}));
+  EXPECT_TRUE(at::equal(rows[2].input_ids, batch.tensor("input_ids").slice(0, 3, 4)));
+
+  // {3, 5} and {2, 4} → {3}, {5}, {2, 4}: the first widest group split.
+  const auto packed = make_micro_batches(batch, {.rows = 1, .max_tokens = 8, .count = 3}, {}, cpu);
+  ASSERT_EQ(packed.size(), 3u);
+  EXPECT_EQ(packed[0].packed_lengths, (std::vector<int64_t>{3}));
+  EXPECT_EQ(packed[1].packed_lengths, (std::vector<int64_t>{5}));
+  EXPECT_EQ(packed[2].packed_lengths, (std::vector<int64_t>{2, 4}));
+
+  try {
+    make_micro_batches(batch, {.rows = 1, .count = 5}, {}, cpu);
+    ADD_FAILURE() << "4 rows were cut into 5 micro-batches";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 rows cannot make the 5 micro-batches"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Sequence parallelism needs the sequence to divide by tp: padded rows get
 // masked columns on the left, a packed row a padding sequence at its end;
 // the columns counted from a row's end are the same.

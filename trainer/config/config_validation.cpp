@@ -1,6 +1,7 @@
 #include "trainer/config/config_validation.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "base/errors.h"
 #include "engine/errors.h"
+#include "engine/io/peft_adapter.h"
 #include "trainer/config/settings.h"
 
 namespace baton::trainer {
@@ -74,6 +76,23 @@ struct Layouts {
   std::optional<int64_t> actor_dp, rollout_dp, critic_dp;
 };
 
+// <prefix>expert_model_parallel_size: at least 1, dividing the role's DP
+// size, and with the plain optimizer (the distributed one does not shard
+// expert parameters).
+void check_expert_parallel(Problems& p, const std::string& prefix,
+                           const workers::ModelOptions& model, const workers::OptimOptions& optim,
+                           std::optional<int64_t> dp) {
+  const std::string key = prefix + "expert_model_parallel_size";
+  if (!p.at_least(key, model.ep, 1) || model.ep == 1) return;
+  if (dp && *dp % model.ep != 0)
+    p.add(cat(key, " = ", model.ep, " does not divide the data-parallel size ", *dp,
+              " (expert parallel ranks are carved from the data-parallel ones)"));
+  if (optim.distributed)
+    p.add(cat(key, " = ", model.ep, " needs ", prefix,
+              "use_distributed_optimizer = false (the distributed optimizer does not shard "
+              "expert parameters)"));
+}
+
 // Workers and layouts: nodes and slots, each role's TP x PP over the world.
 Layouts check_workers_and_layouts(Problems& p, const TrainerSettings& s) {
   const auto nnodes = p.at_least("trainer.nnodes", s.nnodes, 1);
@@ -111,6 +130,10 @@ Layouts check_workers_and_layouts(Problems& p, const TrainerSettings& s) {
     l.critic_dp = check_layout(p, world, "critic", "critic.megatron.tensor_model_parallel_size",
                                s.critic.model.tp, "critic.megatron.pipeline_model_parallel_size",
                                s.critic.model.pp, node_size);
+  check_expert_parallel(p, "actor_rollout_ref.actor.megatron.", s.actor.model, s.actor.optim,
+                        l.actor_dp);
+  if (s.use_critic)
+    check_expert_parallel(p, "critic.megatron.", s.critic.model, s.critic.optim, l.critic_dp);
   if (s.use_rm)
     check_layout(p, world, "reward model", "reward_model.megatron.tensor_model_parallel_size",
                  s.rm.model.tp, "reward_model.megatron.pipeline_model_parallel_size", s.rm.model.pp,
@@ -215,10 +238,20 @@ void check_optim(Problems& p, const std::string& prefix, const workers::OptimOpt
 }
 
 // actor_rollout_ref.model's LoRA keys: a rank >= 0 (0: none), alpha > 0,
-// target modules the engine adapts, and no sequence parallelism beside them.
+// target modules the engine adapts, and no sequence parallelism beside them;
+// a lora_adapter_path is a PEFT adapter directory (whose adapter_config.json
+// settings.cpp has read the rank, alpha and modules from).
 void check_lora(Problems& p, const TrainerSettings& s) {
   const engine::LoraOptions& lora = s.actor.model.lora;
   const std::string m = "actor_rollout_ref.model.";
+  if (const std::string& path = s.actor.model.lora_adapter_path; !path.empty()) {
+    if (!std::filesystem::is_directory(path))
+      p.add(cat(m, "lora_adapter_path = '", path, "' is not a directory"));
+    else if (!std::filesystem::is_regular_file(std::filesystem::path(path) /
+                                               engine::kPeftConfigFile))
+      p.add(cat(m, "lora_adapter_path = '", path, "' has no ", engine::kPeftConfigFile,
+                " (not a PEFT adapter directory: PEFT's save_pretrained writes one)"));
+  }
   p.at_least(m + "lora_rank", lora.rank, 0);
   if (!(lora.alpha > 0)) p.add(cat(m, "lora_alpha = ", lora.alpha, " must be > 0"));
   if (!lora.enabled()) return;

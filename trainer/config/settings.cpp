@@ -1,9 +1,12 @@
 #include "trainer/config/settings.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <initializer_list>
 #include <utility>
 
+#include "engine/errors.h"
+#include "engine/io/peft_adapter.h"
 #include "trainer/async/staleness_policy.h"
 #include "trainer/config/config_validation.h"
 #include "trainer/step_profiler.h"
@@ -134,6 +137,27 @@ workers::OffloadOptions offload_from(Reader& r, const std::string& megatron) {
   return o;
 }
 
+// verl's lora_adapter_path: the actor's adapters start from a PEFT adapter
+// and take its r, lora_alpha and target modules (as PeftModel.from_pretrained
+// does), whatever lora_rank, lora_alpha and target_modules say. A path
+// without an adapter_config.json is settings_problems' to name.
+void read_lora_adapter(Reader& r, workers::ModelOptions& m) {
+  const std::string key = "actor_rollout_ref.model.lora_adapter_path";
+  m.lora_adapter_path = r.get_optional<std::string>(key).value_or("");
+  if (m.lora_adapter_path.empty() ||
+      !std::filesystem::is_regular_file(std::filesystem::path(m.lora_adapter_path) /
+                                        engine::kPeftConfigFile))
+    return;
+  try {
+    const engine::LoraOptions adapter = engine::read_peft_adapter_config(m.lora_adapter_path);
+    m.lora.rank = adapter.rank;
+    m.lora.alpha = adapter.alpha;
+    m.lora.targets = adapter.targets;
+  } catch (const engine::EngineError& e) {
+    r.problem(key + ": " + e.what());
+  }
+}
+
 void read_actor(Reader& r, TrainerSettings& s) {
   const std::string a = "actor_rollout_ref.actor";
   workers::ActorRolloutRefOptions& o = s.actor;
@@ -145,6 +169,7 @@ void read_actor(Reader& r, TrainerSettings& s) {
   o.model.seed = static_cast<uint64_t>(r.get<int64_t>(a + ".megatron.seed"));
   o.model.dtype = r.one_of(a + ".megatron.dtype", kDtypes);
   o.model.sequence_parallel = r.get<bool>(a + ".megatron.sequence_parallel");
+  o.model.ep = r.get<int64_t>(a + ".megatron.expert_model_parallel_size");
   o.model.recompute_activations =
       r.get<bool>("actor_rollout_ref.model.enable_gradient_checkpointing");
   o.model.lora.rank = r.get<int64_t>("actor_rollout_ref.model.lora_rank");
@@ -152,6 +177,7 @@ void read_actor(Reader& r, TrainerSettings& s) {
   const std::string targets = "actor_rollout_ref.model.target_modules";
   o.model.lora.targets = r.config().is_null(targets) ? std::vector<std::string>{"all-linear"}
                                                      : string_list(r, targets);
+  read_lora_adapter(r, o.model);
   const std::string ref = "actor_rollout_ref.ref";
   s.ref_tp = r.get<int64_t>(ref + ".megatron.tensor_model_parallel_size");
   s.ref_pp = r.get<int64_t>(ref + ".megatron.pipeline_model_parallel_size");
@@ -225,6 +251,7 @@ void read_critic(Reader& r, TrainerSettings& s) {
   k.model.seed = static_cast<uint64_t>(r.get<int64_t>("critic.megatron.seed"));
   k.model.dtype = r.one_of("critic.megatron.dtype", kDtypes);
   k.model.sequence_parallel = r.get<bool>("critic.megatron.sequence_parallel");
+  k.model.ep = r.get<int64_t>("critic.megatron.expert_model_parallel_size");
   k.model.recompute_activations = r.get<bool>("critic.model.enable_gradient_checkpointing");
   t.mini_batch_prompts = r.get<int64_t>("critic.ppo_mini_batch_size");
   t.micro_batch_size = r.get_optional<int64_t>("critic.ppo_micro_batch_size_per_gpu");

@@ -222,9 +222,8 @@ MetricLists ActorRolloutRefWorker::update_actor_resident(const DataProto& batch)
     a.optimizer().zero_grad();
     std::vector<engine::MicroBatch> mbs =
         make_micro_batches(mini,
-                           {.rows = options_.update.micro_batch_size,
-                            .max_tokens = options_.update.max_token_len,
-                            .sequence_multiple = a.sequence_multiple()},
+                           a.batching_for(mini, {.rows = options_.update.micro_batch_size,
+                                                 .max_tokens = options_.update.max_token_len}),
                            mb_extra, a.model().device());
     // MoE: the router's load-balancing loss (router_aux_loss_coef of the
     // model's config, as HF adds it), each micro-batch's a share of the

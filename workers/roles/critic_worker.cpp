@@ -58,9 +58,8 @@ DataProto CriticWorker::update_critic(const DataProto& batch) {
     engine::forward_backward(
         c.model(),
         make_micro_batches(mini,
-                           {.rows = options_.update.micro_batch_size,
-                            .max_tokens = options_.update.max_token_len,
-                            .sequence_multiple = c.sequence_multiple()},
+                           c.batching_for(mini, {.rows = options_.update.micro_batch_size,
+                                                 .max_tokens = options_.update.max_token_len}),
                            {"response_mask", "values", "returns"}, c.model().device()),
         [&](const at::Tensor& out, const engine::MicroBatch& mb) {
           const int64_t S = padded_width(mb);

@@ -12,8 +12,10 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "engine/io/hf_model.h"
+#include "engine/io/peft_adapter.h"
 #include "engine/io/sharded_model.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/parallel/tensor_parallel.h"
 #include "engine/parallel/vocab_parallel.h"
 #include "runtime/process_group.h"
 
@@ -42,6 +44,11 @@ RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const 
   engine::ParallelConfig pc;
   static_cast<ParallelLayout&>(pc) = layout;
   pc.make_vocab_size_divisible_by = options.vocab_divisible_by;
+  pc.ep = options.ep;
+  if (pc.dp % pc.ep != 0)
+    throw Error("RoleModel(" + tag + "): expert_model_parallel_size " + std::to_string(pc.ep) +
+                " does not divide the group's data-parallel size " + std::to_string(pc.dp) + " (" +
+                layout.to_string() + ")");
   auto backend = engine::CollectiveBackend::kGloo;
 #if defined(BATON_CUDA)
   if (info.use_gpu) backend = engine::CollectiveBackend::kNccl;
@@ -78,6 +85,10 @@ RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const 
   model_ = std::make_shared<engine::Transformer>(hf.config, state_, topts);
   model_->load_state_dict(engine::hf_to_shard(hf.weights, hf.config, model_->shard_spec()));
   hf.weights.clear();
+  if (!options.lora_adapter_path.empty()) {
+    engine::copy_peft_adapter(engine::load_peft_adapter(options.lora_adapter_path), hf.config,
+                              topts.lora, model_->shard_spec(), model_->lora_params());
+  }
   const at::ScalarType dtype = parameter_dtype(options.dtype, "RoleModel(" + tag + ")");
   if (info.use_gpu || dtype != at::kFloat) model_->to(state_->device(), dtype);
   if (optim != nullptr) {
@@ -161,8 +172,15 @@ int64_t RoleModel::sequence_multiple() const {
   return model_->options().sequence_parallel ? state_->tp().size : 1;
 }
 
-MicroBatching RoleModel::padded(MicroBatching batching) const {
+MicroBatching RoleModel::batching_for(const DataProto& batch, MicroBatching batching) const {
   batching.sequence_multiple = std::lcm(batching.sequence_multiple, sequence_multiple());
+  const engine::Group& ep = state_->ep();
+  if (ep.size > 1 && model_->has_sparse_layers()) {
+    at::Tensor n = at::full({1}, natural_micro_batches(batch, batching),
+                            at::TensorOptions().dtype(at::kLong).device(state_->device()));
+    batching.count =
+        engine::collective::all_reduce(n, ep, c10d::ReduceOp::MAX).cpu().item<int64_t>();
+  }
   return batching;
 }
 
@@ -177,7 +195,7 @@ at::Tensor RoleModel::response_log_probs(const DataProto& batch, const MicroBatc
   const engine::Group& tp = state_->tp();
   std::vector<at::Tensor> entropies;
   auto outs = engine::forward_only(
-      *model_, make_micro_batches(batch, padded(batching), {}, model_->device()),
+      *model_, make_micro_batches(batch, batching_for(batch, batching), {}, model_->device()),
       [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
         ResponseScores s = response_scores(logits, mb, R, temperature, tp);
         if (entropy != nullptr) entropies.push_back(s.entropy.to(at::kFloat).cpu());
@@ -193,7 +211,7 @@ at::Tensor RoleModel::response_values(const DataProto& batch, const MicroBatchin
   const int64_t R = response_width(batch);
   const int64_t shift = at_tokens ? 0 : 1;
   auto outs = engine::forward_only(
-      *model_, make_micro_batches(batch, padded(batching), {}, model_->device()),
+      *model_, make_micro_batches(batch, batching_for(batch, batching), {}, model_->device()),
       [&](const at::Tensor& values, const engine::MicroBatch& mb) {
         const int64_t S = padded_width(mb);
         return padded_columns(values.squeeze(-1), mb, S - R - shift, S - shift)
@@ -232,6 +250,22 @@ std::vector<PackGroup> pack_groups(const std::vector<int64_t>& lengths, int64_t 
     }
     groups.back().end = r + 1;
     tokens += len;
+  }
+  return groups;
+}
+
+// `groups` split until there are `count` of them: the one of most rows in
+// halves, again and again (a split group's tokens fit, as its whole did).
+// REQUIRES: groups.size() <= count <= rows.
+std::vector<PackGroup> split_to(std::vector<PackGroup> groups, int64_t count) {
+  while (static_cast<int64_t>(groups.size()) < count) {
+    auto widest = std::max_element(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+      return a.end - a.begin < b.end - b.begin;
+    });
+    const PackGroup g = *widest;
+    const int64_t mid = g.begin + (g.end - g.begin) / 2;
+    *widest = {g.begin, mid};
+    groups.insert(widest + 1, PackGroup{mid, g.end});
   }
   return groups;
 }
@@ -290,9 +324,19 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
   auto with_extras = [&](engine::MicroBatch& mb, int64_t begin, int64_t end) {
     for (const auto& [key, t] : extras) mb.extra[key] = t.slice(0, begin, end);
   };
+  if (batching.count > n)
+    throw Error("make_micro_batches: " + std::to_string(n) + " rows cannot make the " +
+                std::to_string(batching.count) +
+                " micro-batches the expert-parallel ranks agreed on (each needs a row; give the "
+                "ranks more rows or balance them)");
   if (batching.max_tokens <= 0) {
-    for (int64_t start = 0; start < n; start += batching.rows) {
-      const int64_t end = std::min(n, start + batching.rows);
+    // `count`: n rows in count runs, the first n % count one row longer.
+    const int64_t runs =
+        batching.count > 0 ? batching.count : (n + batching.rows - 1) / batching.rows;
+    for (int64_t i = 0, start = 0; i < runs && start < n; ++i) {
+      const int64_t len = batching.count > 0 ? n / runs + (i < n % runs ? 1 : 0)
+                                             : std::min(batching.rows, n - start);
+      const int64_t end = start + len;
       engine::MicroBatch mb;
       mb.input_ids = ids.slice(0, start, end);
       mb.attention_mask = mask.slice(0, start, end);
@@ -300,6 +344,7 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
       with_extras(mb, start, end);
       pad_sequence(mb, batching.sequence_multiple);
       out.push_back(std::move(mb));
+      start = end;
     }
     return out;
   }
@@ -310,7 +355,9 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
                                      host_lengths.data_ptr<int64_t>() + n);
   const at::Tensor real = mask.ne(0);
   const at::Tensor before = real.to(at::kLong).cumsum(1) - 1;  // real tokens before a column
-  for (const PackGroup& g : pack_groups(lengths, batching.max_tokens)) {
+  std::vector<PackGroup> groups = pack_groups(lengths, batching.max_tokens);
+  if (batching.count > 0) groups = split_to(std::move(groups), batching.count);
+  for (const PackGroup& g : groups) {
     engine::MicroBatch mb;
     const at::Tensor sel = real.slice(0, g.begin, g.end);
     mb.input_ids = ids.slice(0, g.begin, g.end).masked_select(sel).unsqueeze(0);
@@ -328,6 +375,16 @@ std::vector<engine::MicroBatch> make_micro_batches(const DataProto& batch,
     out.push_back(std::move(mb));
   }
   return out;
+}
+
+int64_t natural_micro_batches(const DataProto& batch, const MicroBatching& batching) {
+  const int64_t n = batch.size();
+  if (batching.max_tokens <= 0)
+    return batching.rows < 1 ? 0 : (n + batching.rows - 1) / batching.rows;
+  const at::Tensor host_lengths = batch.tensor("attention_mask").to(at::kLong).sum(1).cpu();
+  const std::vector<int64_t> lengths(host_lengths.data_ptr<int64_t>(),
+                                     host_lengths.data_ptr<int64_t>() + n);
+  return static_cast<int64_t>(pack_groups(lengths, batching.max_tokens).size());
 }
 
 int64_t padded_width(const engine::MicroBatch& mb) {
@@ -440,6 +497,9 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
   layout.pp = ps.config().pp;
   layout.value_model = role.options().value_model;
   layout.make_vocab_size_divisible_by = ps.config().make_vocab_size_divisible_by;
+  // Expert parallelism: dp ranks 0..ep-1 hold different experts, each
+  // writes its own file; load_sharded_all joins them (join_expert_shards).
+  layout.ep = cfg.moe.num_experts > 0 ? ps.config().ep : 1;
   part_then_agree(ps, "preparing the shard folder", [&] {
     if (ps.rank() != 0) return;
     baton::remove_tree(shards);
@@ -447,23 +507,35 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
     engine::write_sharded_layout(shards, cfg, layout, &base);
   });
   part_then_agree(ps, "writing the shards", [&] {
-    if (c.dp != 0 || c.cp != 0) return;
-    // A LoRA model exports its merged weights: an HF model without adapters.
+    if (c.dp >= layout.ep || c.cp != 0) return;
+    // A LoRA model exports its merged weights: an HF model without adapters;
+    // its adapters travel beside them, for the PEFT adapter under `dir`/adapter.
     engine::TensorMap weights;
     if (role.model().options().lora.enabled()) {
       for (const auto& [name, t] : role.model().merged_params()) weights.emplace(name, t.detach());
+      for (const auto& [name, t] : role.model().lora_params()) weights.emplace(name, t.detach());
     } else {
       weights = role.model().state_dict();
     }
-    engine::write_sharded_rank(shards, c.tp, c.pp, weights);
+    engine::write_sharded_rank(shards, c.tp, c.pp, weights, layout.ep > 1 ? ps.ep_rank() : 0,
+                               layout.ep);
   });
   part_then_agree(ps, "merging the shards into the HF checkpoint", [&] {
     if (ps.rank() != 0) return;
     const auto saved = engine::load_sharded_layout(shards);
-    engine::TensorMap hf =
-        engine::shards_to_hf(engine::load_sharded_all(shards), cfg, saved.layer_split,
-                             saved.value_model, saved.make_vocab_size_divisible_by);
+    auto all = engine::load_sharded_all(shards);
+    const auto adapters = engine::take_lora_tensors(all);
+    engine::TensorMap hf = engine::shards_to_hf(all, cfg, saved.layer_split, saved.value_model,
+                                                saved.make_vocab_size_divisible_by);
     engine::save_hf_model(out, cfg, hf, saved.value_model, engine::kDefaultMaxShardBytes, &base);
+    if (const engine::LoraOptions& lora = role.model().options().lora; lora.enabled()) {
+      // The adapters alone, for PEFT on the base model (not on the merged one).
+      engine::PeftAdapter adapter;
+      adapter.lora = lora;
+      adapter.base_model = role.options().path;
+      adapter.weights = engine::lora_shards_to_peft(adapters, cfg, lora, saved.layer_split);
+      engine::save_peft_adapter(out / "adapter", adapter);
+    }
     baton::remove_tree(shards);
     // The source directory's other files (tokenizer, generation config).
     for (const auto& e : fs::directory_iterator(role.options().path)) {

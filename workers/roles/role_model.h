@@ -48,7 +48,15 @@ struct MicroBatching {
   // gets one more sequence of padding tokens at its end. Columns counted from
   // a row's end (padded_width, padded_columns) are the same either way.
   int64_t sequence_multiple = 1;
+  // > 0: exactly this many micro-batches (RoleModel::batching_for: the EP
+  // ranks of a MoE model run the same number of forwards). Rows are cut as
+  // evenly as possible, or the packed groups split further at their largest;
+  // a batch of fewer rows than this is an error.
+  int64_t count = 0;
 };
+
+// How many micro-batches `batching` cuts `batch` into (count ignored).
+int64_t natural_micro_batches(const DataProto& batch, const MicroBatching& batching);
 
 class RoleModel {
  public:
@@ -57,7 +65,9 @@ class RoleModel {
   // group's layout must have tp and pp as `options` says (baton::Error naming
   // both otherwise). `optim` null: a frozen model (no optimizer, no
   // gradients). A value model built from a causal-LM checkpoint keeps a fresh
-  // value head (seeded by options.seed) and logs a notice. `share`: reuse
+  // value head (seeded by options.seed) and logs a notice. With
+  // options.lora_adapter_path its adapters start from that PEFT adapter
+  // (engine::copy_peft_adapter; EngineError when it does not fit). `share`: reuse
   // another role's ParallelState of the same layout instead (e.g. the ref
   // model beside the actor); then nothing is collective.
   RoleModel(const WorkerInfo& info, const ModelOptions& options, const std::string& tag,
@@ -74,6 +84,12 @@ class RoleModel {
   // sequence parallelism, else 1 (MicroBatching::sequence_multiple). The
   // role's own forwards (response_log_probs, response_values) pad to it.
   int64_t sequence_multiple() const;
+  // `batching` for this model's forwards over `batch`: the sequence padded
+  // to sequence_multiple(), and under expert parallelism the micro-batch
+  // count agreed over the EP group (the largest of its ranks': an
+  // all-to-all in every sparse layer needs every EP rank's forward). Under
+  // EP collective over the EP group.
+  MicroBatching batching_for(const DataProto& batch, MicroBatching batching) const;
   const ModelOptions& options() const { return options_; }
   // The HF config.json of the model it was loaded from (kept for export).
   const std::string& hf_config_text() const { return hf_config_text_; }
@@ -113,8 +129,6 @@ class RoleModel {
     std::vector<at::Tensor> params, grads, optimizer;
   };
   Tensors tensors() const;
-  // `batching` with this model's sequence_multiple().
-  MicroBatching padded(MicroBatching batching) const;
 
   std::shared_ptr<engine::ParallelState> state_;
   std::shared_ptr<engine::Transformer> model_;
@@ -196,7 +210,9 @@ void all_reduce_sum(std::vector<double>& values, const engine::Group& group, at:
 // tokenizer's). Collective over the role's world: DP rank 0 of every TP × PP
 // position writes its shard under `dir`.shards, rank 0 merges them and
 // removes that directory. A LoRA model (ModelOptions::lora) writes its
-// merged weights (Transformer::merged_params): a plain HF model.
+// merged weights (Transformer::merged_params): a plain HF model; and its
+// adapters alone as a PEFT adapter of the base model (ModelOptions::path)
+// in `dir`/adapter (engine/io/peft_adapter.h).
 void export_hf_model(RoleModel& role, const std::string& dir);
 
 // ModelOptions::dtype as a LibTorch dtype: "float32"/"fp32" or

@@ -40,6 +40,7 @@ void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, ModelOp
   f("value_model", m.value_model);
   f("tp", m.tp);
   f("pp", m.pp);
+  f("ep", m.ep);
   f("vocab_divisible_by", m.vocab_divisible_by);
   f("seed", m.seed);
   f("dtype", m.dtype);
@@ -47,6 +48,7 @@ void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, ModelOp
   f("sequence_parallel", m.sequence_parallel);
   f("recompute_activations", m.recompute_activations);
   f("lora", m.lora);
+  f("lora_adapter_path", m.lora_adapter_path);
   f("collective_timeout_ms", m.collective_timeout_ms);
 }
 

@@ -34,10 +34,14 @@ struct OffloadOptions {
 };
 
 struct ModelOptions {
-  std::string path;                  // HF model directory (config.json + safetensors)
-  bool value_model = false;          // a value head (critic, reward model) instead of the LM head
-  int64_t tp = 1;                    // tensor-parallel size of the training layout
-  int64_t pp = 1;                    // pipeline stages
+  std::string path;          // HF model directory (config.json + safetensors)
+  bool value_model = false;  // a value head (critic, reward model) instead of the LM head
+  int64_t tp = 1;            // tensor-parallel size of the training layout
+  int64_t pp = 1;            // pipeline stages
+  // Expert parallelism (Megatron's expert_model_parallel_size,
+  // engine::ParallelConfig::ep): a MoE model's experts split over this many
+  // of the data-parallel ranks. Must divide dp and num_experts.
+  int64_t ep = 1;
   int64_t vocab_divisible_by = 128;  // Megatron's make_vocab_size_divisible_by
   uint64_t seed = 42;                // fresh parameters (a value head) and dropout-free RNG
   // The parameters' dtype: "float32" or "bfloat16". A trained model keeps
@@ -60,6 +64,11 @@ struct ModelOptions {
   // merged weights, and an actor-rollout-ref worker's reference policy is its
   // actor with the adapters off (no second copy). Rank 0: none.
   engine::LoraOptions lora;
+  // A PEFT adapter directory to start the adapters from (verl's
+  // lora_adapter_path; engine/io/peft_adapter.h), loaded after the base
+  // weights; "": none. `lora` must be the adapter's r, lora_alpha and
+  // target modules (the trainer takes them from its adapter_config.json).
+  std::string lora_adapter_path;
   // The deadline of every collective of the role's groups and of its weight
   // syncs (engine/parallel/deadline_group.h): a rank that waits longer for another
   // throws, naming the group, the operation and the ranks that did not

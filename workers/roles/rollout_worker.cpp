@@ -28,6 +28,12 @@ RolloutWorker::RolloutWorker(const List& init_args) {
   training_.pp = m.pp;
   training_.dp = trainer_world / (m.tp * m.pp);
   training_.make_vocab_size_divisible_by = m.vocab_divisible_by;
+  // Expert parallelism: dp ranks 0..ep-1 send the experts of their EP rank.
+  training_.ep = m.ep;
+  if (m.ep < 1 || training_.dp % m.ep != 0) {
+    throw Error("RolloutWorker: the actor's expert_model_parallel_size " + std::to_string(m.ep) +
+                " does not divide its data-parallel size " + std::to_string(training_.dp));
+  }
   const int64_t tp = options_.rollout.tp;
   if (tp < 1 || world_size() % tp != 0) {
     throw Error("RolloutWorker: rollout tensor_model_parallel_size " + std::to_string(tp) +
@@ -40,6 +46,7 @@ void RolloutWorker::init_model() {
   ModelOptions m = options_.model;
   m.tp = options_.rollout.tp;
   m.pp = 1;
+  m.ep = 1;  // every rollout rank holds every expert
   m.offload = {};
   // Generation only: no backward to recompute, no sequence-split activations.
   m.sequence_parallel = false;
