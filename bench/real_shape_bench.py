@@ -14,12 +14,12 @@ per process.
     bash scripts/setup_bench.sh        # TRL, once
     ctest --test-dir build -R QwenTokenizerFixture   # the tokenizer, once
     /opt/baton-venv/bin/python bench/real_shape_bench.py [--work /tmp/real_shape] \
-        [--steps 2] [--only baton|trl]
+        [--steps 2] [--only baton|trl] [--micro-batch 8]
 
 Settings both sides share: lr 1e-6 constant, no KL, PPO clip 0.2, one PPO epoch and one
 optimizer step per generation batch (mini-batch = the 32 samples), temperature 1.0,
-fp32. baton's micro-batches are 2 sequences per worker (update and log-probs; 4 ran out of
-the 24 GiB with two workers); TRL's
+fp32. baton's micro-batches are --micro-batch sequences per worker (update and log-probs;
+default 8: before the fused LM head, 4 ran out of the 24 GiB with two workers); TRL's
 per-device batch is 8 with 4 accumulation steps (the same 32 per step). Random
 weights never emit a stop token, so every response is 128 tokens on both sides.
 """
@@ -163,7 +163,7 @@ class PeakRss:
         return {self.names.get(p, str(p)): round(kb / 1024.0, 1) for p, kb in self.peaks.items()}
 
 
-def run_baton(work, model_dir, data, steps):
+def run_baton(work, model_dir, data, steps, micro):
     out = os.path.join(work, "baton_out")
     shutil.rmtree(out, ignore_errors=True)
     cmd = [os.path.join(ROOT, "build", "examples", "grpo"), "--config",
@@ -172,11 +172,12 @@ def run_baton(work, model_dir, data, steps):
            "data.max_prompt_length=128", "data.max_response_length=128",
            "data.train_batch_size=8", f"actor_rollout_ref.model.path={model_dir}",
            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+           "actor_rollout_ref.model.use_fused_kernels=true",
            "actor_rollout_ref.actor.optim.lr=1e-6",
            "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
            "actor_rollout_ref.rollout.n=4",
-           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+           f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
            "actor_rollout_ref.rollout.kv_cache_bytes=268435456",
            f"trainer.total_training_steps={steps}", "trainer.val_before_train=false",
            "trainer.test_freq=-1", "trainer.save_freq=-1", f"trainer.default_local_dir={out}",
@@ -284,6 +285,9 @@ def main():
     ap.add_argument("--fixture", default=os.path.join(ROOT, "build", "tests", "data", "qwen_fixture"))
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--only", choices=["baton", "trl"])
+    # Sequences per baton micro-batch (update and log-probs). 2 was the cap
+    # while the LM head's logits existed whole; the fused head lifts it.
+    ap.add_argument("--micro-batch", type=int, default=8)
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     model_dir = make_model(a.work, a.fixture)
@@ -293,7 +297,8 @@ def main():
               "prompts": 8, "samples_per_prompt": 4, "max_new_tokens": 128, "steps": a.steps,
               "cpu": cpu, "cores": os.cpu_count(), "load_1m_before": os.getloadavg()[0]}
     if a.only != "trl":
-        result["baton"] = run_baton(a.work, model_dir, data, a.steps)
+        result["baton"] = run_baton(a.work, model_dir, data, a.steps, a.micro_batch)
+        result["baton_micro_batch"] = a.micro_batch
         log("baton:", json.dumps(result["baton"]))
     if a.only != "baton":
         result["trl"] = run_trl(a.work, model_dir, data, a.steps)

@@ -7,6 +7,8 @@
 //   ./build/bench/rollout_bench [--batches 1,16,64] [--prompt 32] [--new 32] [--repeats 3]
 //                               [--n 1] [--no-prefix-sharing] [--threads N] [--profile FILE]
 //                               [--shape small|qwen0.5b] [--lora-rank R]
+//                               [--model DIR] [--device cpu|cuda] [--dtype fp32|bf16]
+//                               [--cache-mb MB] [--cached-only] [--warmup-new N]
 //
 // The last line of stdout is JSON. Per batch size (medians over --repeats):
 //   prefill_tokens_per_s  prompt tokens / time in prefill steps
@@ -29,6 +31,19 @@
 // --shape qwen0.5b: Qwen2.5-0.5B's dimensions (hidden 896, 24 layers, 14
 // heads, 2 kv heads, intermediate 4864, vocab 151936, tied embeddings; random
 // weights) instead of the small Llama; the output then names "shape".
+//
+// A real checkpoint on a GPU (scripts/gpu_bench.sh):
+//   --model DIR     an HF directory (config.json + safetensors) instead of
+//                   --shape's random model; the output then names "model_dir"
+//   --device D      cpu (default) or cuda (the current CUDA device)
+//   --dtype T       fp32 (default) or bf16: the parameters' and KV cache's
+//   --cache-mb MB   KV cache budget (default 256); 0: room for every sequence
+//                   of the largest batch at once (no preemption)
+//   --cached-only   time only the engine's default generate(): no padded and
+//                   no uncached run (their columns and same_tokens are absent)
+//   --warmup-new N  new tokens of each batch's warm-up generation (default --new)
+// The output also has "device", "dtype", "param_bytes" (the parameters, tied
+// embeddings once) and "kv_cache_budget_bytes"; each row "preemptions".
 //
 // --lora-rank R (0: off): a second model of the same config with random
 // non-zero LoRA adapters of rank R (alpha 2R) on every linear layer, and the
@@ -69,6 +84,8 @@
 #include <thread>
 #include <vector>
 
+#include "engine/io/hf_model.h"
+#include "engine/io/weight_conversion.h"
 #include "engine/rollout/generation.h"
 #include "tools/cli.h"
 
@@ -91,23 +108,33 @@ struct Args {
   std::string profile;
   std::string shape = "small";  // or "qwen0.5b"
   int64_t lora_rank = 0;        // 0: no LoRA comparison
+  std::string model_dir;        // empty: --shape's random model
+  std::string device = "cpu";   // or "cuda"
+  std::string dtype = "fp32";   // or "bf16"
+  int64_t cache_mb = 256;       // 0: room for the largest batch
+  bool cached_only = false;
+  int64_t warmup_new = 0;  // 0: --new
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "rollout_bench: %s\nusage: rollout_bench [--batches 1,16,64] [--prompt N] "
                "[--new N] [--repeats N] [--n N] [--no-prefix-sharing] [--threads N] "
-               "[--profile FILE] [--shape small|qwen0.5b] [--lora-rank R]\n",
+               "[--profile FILE] [--shape small|qwen0.5b] [--lora-rank R] [--model DIR] "
+               "[--device cpu|cuda] [--dtype fp32|bf16] [--cache-mb MB] [--cached-only] "
+               "[--warmup-new N]\n",
                why.c_str());
   std::exit(2);
 }
 
 Args parse(int argc, char** argv) try {
   Args a;
-  cli::for_each_option(argc, argv, {"--no-prefix-sharing"},
+  cli::for_each_option(argc, argv, {"--no-prefix-sharing", "--cached-only"},
                        [&](const std::string& k, const std::string& v) {
                          if (k == "--no-prefix-sharing") {
                            a.share = false;
+                         } else if (k == "--cached-only") {
+                           a.cached_only = true;
                          } else if (k == "--batches") {
                            a.batches = cli::parse_int_list(v, ',', "batch size");
                          } else if (k == "--prompt") {
@@ -126,6 +153,16 @@ Args parse(int argc, char** argv) try {
                            a.shape = v;
                          } else if (k == "--lora-rank") {
                            a.lora_rank = cli::parse_int(v, k);
+                         } else if (k == "--model") {
+                           a.model_dir = v;
+                         } else if (k == "--device") {
+                           a.device = v;
+                         } else if (k == "--dtype") {
+                           a.dtype = v;
+                         } else if (k == "--cache-mb") {
+                           a.cache_mb = cli::parse_int(v, k);
+                         } else if (k == "--warmup-new") {
+                           a.warmup_new = cli::parse_int(v, k);
                          } else {
                            cli::unknown_option(k);
                          }
@@ -136,6 +173,11 @@ Args parse(int argc, char** argv) try {
     usage("--prompt, --new, --repeats and --n must be positive, --threads >= 0");
   if (a.shape != "small" && a.shape != "qwen0.5b") usage("--shape must be small or qwen0.5b");
   if (a.lora_rank < 0) usage("--lora-rank must be >= 0");
+  if (a.device != "cpu" && a.device != "cuda") usage("--device must be cpu or cuda");
+  if (a.dtype != "fp32" && a.dtype != "bf16") usage("--dtype must be fp32 or bf16");
+  if (a.cache_mb < 0 || a.warmup_new < 0) usage("--cache-mb and --warmup-new must be >= 0");
+  if (a.lora_rank > 0 && (a.device != "cpu" || a.dtype != "fp32"))
+    usage("--lora-rank runs on the CPU in fp32 only");
   return a;
 } catch (const cli::UsageError& e) {
   usage(e.what());
@@ -175,6 +217,36 @@ ModelConfig bench_config(int64_t max_positions, const std::string& shape) {
             {"tie_word_embeddings", false},
             {"eos_token_id", 2}};
   return ModelConfig::from_hf_json(j, "rollout_bench");
+}
+
+// The model to generate with: the checkpoint of --model, else --shape's
+// seeded random weights; then on --device in --dtype.
+std::shared_ptr<Transformer> make_model(const Args& args) {
+  std::shared_ptr<Transformer> model;
+  if (args.model_dir.empty()) {
+    at::manual_seed(1234);
+    model = std::make_shared<Transformer>(bench_config(args.prompt + args.new_tokens, args.shape),
+                                          ParallelState::single());
+  } else {
+    HfModel hf = load_hf_model(args.model_dir);
+    model = std::make_shared<Transformer>(hf.config, ParallelState::single());
+    model->load_state_dict(hf_to_shard(hf.weights, hf.config, model->shard_spec()));
+  }
+  const at::ScalarType dtype = args.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  if (args.device != "cpu" || dtype != at::kFloat)
+    model->to(at::Device(args.device == "cuda" ? at::kCUDA : at::kCPU), dtype);
+  return model;
+}
+
+// A KV cache budget with room for `sequences` of `tokens` positions each at
+// once (whole blocks, plus the scratch block).
+int64_t cache_bytes_for(const Transformer& model, int64_t sequences, int64_t tokens,
+                        int64_t block_size) {
+  const ModelConfig& cfg = model.config();
+  const int64_t element = model.named_params().front().second.element_size();
+  const int64_t per_token = 2 * cfg.num_layers * cfg.kv_size() * element;
+  const int64_t blocks = sequences * ((tokens + block_size - 1) / block_size) + 1;
+  return blocks * block_size * per_token;
 }
 
 double median(std::vector<double> v) {
@@ -267,9 +339,8 @@ int main(int argc, char** argv) {
                     ? static_cast<int>(args.threads)
                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
-  auto cfg = bench_config(args.prompt + args.new_tokens, args.shape);
-  at::manual_seed(1234);
-  auto model = std::make_shared<Transformer>(cfg, ParallelState::single());
+  auto model = make_model(args);
+  const ModelConfig cfg = model->config();
   int64_t params = 0;
   for (const auto& [name, t] : model->named_params()) params += t.numel();
 
@@ -278,12 +349,19 @@ int main(int argc, char** argv) {
   greedy.max_new_tokens = args.new_tokens;
   greedy.ignore_eos = true;
   greedy.n = args.n;
+  SamplingParams warmup = greedy;
+  if (args.warmup_new > 0) warmup.max_new_tokens = args.warmup_new;
   GenerationOptions options;
   options.max_batch = *std::max_element(args.batches.begin(), args.batches.end()) * args.n;
-  options.cache.budget_bytes = 256 << 20;
+  options.cache.budget_bytes =
+      args.cache_mb > 0 ? args.cache_mb << 20
+                        : cache_bytes_for(*model, options.max_batch, args.prompt + args.new_tokens,
+                                          options.cache.block_size);
   options.share_prompt_prefill = args.share;
   GenerationEngine engine(model, options);
-  GenerationEngine padded_engine(model, GenerationOptions(options).set_packed_cpu_steps(false));
+  std::optional<GenerationEngine> padded_engine;
+  if (!args.cached_only)
+    padded_engine.emplace(model, GenerationOptions(options).set_packed_cpu_steps(false));
   std::optional<LoraBench> lora;
   if (args.lora_rank > 0) lora = make_lora_bench(cfg, args.lora_rank, options);
 
@@ -294,8 +372,8 @@ int main(int argc, char** argv) {
     std::vector<std::vector<int64_t>> prompts;
     for (int64_t i = 0; i < b; ++i)
       prompts.emplace_back(ids[i].data_ptr<int64_t>(), ids[i].data_ptr<int64_t>() + args.prompt);
-    engine.generate(prompts, greedy);  // warm-up
-    padded_engine.generate(prompts, greedy);
+    engine.generate(prompts, warmup);
+    if (padded_engine) padded_engine->generate(prompts, warmup);
     std::vector<double> prefill, decode, cached, padded, uncached;
     std::vector<GeneratedSequence> with_cache, with_padding, without_cache;
     for (int64_t r = 0; r < args.repeats; ++r) {
@@ -305,27 +383,31 @@ int main(int argc, char** argv) {
       const auto& st = engine.last_stats();
       prefill.push_back(st.prefill_tokens / st.prefill_seconds);
       decode.push_back(st.decode_tokens > 0 ? st.decode_tokens / st.decode_seconds : 0.0);
+      if (!padded_engine) continue;
       t = Clock::now();
-      with_padding = padded_engine.generate(prompts, greedy);
+      with_padding = padded_engine->generate(prompts, greedy);
       padded.push_back(b * args.n * args.new_tokens / seconds_since(t));
       t = Clock::now();
       without_cache = generate_without_cache(*model, prompts, greedy);
       uncached.push_back(b * args.n * args.new_tokens / seconds_since(t));
     }
-    bool same = true;
-    for (size_t i = 0; i < with_cache.size(); ++i)
-      same = same && with_cache[i].response == without_cache[i].response &&
-             with_cache[i].response == with_padding[i].response;
     json row = {{"batch", b},
                 {"prefill_tokens_per_s", median(prefill)},
                 {"decode_tokens_per_s", median(decode)},
                 {"cached_tokens_per_s", median(cached)},
-                {"padded_tokens_per_s", median(padded)},
-                {"uncached_tokens_per_s", median(uncached)},
-                {"speedup", median(cached) / median(uncached)},
-                {"same_tokens", same},
                 {"prefill_computed", engine.last_stats().prefill_tokens},
-                {"prefill_shared", engine.last_stats().shared_prefill_tokens}};
+                {"prefill_shared", engine.last_stats().shared_prefill_tokens},
+                {"preemptions", engine.last_stats().preemptions}};
+    if (padded_engine) {
+      bool same = true;
+      for (size_t i = 0; i < with_cache.size(); ++i)
+        same = same && with_cache[i].response == without_cache[i].response &&
+               with_cache[i].response == with_padding[i].response;
+      row["padded_tokens_per_s"] = median(padded);
+      row["uncached_tokens_per_s"] = median(uncached);
+      row["speedup"] = median(cached) / median(uncached);
+      row["same_tokens"] = same;
+    }
     if (lora)
       row.update(lora_row(*lora, prompts, greedy, args.repeats, b * args.n * args.new_tokens));
     std::fprintf(stderr, "%s\n", row.dump().c_str());
@@ -357,8 +439,15 @@ int main(int argc, char** argv) {
               {"packed_steps", engine.packed_steps()},
               {"kv_cache_bytes_per_token", engine.cache().bytes_per_token()},
               {"kv_cache_block_size", engine.cache().block_size()},
+              {"kv_cache_budget_bytes", options.cache.budget_bytes},
+              {"device", args.device},
+              {"dtype", args.dtype},
+              {"param_bytes", model->param_bytes()},
               {"results", results}};
-  if (args.shape != "small") out["shape"] = args.shape;
+  if (!args.model_dir.empty())
+    out["model_dir"] = args.model_dir;
+  else if (args.shape != "small")
+    out["shape"] = args.shape;
   if (lora)
     out["lora"] = {{"rank", args.lora_rank},
                    {"alpha", 2.0 * args.lora_rank},

@@ -18,6 +18,9 @@
 #   TESTS=0       skip building and running the test binaries (a rerun)
 #   MAX_STEP_S    caps every step's time limit (default 300 s), so that a hang
 #                 cannot eat a short GPU lease
+#   BUILD_ONLY=1  the dependencies, configure and the programs' build only, then
+#                 exit with the build's status (scripts/gpu_bench.sh's setup)
+#   EXTRA_TARGETS more targets to build with the programs (space-separated)
 #
 # About 4 minutes on 16 cores with one H200 (build 3 minutes, 1.5 of them the tests).
 set -uo pipefail
@@ -36,6 +39,8 @@ JOBS="${JOBS:-$(nproc)}"
 STEPS="${STEPS:-30}"
 MAX_STEP_S="${MAX_STEP_S:-300}"
 TESTS="${TESTS:-1}"
+BUILD_ONLY="${BUILD_ONLY:-0}"
+((BUILD_ONLY)) && TESTS=0
 PY="${BATON_PYTHON:-$(command -v python3)}"
 T0=$(date +%s)
 say() { echo "[gpu_check +$(($(date +%s) - T0))s] $*"; }
@@ -73,7 +78,7 @@ export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 [[ -n "${CUDACXX:-}" ]] || export CUDACXX="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 # The programs first, then the test binaries with -k 0: a test that does not
 # compile against this LibTorch must not stop the training runs.
-programs=(toy_task sft grpo ppo packing_bench)
+programs=(toy_task sft grpo ppo packing_bench ${EXTRA_TARGETS:-})
 tests=(runtime_unit_tests runtime_process_tests engine_unit_tests engine_model_tests
   engine_parallel_model_tests workers_role_tests trainer_fit_tests)
 build_rc=0
@@ -93,6 +98,7 @@ else
   result[build]=ok
 fi
 say "build: ${result[build]}"
+((BUILD_ONLY)) && exit "$build_rc"
 
 # Peak memory of every GPU, sampled while the runs go.
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 250 \

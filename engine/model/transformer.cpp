@@ -270,7 +270,8 @@ at::Tensor Transformer::forward(const at::Tensor& input_arg, const at::Tensor& p
   }
   if (!last_stage()) return h;
   h = rms_norm(h, final_norm_, config_.rms_norm_eps);
-  return options_.value_model ? value_head(h) : lm_head(h);
+  if (options_.value_model) return value_head(h);
+  return output_head_input_ ? lm_head_input(h) : lm_head(h);
 }
 
 bool Transformer::has_sparse_layers() const {
@@ -534,11 +535,20 @@ void Transformer::drop_paged_weights() {
   packed_lm_head_ = at::Tensor();
 }
 
-at::Tensor Transformer::lm_head(const at::Tensor& h, const at::Tensor& packed) {
+at::Tensor Transformer::lm_head_input(const at::Tensor& h) const {
   const Group& tp = state_->tp();
-  auto x =
-      options_.sequence_parallel ? gather_from_sequence_region(h, tp) : copy_to_tp_region(h, tp);
-  const at::Tensor& w = output_weight_.defined() ? output_weight_ : embedding_->weight;
+  return options_.sequence_parallel ? gather_from_sequence_region(h, tp) : copy_to_tp_region(h, tp);
+}
+
+const at::Tensor& Transformer::lm_head_weight() const {
+  if (options_.value_model || !last_stage())
+    throw EngineError("Transformer::lm_head_weight: only an LM's last stage has an LM head");
+  return output_weight_.defined() ? output_weight_ : embedding_->weight;
+}
+
+at::Tensor Transformer::lm_head(const at::Tensor& h, const at::Tensor& packed) {
+  auto x = lm_head_input(h);
+  const at::Tensor& w = lm_head_weight();
   at::Tensor logits =
       packed.defined() ? packed_linear(x.contiguous(), packed, at::Tensor()) : at::linear(x, w);
   // Padded columns can never win: probability exactly 0 in any softmax, never

@@ -106,7 +106,8 @@ class Transformer : public torch::nn::Module {
   // the next stage's input, or on the last stage the logits shard
   // [B, S, Vp/tp] (LM; Vp = padded_vocab_size(), this rank's columns
   // vocab_shard(); padded columns hold -inf, see vocab_padding.h) or values
-  // [B, S, 1] (value model).
+  // [B, S, 1] (value model); with set_output_lm_head_input(true) an LM's
+  // last stage returns the LM head's input instead (below).
   // `packed_lengths` non-empty: the batch is one packed row (B = 1) of
   // sequences of these lengths back to back (dynamic batching: no padding);
   // each sees only itself (AttentionMask), position_ids restart at each, and
@@ -210,6 +211,18 @@ class Transformer : public torch::nn::Module {
   int64_t padded_vocab_size() const { return padded_vocab_; }
   // This rank's rows of them (its logit columns).
   const VocabShard& vocab_shard() const { return vocab_shard_; }
+  // An LM's last stage returns, instead of the logits, the LM head's input:
+  // the final-normed hidden states entered into the TP region ([B, S, H],
+  // gathered over the sequence under sequence parallelism), for a loss that
+  // applies the head itself in chunks without the logits
+  // (engine/parallel/fused_lm_head.h, with lm_head_weight()). forward()
+  // only; the generation steps are unaffected. Not thread-safe.
+  void set_output_lm_head_input(bool on) { output_head_input_ = on; }
+  bool outputs_lm_head_input() const { return output_head_input_; }
+  // The LM head's weight on this rank, [vocab_shard().rows, H]: the output
+  // layer's, or the embedding's when tied on one stage. REQUIRES: an LM's
+  // last stage (EngineError otherwise).
+  const at::Tensor& lm_head_weight() const;
   // This rank's ShardSpec (hf_to_shard) for its layout and model kind.
   ShardSpec shard_spec() const;
   const ParallelState& parallel() const { return *state_; }
@@ -243,6 +256,8 @@ class Transformer : public torch::nn::Module {
   // `packed`: the output weight packed for oneDNN (one TP rank, no
   // sequence parallelism), or undefined.
   at::Tensor lm_head(const at::Tensor& h, const at::Tensor& packed = {});
+  // h entered into the TP region as the LM head takes it (lm_head's first step).
+  at::Tensor lm_head_input(const at::Tensor& h) const;
   // EngineError when an id is a padding row rather than a token.
   void check_token_ids(const at::Tensor& ids, const char* who) const;
   // EngineError when a sequence of `longest` tokens exceeds the config's
@@ -269,6 +284,7 @@ class Transformer : public torch::nn::Module {
   Rotary paged_rotary_;
   at::Tensor packed_lm_head_;  // pack_paged_weights(); undefined otherwise
   bool lora_on_ = true;
+  bool output_head_input_ = false;
   double aux_loss_scale_ = 0;
   double last_aux_loss_ = std::numeric_limits<double>::quiet_NaN();
   std::function<void(bool last)> backward_hook_;

@@ -354,12 +354,18 @@ std::shared_ptr<ParallelState> ParallelState::create(c10::intrusive_ptr<c10d::St
   }
   for (int k = 0; k < kNumGroupKinds; ++k) {
     Group& g = state->groups_[k];
-    // Named after every kind it serves ("world/tp/model_parallel").
+    // Named after every kind it serves ("world/tp/model_parallel"); the
+    // expert kinds only under expert parallelism (else they repeat dp_cp
+    // and the rank alone).
     std::string name;
-    for (int j = 0; j < kNumGroupKinds; ++j)
+    for (int j = 0; j < kNumGroupKinds; ++j) {
+      const auto kind = static_cast<GroupKind>(j);
+      const bool expert_kind = kind == GroupKind::kExpert || kind == GroupKind::kExpertData;
+      if (expert_kind && state->config_.ep == 1) continue;
       if (state->groups_[j].ranks == g.ranks)
-        name += (name.empty() ? "" : "/") + std::string(to_string(static_cast<GroupKind>(j)));
-    g.pg = factory.get(g.ranks, rank, name);
+        name += (name.empty() ? "" : "/") + std::string(to_string(kind));
+    }
+    g.pg = factory.get(g.ranks, rank, name.empty() ? to_string(static_cast<GroupKind>(k)) : name);
   }
   return state;
 }

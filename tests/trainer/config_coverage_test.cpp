@@ -76,6 +76,9 @@ TEST(ConfigCoverage, TheSettingsCarryWhatTheConfigSays) {
                      "trainer.collective_timeout_s=7",
                      "actor_rollout_ref.model.enable_gradient_checkpointing=true",
                      "actor_rollout_ref.actor.megatron.sequence_parallel=true",
+                     "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                     "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false",
+                     "actor_rollout_ref.model.use_fused_kernels=false",
                      "reward_model.megatron.sequence_parallel=true"});
   const TrainerSettings s = read_trainer_settings(c.resolved());
   // Recomputation: the critic follows the actor unless set; the reference
@@ -86,6 +89,10 @@ TEST(ConfigCoverage, TheSettingsCarryWhatTheConfigSays) {
   EXPECT_TRUE(s.actor.model.sequence_parallel);
   EXPECT_FALSE(s.critic.model.sequence_parallel);
   EXPECT_TRUE(s.rm.model.sequence_parallel);
+  EXPECT_EQ(s.actor.model.ep, 2);
+  EXPECT_EQ(s.critic.model.ep, 1);
+  EXPECT_FALSE(s.actor.model.fused_lm_head);
+  EXPECT_TRUE(read_trainer_settings(everything_on().resolved()).actor.model.fused_lm_head);
   EXPECT_EQ(s.actor.model.collective_timeout_ms, 7000);
   EXPECT_EQ(s.critic.model.collective_timeout_ms, 7000);
   EXPECT_EQ(s.rm.model.collective_timeout_ms, 7000);

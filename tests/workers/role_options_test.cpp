@@ -28,6 +28,7 @@ ModelOptions model() {
   m.sequence_parallel = true;
   m.recompute_activations = true;
   m.ep = 2;
+  m.fused_lm_head = true;
   m.lora = engine::LoraOptions{.rank = 8, .alpha = 32, .targets = {"q_proj"}, .seed = 9};
   m.lora_adapter_path = "adapters/a";
   m.collective_timeout_ms = 1500;

@@ -434,20 +434,27 @@ TEST(ActorRolloutRefWorker, ALoraActorTrainsItsAdaptersOnlyAndTheRolloutGenerate
   }
 }
 
-// Dynamic batch size: micro-batches hold whole sequences up to a token
-// budget, packed into one row without padding.
-TEST(MakeMicroBatches, PacksWholeRowsUpToTheTokenBudgetAndMapsColumnsBack) {
-  // Rows of 3, 5, 2 and 4 real tokens in a padded width of 6.
+// Rows of 3, 5, 2 and 4 real tokens in a padded width of 6 (left-padded),
+// token ids 1.. by position.
+DataProto four_rows() {
   at::Tensor mask = at::tensor({0, 0, 0, 1, 1, 1,  //
                                 0, 1, 1, 1, 1, 1,  //
                                 0, 0, 0, 0, 1, 1,  //
                                 0, 0, 1, 1, 1, 1},
                                at::kLong)
                         .view({4, 6});
-  at::Tensor ids = (at::arange(24, at::kLong).view({4, 6}) + 1) * mask;
   DataProto batch;
-  batch.set_tensor("input_ids", ids);
+  batch.set_tensor("input_ids", (at::arange(24, at::kLong).view({4, 6}) + 1) * mask);
   batch.set_tensor("attention_mask", mask);
+  return batch;
+}
+
+// Dynamic batch size: micro-batches hold whole sequences up to a token
+// budget, packed into one row without padding.
+TEST(MakeMicroBatches, PacksWholeRowsUpToTheTokenBudgetAndMapsColumnsBack) {
+  DataProto batch = four_rows();
+  const at::Tensor ids = batch.tensor("input_ids");
+  const at::Tensor mask = batch.tensor("attention_mask");
   batch.set_tensor("advantages", at::arange(4, at::kFloat).view({4, 1}));
   const auto mbs =
       make_micro_batches(batch, {.rows = 1, .max_tokens = 8}, {"advantages"}, at::Device(at::kCPU));
@@ -482,16 +489,7 @@ TEST(MakeMicroBatches, PacksWholeRowsUpToTheTokenBudgetAndMapsColumnsBack) {
 // cuts its rows into exactly that many (fixed rows as evenly as possible,
 // packed groups split at their widest); too few rows is an error.
 TEST(MakeMicroBatches, CutsExactlyTheAgreedCount) {
-  // Rows of 3, 5, 2 and 4 real tokens.
-  at::Tensor mask = at::tensor({0, 0, 0, 1, 1, 1,  //
-                                0, 1, 1, 1, 1, 1,  //
-                                0, 0, 0, 0, 1, 1,  //
-                                0, 0, 1, 1, 1, 1},
-                               at::kLong)
-                        .view({4, 6});
-  DataProto batch;
-  batch.set_tensor("input_ids", (at::arange(24, at::kLong).view({4, 6}) + 1) * mask);
-  batch.set_tensor("attention_mask", mask);
+  const DataProto batch = four_rows();
   const at::Device cpu(at::kCPU);
   EXPECT_EQ(natural_micro_batches(batch, {.rows = 4}), 1);
   EXPECT_EQ(natural_micro_batches(batch, {.rows = 1, .max_tokens = 8}), 2);

@@ -172,6 +172,7 @@ void read_actor(Reader& r, TrainerSettings& s) {
   o.model.ep = r.get<int64_t>(a + ".megatron.expert_model_parallel_size");
   o.model.recompute_activations =
       r.get<bool>("actor_rollout_ref.model.enable_gradient_checkpointing");
+  o.model.fused_lm_head = r.get<bool>("actor_rollout_ref.model.use_fused_kernels");
   o.model.lora.rank = r.get<int64_t>("actor_rollout_ref.model.lora_rank");
   o.model.lora.alpha = r.get<double>("actor_rollout_ref.model.lora_alpha");
   const std::string targets = "actor_rollout_ref.model.target_modules";

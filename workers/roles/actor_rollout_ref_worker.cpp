@@ -235,9 +235,9 @@ MetricLists ActorRolloutRefWorker::update_actor_resident(const DataProto& batch)
     std::vector<double> aux_losses;
     if (moe) model.set_router_aux_loss_scale(aux_coef / static_cast<double>(mbs.size()));
     engine::forward_backward(
-        model, std::move(mbs), [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
+        model, std::move(mbs), [&](const at::Tensor& out, const engine::MicroBatch& mb) {
           if (moe) aux_losses.push_back(model.last_router_aux_loss());
-          ResponseScores s = response_scores(logits, mb, R, temperature, ps.tp());
+          ResponseScores s = a.scores(out, mb, R, temperature);
           const at::Tensor mask = mb.extra.at("response_mask").to(at::kFloat);
           const at::Tensor old = on_policy ? s.log_probs.detach() : mb.extra.at("old_log_probs");
           const at::Tensor adv = mb.extra.at("advantages");

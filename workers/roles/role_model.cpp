@@ -15,6 +15,7 @@
 #include "engine/io/peft_adapter.h"
 #include "engine/io/sharded_model.h"
 #include "engine/io/weight_conversion.h"
+#include "engine/parallel/fused_lm_head.h"
 #include "engine/parallel/tensor_parallel.h"
 #include "engine/parallel/vocab_parallel.h"
 #include "runtime/process_group.h"
@@ -83,6 +84,7 @@ RoleModel::RoleModel(const WorkerInfo& info, const ModelOptions& options, const 
   topts.recompute_activations = options.recompute_activations;
   topts.lora = options.lora;
   model_ = std::make_shared<engine::Transformer>(hf.config, state_, topts);
+  model_->set_output_lm_head_input(options.fused_lm_head && !options.value_model);
   model_->load_state_dict(engine::hf_to_shard(hf.weights, hf.config, model_->shard_spec()));
   hf.weights.clear();
   if (!options.lora_adapter_path.empty()) {
@@ -192,18 +194,40 @@ bool RoleModel::is_collector() const {
 at::Tensor RoleModel::response_log_probs(const DataProto& batch, const MicroBatching& batching,
                                          double temperature, at::Tensor* entropy) {
   const int64_t R = response_width(batch);
-  const engine::Group& tp = state_->tp();
   std::vector<at::Tensor> entropies;
   auto outs = engine::forward_only(
       *model_, make_micro_batches(batch, batching_for(batch, batching), {}, model_->device()),
-      [&](const at::Tensor& logits, const engine::MicroBatch& mb) {
-        ResponseScores s = response_scores(logits, mb, R, temperature, tp);
+      [&](const at::Tensor& out, const engine::MicroBatch& mb) {
+        ResponseScores s = scores(out, mb, R, temperature, entropy != nullptr);
         if (entropy != nullptr) entropies.push_back(s.entropy.to(at::kFloat).cpu());
         return s.log_probs.to(at::kFloat).cpu();
       });
   if (outs.empty()) return {};
   if (entropy != nullptr) *entropy = at::cat(entropies, 0);
   return at::cat(outs, 0);
+}
+
+ResponseScores RoleModel::scores(const at::Tensor& out, const engine::MicroBatch& mb,
+                                 int64_t response_width, double temperature, bool with_entropy) {
+  if (!model_->outputs_lm_head_input())
+    return response_scores(out, mb, response_width, temperature, state_->tp());
+  const int64_t S = padded_width(mb);
+  const int64_t R = response_width;
+  if (R < 1 || R >= S) {
+    throw Error("RoleModel::scores: response width " + std::to_string(R) + " for sequences of " +
+                std::to_string(S) + " tokens");
+  }
+  // The head's input at the positions that score the response tokens.
+  const at::Tensor hidden = padded_columns(out, mb, S - R - 1, S - 1);  // [b, R, H]
+  const at::Tensor targets = padded_columns(mb.input_ids, mb, S - R, S).to(hidden.device());
+  engine::FusedLmHeadOptions o;
+  o.temperature = temperature > 0 ? temperature : 1.0;
+  o.with_entropy = with_entropy;
+  auto both = engine::fused_lm_head_log_probs_entropy(
+      hidden.reshape({-1, hidden.size(-1)}), model_->lm_head_weight(), model_->vocab_shard().real,
+      targets.reshape({-1}), state_->tp(), o);
+  const at::IntArrayRef rows = targets.sizes();
+  return {both.log_probs.view(rows), with_entropy ? both.entropy.view(rows) : at::Tensor()};
 }
 
 at::Tensor RoleModel::response_values(const DataProto& batch, const MicroBatching& batching,

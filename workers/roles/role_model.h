@@ -58,6 +58,12 @@ struct MicroBatching {
 // How many micro-batches `batching` cuts `batch` into (count ignored).
 int64_t natural_micro_batches(const DataProto& batch, const MicroBatching& batching);
 
+// Per-token log-probs and entropy of a micro-batch's response tokens.
+struct ResponseScores {
+  at::Tensor log_probs;  // [b, R]
+  at::Tensor entropy;    // [b, R]; undefined when not asked for
+};
+
 class RoleModel {
  public:
   // Collective over the worker group: every rank builds its ParallelState
@@ -100,6 +106,13 @@ class RoleModel {
   // `entropy` is non-null). Elsewhere: undefined tensors.
   at::Tensor response_log_probs(const DataProto& batch, const MicroBatching& batching,
                                 double temperature, at::Tensor* entropy = nullptr);
+  // Per-token log-probs (and entropy, `with_entropy`) of a micro-batch's
+  // response tokens from the last stage's output `out`: the logits shard, or
+  // with ModelOptions::fused_lm_head the LM head's input, the head then
+  // applied in token chunks to the response positions only (the logits
+  // never exist whole). Collective over TP.
+  ResponseScores scores(const at::Tensor& out, const engine::MicroBatch& mb, int64_t response_width,
+                        double temperature, bool with_entropy = true);
   // The value model's values for the response tokens, [N, R] fp32 on the
   // last stage (undefined elsewhere): at the position before each token
   // (P + t - 1, the critic's V(s_t)) or, `at_tokens`, at the token itself
@@ -193,10 +206,6 @@ at::Tensor response_mask_of(const DataProto& batch);
 // Per-token log-probs and entropy of response tokens from one micro-batch's
 // logits shard ([b, P+R, V/tp], or packed [1, T, V/tp]): positions
 // P-1 .. P+R-2 score tokens P .. P+R-1.
-struct ResponseScores {
-  at::Tensor log_probs;  // [b, R]
-  at::Tensor entropy;    // [b, R]
-};
 ResponseScores response_scores(const at::Tensor& logits_shard, const engine::MicroBatch& mb,
                                int64_t response_width, double temperature, const engine::Group& tp);
 

@@ -47,6 +47,7 @@ void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, ModelOp
   f("offload", m.offload);
   f("sequence_parallel", m.sequence_parallel);
   f("recompute_activations", m.recompute_activations);
+  f("fused_lm_head", m.fused_lm_head);
   f("lora", m.lora);
   f("lora_adapter_path", m.lora_adapter_path);
   f("collective_timeout_ms", m.collective_timeout_ms);

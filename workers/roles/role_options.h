@@ -58,6 +58,12 @@ struct ModelOptions {
   // its input and runs again in the backward. Same gradients; forwards
   // without autograd (log-probs, values) are unaffected.
   bool recompute_activations = false;
+  // The LM head fused with the log-probs and entropy (verl's
+  // use_fused_kernels; engine/parallel/fused_lm_head.h): the head is applied
+  // to the response positions only, in token chunks, and neither the logits
+  // nor their gradient exist whole. Same results (to rounding). An LM role
+  // only; a value model ignores it.
+  bool fused_lm_head = false;
   // LoRA adapters (verl's actor_rollout_ref.model.lora_rank, lora_alpha,
   // target_modules; engine/model/lora.h): with a rank > 0 the base weights
   // are frozen and only the adapters train; the rollout generates with the
