@@ -541,11 +541,17 @@ double Optimizer::global_grad_norm() {
   auto counted = [&](const Slot& s) {
     return !(s.tied_copy || (s.tp_replicated && ps.coords().tp != 0));
   };
-  auto add_squares = [&](const at::Tensor& g, double sign) {
+  // Into a host sum and a device sum: fp32 host gradients through the
+  // CPU kernel, others on their device (no host sync per parameter).
+  auto add_squares_to = [&](const at::Tensor& g, double sign, double& into_host,
+                            at::Tensor& into_device) {
     if (g.device().is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())
-      host += sign * cpu::sum_of_squares(g.data_ptr<float>(), g.numel());
+      into_host += sign * cpu::sum_of_squares(g.data_ptr<float>(), g.numel());
     else
-      total += sign * g.to(at::kDouble).pow(2).sum().to(device);
+      into_device += sign * g.to(at::kDouble).pow(2).sum().to(device);
+  };
+  auto add_squares = [&](const at::Tensor& g, double sign) {
+    add_squares_to(g, sign, host, total);
   };
   if (flat_) {
     // This rank's shard; the DP ranks' shards partition the gradients. The
@@ -574,9 +580,11 @@ double Optimizer::global_grad_norm() {
   }
   // Experts (EP): each EP rank holds different ones; sum theirs first.
   auto experts = at::zeros({1}, total.options());
+  double experts_host = 0;
   for (auto& s : slots_)
     if (s.expert && s.param.grad().defined())
-      experts += s.param.grad().to(at::kDouble).pow(2).sum().to(device);
+      add_squares_to(s.param.grad(), 1.0, experts_host, experts);
+  experts += experts_host;
   if (ps.config().ep > 1) all_reduce(experts, ps.ep());
   for (auto& s : slots_)
     if (!s.expert && counted(s) && s.param.grad().defined()) add_squares(s.param.grad(), 1.0);
