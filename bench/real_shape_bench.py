@@ -14,12 +14,13 @@ per process.
     bash scripts/setup_bench.sh        # TRL, once
     ctest --test-dir build -R QwenTokenizerFixture   # the tokenizer, once
     /opt/baton-venv/bin/python bench/real_shape_bench.py [--work /tmp/real_shape] \
-        [--steps 2] [--only baton|trl] [--micro-batch 8]
+        [--steps 2] [--only baton|trl] [--micro-batch 4]
 
 Settings both sides share: lr 1e-6 constant, no KL, PPO clip 0.2, one PPO epoch and one
 optimizer step per generation batch (mini-batch = the 32 samples), temperature 1.0,
 fp32. baton's micro-batches are --micro-batch sequences per worker (update and log-probs;
-default 8: before the fused LM head, 4 ran out of the 24 GiB with two workers); TRL's
+default 4: 2 was the cap while the logits existed whole; 8 runs out of 24 GiB on the
+activations of two workers); TRL's
 per-device batch is 8 with 4 accumulation steps (the same 32 per step). Random
 weights never emit a stop token, so every response is 128 tokens on both sides.
 """
@@ -85,7 +86,7 @@ def make_model(work, fixture):
     shutil.copy(os.path.join(fixture, "qwen", "tokenizer.json"), model_dir)
     with open(os.path.join(fixture, "qwen", "tokenizer_config.json")) as f:
         tok_cfg = json.load(f)
-    templates = os.path.join(ROOT, "build", "tests", "data", "chat_template_fixture", "templates")
+    templates = os.path.join(ROOT, "build", "tests", "text", "chat_template_fixture", "templates")
     with open(os.path.join(templates, "Qwen-Qwen2.5-7B-Instruct.jinja")) as f:
         tok_cfg["chat_template"] = f.read()
     tok_cfg["eos_token"] = "<|im_end|>"
@@ -282,12 +283,13 @@ def run_trl(work, model_dir, data, steps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", default="/tmp/real_shape")
-    ap.add_argument("--fixture", default=os.path.join(ROOT, "build", "tests", "data", "qwen_fixture"))
+    ap.add_argument("--fixture", default=os.path.join(ROOT, "build", "tests", "text", "qwen_fixture"))
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--only", choices=["baton", "trl"])
     # Sequences per baton micro-batch (update and log-probs). 2 was the cap
-    # while the LM head's logits existed whole; the fused head lifts it.
-    ap.add_argument("--micro-batch", type=int, default=8)
+    # while the LM head's logits existed whole; with the fused head 4 fits in
+    # 24 GiB with two workers, 8 does not (the activations).
+    ap.add_argument("--micro-batch", type=int, default=4)
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     model_dir = make_model(a.work, a.fixture)
