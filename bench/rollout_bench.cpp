@@ -42,8 +42,14 @@
 //   --cached-only   time only the engine's default generate(): no padded and
 //                   no uncached run (their columns and same_tokens are absent)
 //   --warmup-new N  new tokens of each batch's warm-up generation (default --new)
+//   --device-decode-steps K  decode steps per host check in the device loop
+//                   (GenerationOptions::device_decode_steps, default 8; 0: the
+//                   host loop); it runs for padded steps (cuda, bf16)
+//   --no-cuda-graphs  the device loop's steps uncaptured
 // The output also has "device", "dtype", "param_bytes" (the parameters, tied
-// embeddings once) and "kv_cache_budget_bytes"; each row "preemptions".
+// embeddings once), "kv_cache_budget_bytes", "device_decode" and
+// "cuda_graphs" (whether the engine ran them); each row "preemptions",
+// "device_runs" (token copies to the host) and "graph_replays".
 //
 // --lora-rank R (0: off): a second model of the same config with random
 // non-zero LoRA adapters of rank R (alpha 2R) on every linear layer, and the
@@ -114,6 +120,8 @@ struct Args {
   int64_t cache_mb = 256;       // 0: room for the largest batch
   bool cached_only = false;
   int64_t warmup_new = 0;  // 0: --new
+  int64_t device_decode_steps = 8;
+  bool cuda_graphs = true;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -122,19 +130,23 @@ struct Args {
                "[--new N] [--repeats N] [--n N] [--no-prefix-sharing] [--threads N] "
                "[--profile FILE] [--shape small|qwen0.5b] [--lora-rank R] [--model DIR] "
                "[--device cpu|cuda] [--dtype fp32|bf16] [--cache-mb MB] [--cached-only] "
-               "[--warmup-new N]\n",
+               "[--warmup-new N] [--device-decode-steps K] [--no-cuda-graphs]\n",
                why.c_str());
   std::exit(2);
 }
 
 Args parse(int argc, char** argv) try {
   Args a;
-  cli::for_each_option(argc, argv, {"--no-prefix-sharing", "--cached-only"},
+  cli::for_each_option(argc, argv, {"--no-prefix-sharing", "--cached-only", "--no-cuda-graphs"},
                        [&](const std::string& k, const std::string& v) {
                          if (k == "--no-prefix-sharing") {
                            a.share = false;
                          } else if (k == "--cached-only") {
                            a.cached_only = true;
+                         } else if (k == "--no-cuda-graphs") {
+                           a.cuda_graphs = false;
+                         } else if (k == "--device-decode-steps") {
+                           a.device_decode_steps = cli::parse_int(v, k);
                          } else if (k == "--batches") {
                            a.batches = cli::parse_int_list(v, ',', "batch size");
                          } else if (k == "--prompt") {
@@ -175,7 +187,8 @@ Args parse(int argc, char** argv) try {
   if (a.lora_rank < 0) usage("--lora-rank must be >= 0");
   if (a.device != "cpu" && a.device != "cuda") usage("--device must be cpu or cuda");
   if (a.dtype != "fp32" && a.dtype != "bf16") usage("--dtype must be fp32 or bf16");
-  if (a.cache_mb < 0 || a.warmup_new < 0) usage("--cache-mb and --warmup-new must be >= 0");
+  if (a.cache_mb < 0 || a.warmup_new < 0 || a.device_decode_steps < 0)
+    usage("--cache-mb, --warmup-new and --device-decode-steps must be >= 0");
   if (a.lora_rank > 0 && (a.device != "cpu" || a.dtype != "fp32"))
     usage("--lora-rank runs on the CPU in fp32 only");
   return a;
@@ -358,6 +371,8 @@ int main(int argc, char** argv) {
                         : cache_bytes_for(*model, options.max_batch, args.prompt + args.new_tokens,
                                           options.cache.block_size);
   options.share_prompt_prefill = args.share;
+  options.device_decode_steps = args.device_decode_steps;
+  options.cuda_graphs = args.cuda_graphs;
   GenerationEngine engine(model, options);
   std::optional<GenerationEngine> padded_engine;
   if (!args.cached_only)
@@ -397,7 +412,9 @@ int main(int argc, char** argv) {
                 {"cached_tokens_per_s", median(cached)},
                 {"prefill_computed", engine.last_stats().prefill_tokens},
                 {"prefill_shared", engine.last_stats().shared_prefill_tokens},
-                {"preemptions", engine.last_stats().preemptions}};
+                {"preemptions", engine.last_stats().preemptions},
+                {"device_runs", engine.last_stats().device_runs},
+                {"graph_replays", engine.last_stats().graph_replays}};
     if (padded_engine) {
       bool same = true;
       for (size_t i = 0; i < with_cache.size(); ++i)
@@ -440,6 +457,8 @@ int main(int argc, char** argv) {
               {"kv_cache_bytes_per_token", engine.cache().bytes_per_token()},
               {"kv_cache_block_size", engine.cache().block_size()},
               {"kv_cache_budget_bytes", options.cache.budget_bytes},
+              {"device_decode", engine.device_decode()},
+              {"cuda_graphs", engine.cuda_graphs()},
               {"device", args.device},
               {"dtype", args.dtype},
               {"param_bytes", model->param_bytes()},

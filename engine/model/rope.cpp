@@ -122,7 +122,11 @@ at::Tensor RotaryEmbedding::inverse_frequencies(int64_t length) const {
 Rotary RotaryEmbedding::tables(const at::Tensor& position_ids, at::ScalarType dtype) const {
   // Dynamic NTK reads the call's longest position: one host sync, only then.
   const int64_t length = call_dependent() ? position_ids.max().item<int64_t>() + 1 : 0;
-  return tables_of(position_ids, inverse_frequencies(length), attention_factor_, dtype);
+  if (length > max_positions_)
+    return tables_of(position_ids, inverse_frequencies(length), attention_factor_, dtype);
+  if (!inv_freq_on_device_.defined() || inv_freq_on_device_.device() != position_ids.device())
+    inv_freq_on_device_ = inv_freq_.to(position_ids.device());
+  return tables_of(position_ids, inv_freq_on_device_, attention_factor_, dtype);
 }
 
 }  // namespace baton::engine

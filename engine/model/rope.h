@@ -66,6 +66,9 @@ class RotaryEmbedding {
   int64_t max_positions_;
   RopeScaling scaling_;
   at::Tensor inv_freq_;  // for calls within the original context
+  // inv_freq_ on the device of the last call's positions: no host-to-device
+  // copy per call (a CUDA graph cannot capture one).
+  mutable at::Tensor inv_freq_on_device_;
   double attention_factor_ = 1.0;
 };
 

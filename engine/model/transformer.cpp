@@ -386,6 +386,43 @@ at::Tensor Transformer::forward_cached(const at::Tensor& ids, const at::Tensor& 
   return padded_vocab_ == config_.vocab_size ? logits : logits.narrow(1, 0, config_.vocab_size);
 }
 
+at::Tensor Transformer::forward_decode(const DecodeStep& step, KvCache& cache) {
+  if (!first_stage() || !last_stage() || options_.value_model || options_.sequence_parallel)
+    throw EngineError(
+        "Transformer::forward_decode: generation needs the whole model on one stage (pp = 1), "
+        "an LM head and no sequence parallelism");
+  const int64_t b = step.ids.dim() == 1 ? step.ids.size(0) : -1;
+  if (b < 0 || step.ids.scalar_type() != at::kLong || step.positions.sizes() != step.ids.sizes() ||
+      step.limits.sizes() != step.ids.sizes() || step.block_tables.dim() != 2 ||
+      step.block_tables.size(0) != b)
+    throw EngineError(
+        detail::cat("Transformer::forward_decode: ids, positions and limits must be int64 [B] and "
+                    "block_tables [B, W]; got ",
+                    shape_of(step.ids), ", ", shape_of(step.positions), ", ", shape_of(step.limits),
+                    " and ", shape_of(step.block_tables)));
+  ENGINE_CHECK(cache.awake(), "Transformer::forward_decode: the KV cache is asleep");
+  at::NoGradGuard no_grad;
+  const int64_t bs = cache.block_size();
+  // A row past its limit reads as if at it and writes to the scratch slot.
+  auto pos = at::minimum(step.positions, step.limits);
+  auto block = step.block_tables.gather(1, at::floor_divide(pos, bs).unsqueeze(1)).squeeze(1);
+  auto slot = block * bs + pos.remainder(bs);
+  DecodeAttention attention{at::where(step.positions.le(step.limits), slot, at::zeros_like(slot)),
+                            step.block_tables, pos + 1, bs};
+  auto h = embedding_->forward(step.ids.unsqueeze(1), /*check_range=*/false);  // [B, 1, H]
+  auto rotary = rope_.tables(pos.unsqueeze(1), h.scalar_type());
+  for (size_t i = 0; i < layers_.size(); ++i)
+    h = layers_[i]->forward_decode(h, rotary, attention, cache.keys(static_cast<int64_t>(i)),
+                                   cache.values(static_cast<int64_t>(i)));
+  h = rms_norm(h.squeeze(1), final_norm_, config_.rms_norm_eps);
+  auto logits = gather_from_tp_region(lm_head(h), state_->tp());
+  return padded_vocab_ == config_.vocab_size ? logits : logits.narrow(1, 0, config_.vocab_size);
+}
+
+bool Transformer::supports_graph_capture() const {
+  return !has_sparse_layers() && state_->tp().size == 1 && !rope_.call_dependent();
+}
+
 namespace {
 
 // The whole LM on this stage, without sequence parallelism: the layouts a

@@ -125,6 +125,19 @@ class Transformer : public torch::nn::Module {
   // Collective over the TP group.
   at::Tensor forward_cached(const at::Tensor& ids, const at::Tensor& position_ids,
                             const CacheStep& step, KvCache& cache, const at::Tensor& last);
+  // The device decode loop's step (GenerationEngine): one new token per row,
+  // every tensor on the model's device, keys and values read in place
+  // through the block tables (engine/kernels/paged_attention.h). Values are
+  // not read on the host (no synchronisation; the caller guarantees them),
+  // only shapes are checked (EngineError). Returns the full-vocabulary
+  // logits [B, V] as forward_cached. Same conditions as forward_cached;
+  // collective over the TP group.
+  at::Tensor forward_decode(const DecodeStep& step, KvCache& cache);
+  // Whether forward_decode runs without any host synchronisation, so a CUDA
+  // graph can capture it: dense layers (a sparse layer reads its expert
+  // counts), TP 1 (the group's collectives wait on the host) and a RoPE whose
+  // tables do not depend on the call (not dynamic NTK).
+  bool supports_graph_capture() const;
   // The same step in packed form on the CPU (PagedStep: no padding, keys and
   // values read through the block tables by engine/kernels/decode_kernels.h), with
   // the same result: logits [B, V] of each sequence's last new token.

@@ -11,6 +11,7 @@
 #include "engine/errors.h"
 #include "engine/kernels/fused_ops.h"
 #include "engine/kernels/packed_linear.h"
+#include "engine/kernels/paged_attention.h"
 #include "engine/parallel/expert_parallel.h"
 #include "engine/parallel/tensor_parallel.h"
 
@@ -244,9 +245,9 @@ at::Tensor TransformerLayer::attend(const at::Tensor& q, at::Tensor k, at::Tenso
   return ctx.transpose(1, 2).reshape({b, s, q.size(1) * d});
 }
 
-at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& rotary,
-                                            const CacheStep& step, at::Tensor& k_cache,
-                                            at::Tensor& v_cache) {
+at::Tensor TransformerLayer::cache_step_queries(const at::Tensor& x, const Rotary& rotary,
+                                                const at::Tensor& write_slots, at::Tensor& k_cache,
+                                                at::Tensor& v_cache) {
   auto normed = rms_norm(x, input_norm_, config_.rms_norm_eps);
   int64_t d = config_.head_dim;
   int64_t r = config_.num_heads / config_.num_kv_heads;
@@ -258,13 +259,33 @@ at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& r
                         rotary);
   auto k_new = apply_rotary(norm_k(grouped.select(3, r).transpose(1, 2)), rotary);  // [B, g, Q, d]
   auto v_new = grouped.select(3, r + 1);                                            // [B, Q, g, d]
-  k_cache.index_copy_(0, step.write_slots, k_new.transpose(1, 2).reshape({b * s, g, d}));
-  v_cache.index_copy_(0, step.write_slots, v_new.reshape({b * s, g, d}));
+  k_cache.index_copy_(0, write_slots, k_new.transpose(1, 2).reshape({b * s, g, d}));
+  v_cache.index_copy_(0, write_slots, v_new.reshape({b * s, g, d}));
+  return q;
+}
+
+at::Tensor TransformerLayer::forward_cached(const at::Tensor& x, const Rotary& rotary,
+                                            const CacheStep& step, at::Tensor& k_cache,
+                                            at::Tensor& v_cache) {
+  auto q = cache_step_queries(x, rotary, step.write_slots, k_cache, v_cache);
+  int64_t b = x.size(0), g = local_groups_, d = config_.head_dim;
   int64_t l = step.read_slots.size(1);
   auto slots = step.read_slots.reshape({-1});
   auto k = k_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
   auto v = v_cache.index_select(0, slots).view({b, l, g, d}).transpose(1, 2);
   auto h = x + project(attend(q, k, v, AttentionMask{step.bias, {}}));
+  return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
+}
+
+at::Tensor TransformerLayer::forward_decode(const at::Tensor& x, const Rotary& rotary,
+                                            const DecodeAttention& step, at::Tensor& k_cache,
+                                            at::Tensor& v_cache) {
+  auto q = cache_step_queries(x, rotary, step.write_slots, k_cache, v_cache);  // [B, heads, 1, d]
+  const int64_t b = x.size(0), d = config_.head_dim;
+  auto ctx = paged_decode_attention(q.squeeze(2), k_cache, v_cache, step.block_tables,
+                                    step.context_lens, step.block_size,
+                                    1.0 / std::sqrt(static_cast<double>(d)));  // [B, heads, d]
+  auto h = x + project(ctx.reshape({b, 1, q.size(1) * d}));
   return h + mlp(rms_norm(h, post_norm_, config_.rms_norm_eps));
 }
 

@@ -73,6 +73,30 @@ struct CacheStep {
   at::Tensor bias;         // [B, 1, Q, L] additive: 0 where query may see key
 };
 
+// One decode step of the device decode loop (Transformer::forward_decode):
+// one new token per row, every tensor on the model's device, no host
+// synchronisation. Keys and values are read in place through the block
+// tables (engine/kernels/paged_attention.h).
+struct DecodeAttention {
+  at::Tensor write_slots;   // [B] int64: the cache slot of each row's new token
+  at::Tensor block_tables;  // [B, W] int64
+  at::Tensor context_lens;  // [B] int64: positions 0 .. len - 1 are visible
+  int64_t block_size = 0;
+};
+
+// The input of Transformer::forward_decode, every tensor on the model's
+// device: row b feeds ids[b] at positions[b]. A row whose position is past
+// limits[b] (the device decode loop runs k steps before the host sees a
+// stop) writes to the scratch slot and attends over positions 0..limits[b];
+// its logits are to be discarded. block_tables must cover positions
+// 0..limits[b] (a padding row: limit 0, a table of scratch block 0).
+struct DecodeStep {
+  at::Tensor ids;           // [B] int64
+  at::Tensor positions;     // [B] int64
+  at::Tensor limits;        // [B] int64
+  at::Tensor block_tables;  // [B, W] int64
+};
+
 // One generation step in packed form (the CPU fp32 path of the generation
 // engine, Transformer::forward_paged): the step's T new tokens of B
 // sequences back to back, without padding. Keys and values are read from the
@@ -109,6 +133,14 @@ class TransformerLayer : public torch::nn::Module {
   // at step.write_slots before attention reads step.read_slots, so a token
   // sees itself. Collective over the TP group like forward().
   at::Tensor forward_cached(const at::Tensor& x, const Rotary& rotary, const CacheStep& step,
+                            at::Tensor& k_cache, at::Tensor& v_cache);
+
+  // The device decode loop's step (no autograd): x [B, 1, H], one new token
+  // per row; its key and value go to step.write_slots, then attention reads
+  // each row's context through its block table. No host synchronisation
+  // (a dense layer; a sparse one syncs its expert counts). Collective over
+  // the TP group.
+  at::Tensor forward_decode(const at::Tensor& x, const Rotary& rotary, const DecodeAttention& step,
                             at::Tensor& k_cache, at::Tensor& v_cache);
 
   // The packed CPU step (fp32, no autograd): `h` [T, H] is updated in place
@@ -149,6 +181,11 @@ class TransformerLayer : public torch::nn::Module {
   // Scaled dot-product attention of q [B, g·r, Q, d] over k, v [B, g, L, d].
   at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, const AttentionMask& mask);
   at::Tensor mlp(const at::Tensor& x);
+  // A cached step's queries [B, g·r, Q, d] (rotated, normed), after writing
+  // its keys and values to `write_slots` of the layer's cache.
+  at::Tensor cache_step_queries(const at::Tensor& x, const Rotary& rotary,
+                                const at::Tensor& write_slots, at::Tensor& k_cache,
+                                at::Tensor& v_cache);
   // LoRA's addition to a column-parallel output (q/k/v fused in the group
   // layout, or gate/up) and to a row-parallel one (reduced over TP), for
   // input x; undefined when no adapter applies.

@@ -101,11 +101,11 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(VocabParallelEmbeddingOpt
   weight = register_parameter("weight", init_weight({rows, options_.hidden_size}));
 }
 
-at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids, bool check_range) {
   if (ids.scalar_type() != at::kLong || ids.dim() != 2)
     throw EngineError(detail::cat("VocabParallelEmbedding: expected [B, S] int64 token ids, got ",
                                   ids.scalar_type(), " of shape ", ids.sizes()));
-  if (ids.numel() > 0) {
+  if (check_range && ids.numel() > 0) {
     const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
     if (lo < 0 || hi >= options_.vocab_size)
       throw EngineError(detail::cat("VocabParallelEmbedding: token id ", lo < 0 ? lo : hi,

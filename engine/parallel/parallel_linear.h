@@ -134,7 +134,9 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
 
   // ids: [B, S] int64 global token ids in [0, vocab_size) (EngineError
   // otherwise) -> [B, S, H] (sequence_parallel: [B, S/tp, H]).
-  at::Tensor forward(const at::Tensor& ids);
+  // check_range false: the ids are not read on the host (no synchronisation:
+  // the device decode loop feeds back tokens it sampled from the vocabulary).
+  at::Tensor forward(const at::Tensor& ids, bool check_range = true);
   void pretty_print(std::ostream& stream) const override;
 
   int64_t vocab_start() const { return vocab_start_; }

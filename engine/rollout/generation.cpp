@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "base/profiler.h"
 #include "engine/errors.h"
 #include "engine/parallel/tensor_parallel.h"
+#include "engine/rollout/decode_graph.h"
 
 namespace baton::engine {
 
@@ -21,6 +23,38 @@ struct GenerationEngine::Sequence {
   std::vector<int64_t> table;   // cache blocks
   SequenceRng rng{0};
   int64_t budget = 0;  // new tokens at most
+};
+
+// The device loop's step inputs and outputs on the model's device: `rows`
+// rows (a batch bucket: the batch and idle padding rows) with block tables
+// of `width` columns. With a graph, these are the captured addresses.
+struct GenerationEngine::Bucket {
+  int64_t rows = 0, width = 0;
+  at::Tensor ids, positions, limits, tables;  // DecodeStep's, [rows] / [rows, width] int64
+  at::Tensor uniforms;                        // [rows] fp64: this step's draws
+  at::Tensor tokens, log_probs;               // [rows]: the step's sampled tokens
+  std::unique_ptr<CapturedStep> graph;
+
+  Bucket(int64_t r, int64_t w, at::Device device) : rows(r), width(w) {
+    auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+    ids = at::zeros({r}, longs);
+    positions = at::zeros({r}, longs);
+    limits = at::zeros({r}, longs);
+    tables = at::zeros({r, w}, longs);
+    uniforms = at::zeros({r}, longs.dtype(at::kDouble));
+    tokens = at::zeros({r}, longs);
+    log_probs = at::zeros({r}, longs.dtype(at::kFloat));
+  }
+
+  // One decode step: forward, draw on the device, feed the draws back.
+  void run(Transformer& model, KvCache& cache, const SamplingParams& params) {
+    at::Tensor logits = model.forward_decode({ids, positions, limits, tables}, cache);
+    DeviceSampled drawn = sample_on_device(logits, params, uniforms);
+    tokens.copy_(drawn.tokens);
+    log_probs.copy_(drawn.log_probs);
+    ids.copy_(drawn.tokens);
+    positions.add_(1);
+  }
 };
 
 // Releases every sequence's blocks when destroyed: whatever happens (a TP
@@ -185,10 +219,18 @@ GenerationEngine::GenerationEngine(std::shared_ptr<Transformer> model, Generatio
         model_->parallel().config().to_string(), "); the rollout layout holds every expert"));
   ENGINE_CHECK(options_.max_batch >= 1, "GenerationEngine: max_batch must be >= 1, got ",
                options_.max_batch);
+  ENGINE_CHECK(options_.device_decode_steps >= 0,
+               "GenerationEngine: device_decode_steps must be >= 0, got ",
+               options_.device_decode_steps);
   cache_ = model_->make_kv_cache(options_.cache);
   tensors_ = model_->named_params().front().second.options();
   packed_ = options_.packed_cpu_steps && model_->supports_paged_step();
+  device_decode_ = !packed_ && options_.device_decode_steps > 0;
+  graphs_ = device_decode_ && options_.cuda_graphs && tensors_.device().is_cuda() &&
+            model_->supports_graph_capture() && cuda_graphs_available();
 }
+
+GenerationEngine::~GenerationEngine() = default;
 
 void GenerationEngine::sleep() { cache_->sleep(); }
 void GenerationEngine::wake() { cache_->wake(); }
@@ -218,6 +260,20 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
                                 model_->pack_paged_weights()};
   stats_.packed_weights = packed_weights.on;
 
+  // The device loop's block tables cover the call's longest sequence. A
+  // sliding window past its length takes the host loop (which refuses it).
+  int64_t longest = 0;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    longest = std::max<int64_t>(
+        longest, static_cast<int64_t>(prompts[i].size()) + budget_of(params, continuations, i) - 1);
+  const int64_t width = cache_->blocks_for(longest);
+  const bool on_device = device_decode_ && (!cfg.sliding_window || longest <= *cfg.sliding_window);
+  // Graphs hold the addresses of this call's weights and cache.
+  struct DropGraphs {
+    std::vector<std::unique_ptr<Bucket>>& buckets;
+    ~DropGraphs() { buckets.clear(); }
+  } drop_graphs{buckets_};
+
   std::vector<std::unique_ptr<Sequence>> all;
   CacheBlocks blocks(*cache_, all);
   Scheduler scheduler(
@@ -225,7 +281,9 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
   for (size_t i = 0; i < prompts.size(); ++i) {
     for (int64_t j = 0; j < params.n; ++j) {
       auto s = std::make_unique<Sequence>();
-      s->id = scheduler.add(static_cast<int64_t>(i), static_cast<int64_t>(prompts[i].size()));
+      const int64_t length = static_cast<int64_t>(prompts[i].size());
+      s->id = scheduler.add(static_cast<int64_t>(i), length,
+                            length + budget_of(params, continuations, i) - 1);
       s->out.request = static_cast<int64_t>(i);
       s->out.sample = continuations.empty() ? j : continuations[i].sample;
       s->out.prompt = prompts[i];
@@ -262,13 +320,25 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
       note_peak();
       scheduler.complete(finished);
     }
-    // Every running sequence feeds its last token, some maybe preempted to
-    // make room for it.
-    std::vector<Sequence*> batch = sequences(scheduler.decode());
+    // Every running sequence feeds its last token (and in the device loop
+    // up to k - 1 more), some maybe preempted to make room for it. k: no more
+    // steps than the longest remaining budget.
+    int64_t k = 1;
+    if (on_device) {
+      int64_t remaining = 1;
+      for (SequenceId id : scheduler.running()) {
+        const Sequence& s = *all[id.value];
+        remaining =
+            std::max<int64_t>(remaining, s.budget - static_cast<int64_t>(s.out.response.size()));
+      }
+      k = std::min(options_.device_decode_steps, remaining);
+    }
+    std::vector<Sequence*> batch = sequences(scheduler.decode(k));
     stats_.preemptions = scheduler.preemptions();
     if (batch.empty()) continue;
     note_peak();
-    scheduler.complete(step(batch, params, stop, /*prefill=*/false));
+    scheduler.complete(on_device ? decode_on_device(batch, params, stop, k, width)
+                                 : step(batch, params, stop, /*prefill=*/false));
   }
 
   std::vector<GeneratedSequence> out;
@@ -319,6 +389,119 @@ std::vector<SequenceId> GenerationEngine::step(const std::vector<Sequence*>& bat
     stats_.decode_tokens += real;
     stats_.decode_seconds += seconds_since(start);
   }
+  return finished;
+}
+
+namespace {
+
+// The batch bucket of `n` rows: the next power of two.
+int64_t bucket_rows(int64_t n) {
+  int64_t rows = 1;
+  while (rows < n) rows *= 2;
+  return rows;
+}
+
+}  // namespace
+
+GenerationEngine::Bucket& GenerationEngine::bucket_for(int64_t rows, int64_t width,
+                                                       const SamplingParams& params) {
+  for (auto& b : buckets_)
+    if (b->rows == rows && b->width == width) return *b;
+  auto b = std::make_unique<Bucket>(rows, width, tensors_.device());
+  if (graphs_) {
+    Bucket& bucket = *b;
+    bucket.graph = std::make_unique<CapturedStep>(
+        [this, &bucket, &params] { bucket.run(*model_, *cache_, params); });
+    ++stats_.graph_captures;
+  }
+  buckets_.push_back(std::move(b));
+  return *buckets_.back();
+}
+
+std::vector<SequenceId> GenerationEngine::decode_on_device(const std::vector<Sequence*>& batch,
+                                                           const SamplingParams& params,
+                                                           const std::set<int64_t>& stop,
+                                                           int64_t steps, int64_t width) {
+  RECORD_FUNCTION("baton::decode_on_device", std::vector<c10::IValue>());
+  auto start = Clock::now();
+  const int64_t n = static_cast<int64_t>(batch.size());
+  // Uncaptured, the step runs on the batch as it is, its tables as wide as
+  // its longest; captured, on the bucket's fixed shapes.
+  int64_t rows = n;
+  if (!graphs_) {
+    width = 1;
+    for (const Sequence* s : batch) width = std::max<int64_t>(width, s->table.size());
+  } else {
+    rows = bucket_rows(n);
+  }
+  std::optional<Bucket> uncaptured;
+  if (!graphs_) uncaptured.emplace(rows, width, tensors_.device());
+  Bucket& bucket = graphs_ ? bucket_for(rows, width, params) : *uncaptured;
+
+  // Every input in one host tensor, one copy to the device: per row its
+  // token, position, limit (the last position it may write: prompt +
+  // budget - 2) and block table. Padding rows stay zero: scratch block 0.
+  auto inputs = at::zeros({rows, 3 + width}, at::kLong);
+  int64_t* in = inputs.data_ptr<int64_t>();
+  std::vector<SequenceRng*> rngs;
+  for (int64_t r = 0; r < n; ++r) {
+    const Sequence* s = batch[r];
+    int64_t* row = in + r * (3 + width);
+    row[0] = s->tokens.back();
+    row[1] = static_cast<int64_t>(s->tokens.size()) - 1;
+    row[2] = static_cast<int64_t>(s->tokens.size() - s->out.response.size()) + s->budget - 2;
+    std::copy(s->table.begin(), s->table.end(), row + 3);
+    rngs.push_back(&batch[r]->rng);
+  }
+  auto device_inputs = inputs.to(tensors_.device());
+  bucket.ids.copy_(device_inputs.select(1, 0));
+  bucket.positions.copy_(device_inputs.select(1, 1));
+  bucket.limits.copy_(device_inputs.select(1, 2));
+  bucket.tables.copy_(device_inputs.narrow(1, 3, width));
+  // Each step's uniforms [steps, rows] (greedy draws none: zeros).
+  auto uniforms = at::zeros({steps, rows}, at::kDouble);
+  if (params.temperature > 0) uniforms.narrow(1, 0, n).copy_(peek_uniforms(rngs, steps));
+  uniforms = uniforms.to(tensors_.device());
+
+  auto longs = at::TensorOptions().dtype(at::kLong).device(tensors_.device());
+  auto tokens = at::empty({steps, rows}, longs);
+  auto log_probs = at::empty({steps, rows}, longs.dtype(at::kFloat));
+  for (int64_t j = 0; j < steps; ++j) {
+    bucket.uniforms.copy_(uniforms[j]);
+    if (bucket.graph) {
+      bucket.graph->replay();
+      ++stats_.graph_replays;
+    } else {
+      bucket.run(*model_, *cache_, params);
+    }
+    tokens[j].copy_(bucket.tokens);
+    log_probs[j].copy_(bucket.log_probs);
+  }
+  // The one synchronisation of the run: the tokens back to the host, where
+  // each row keeps its tokens up to its stop and its stream moves past the
+  // draws of the tokens it kept.
+  auto host_tokens = tokens.narrow(1, 0, n).to(at::kCPU).contiguous();
+  auto host_log_probs = log_probs.narrow(1, 0, n).to(at::kCPU).contiguous();
+  const int64_t* t = host_tokens.data_ptr<int64_t>();
+  const float* lp = host_log_probs.data_ptr<float>();
+  std::vector<SequenceId> finished;
+  int64_t kept_total = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    Sequence* s = batch[r];
+    int64_t kept = 0;
+    bool done = false;
+    for (int64_t j = 0; j < steps && !done; ++j, ++kept)
+      done =
+          append(s->out, s->tokens, Sampled{t[j * n + r], lp[j * n + r]}, params, s->budget, stop);
+    if (params.temperature > 0) s->rng.skip(static_cast<uint64_t>(kept));
+    s->cached = static_cast<int64_t>(s->tokens.size()) - 1;
+    kept_total += kept;
+    if (done) finished.push_back(s->id);
+  }
+  stats_.steps += steps;
+  ++stats_.device_runs;
+  stats_.decode_tokens += kept_total;
+  stats_.decode_seconds += seconds_since(start);
   return finished;
 }
 

@@ -72,6 +72,20 @@ struct GenerationOptions {
   // (1M parameters, 10 new tokens) generated 1.5x faster unpacked, a 17 MB
   // one (32 new tokens) 2.5x faster packed (docs/benchmarks.md).
   int64_t pack_min_weight_bytes = int64_t{8} << 20;
+  // The device decode loop, for padded steps (GPUs, bf16, packed_cpu_steps
+  // off): up to this many decode steps run on the model's device back to
+  // back (each step's token sampled there, from uniforms uploaded once, and
+  // fed to the next) before the host copies the tokens back and checks the
+  // stops; a sequence that stopped within them keeps its tokens up to the
+  // stop. 0: the host loop (a host draw and check after every step). The
+  // same tokens either way up to the rounding of the two attention paths.
+  int64_t device_decode_steps = 8;
+  // On CUDA, the device loop's step is captured in a CUDA graph per batch
+  // bucket (powers of two: a batch of 37 runs as 64, padding rows idle) and
+  // replayed (decode_graph.h). Needs Transformer::supports_graph_capture();
+  // otherwise the steps run uncaptured. Graphs live one generate call (the
+  // weights and the cache may move between calls).
+  bool cuda_graphs = true;
 
   GenerationOptions& set_cache_bytes(int64_t bytes) {
     cache.budget_bytes = bytes;
@@ -91,6 +105,14 @@ struct GenerationOptions {
   }
   GenerationOptions& set_share_prompt_prefill(bool on) {
     share_prompt_prefill = on;
+    return *this;
+  }
+  GenerationOptions& set_device_decode_steps(int64_t steps) {
+    device_decode_steps = steps;
+    return *this;
+  }
+  GenerationOptions& set_cuda_graphs(bool on) {
+    cuda_graphs = on;
     return *this;
   }
 };
@@ -136,6 +158,9 @@ struct GenerationStats {
   int64_t peak_running = 0;  // most sequences running at once
   int64_t peak_cache_blocks = 0;
   bool packed_weights = false;  // packed steps multiplied by oneDNN-packed weights
+  int64_t device_runs = 0;      // device-loop runs: one token copy to the host each
+  int64_t graph_captures = 0;   // CUDA graphs captured (one per batch bucket used)
+  int64_t graph_replays = 0;
   double prefill_seconds = 0;
   double decode_seconds = 0;
 };
@@ -145,6 +170,7 @@ class GenerationEngine {
   // REQUIRES: the model is one stage (pp = 1), an LM, without sequence
   // parallelism (EngineError otherwise). Allocates the KV cache (awake).
   GenerationEngine(std::shared_ptr<Transformer> model, GenerationOptions options = {});
+  ~GenerationEngine();
 
   // Generates for every prompt × params.n. Results are ordered by (request,
   // sample). Sample j of request i draws from
@@ -175,6 +201,10 @@ class GenerationEngine {
   // Whether steps run packed on the CPU kernels (GenerationOptions::packed_cpu_steps
   // and a model that supports them).
   bool packed_steps() const { return packed_; }
+  // Whether decode steps run in the device loop (GenerationOptions::device_decode_steps,
+  // padded steps, no sliding window), and whether they are captured in CUDA graphs.
+  bool device_decode() const { return device_decode_; }
+  bool cuda_graphs() const { return graphs_; }
   Transformer& model() { return *model_; }
 
  private:
@@ -196,12 +226,26 @@ class GenerationEngine {
   // The step's logits [B, V] for each sequence's next token.
   at::Tensor forward_packed(const std::vector<Sequence*>& batch);
   at::Tensor forward_padded(const std::vector<Sequence*>& batch);
+  // `steps` decode steps of `batch` in the device loop (see
+  // GenerationOptions::device_decode_steps); returns the sequences that
+  // finished. `width`: block-table columns (the call's longest sequence).
+  struct Bucket;
+  std::vector<SequenceId> decode_on_device(const std::vector<Sequence*>& batch,
+                                           const SamplingParams& params,
+                                           const std::set<int64_t>& stop, int64_t steps,
+                                           int64_t width);
+  // The graph-captured step of a bucket of `rows` rows, captured on first use
+  // in this call.
+  Bucket& bucket_for(int64_t rows, int64_t width, const SamplingParams& params);
 
   std::shared_ptr<Transformer> model_;
   GenerationOptions options_;
   std::unique_ptr<KvCache> cache_;
   at::TensorOptions tensors_;  // the model's dtype and device
   bool packed_ = false;
+  bool device_decode_ = false;
+  bool graphs_ = false;
+  std::vector<std::unique_ptr<Bucket>> buckets_;  // this call's captured steps
   GenerationStats stats_;
 };
 

@@ -15,6 +15,12 @@
 //   exit_rollout()   the rollout weights and the KV cache are freed; training
 //                    resumes on the untouched training model.
 //
+// With HybridEngineOptions::free_cache false (verl's free_cache_engine) the
+// KV cache is allocated at the first enter_rollout() and kept between
+// rollouts; the rollout weights are still freed at exit_rollout() (their
+// storages emptied in place, allocated again and resharded into at the next
+// enter_rollout()).
+//
 // Example (every rank of a TP2 × PP2 training world, rollout TP2):
 //   HybridEngine hybrid(train_model, store, HybridEngineOptions().set_rollout_tp(2));
 //   for (step ...) {
@@ -54,9 +60,17 @@ struct HybridEngineOptions {
   ReshardOptions reshard;
   GenerationOptions generation;
   bool release_grads = true;  // free the training gradients while in rollout
+  // verl's free_cache_engine: exit_rollout() frees the KV cache. false: the
+  // cache stays allocated between rollouts (sized once, at the first
+  // enter_rollout()); the rollout weights are freed either way.
+  bool free_cache = true;
 
   HybridEngineOptions& set_rollout_tp(int64_t tp) {
     rollout_tp = tp;
+    return *this;
+  }
+  HybridEngineOptions& set_free_cache(bool on) {
+    free_cache = on;
     return *this;
   }
 };
@@ -70,6 +84,7 @@ class HybridEngine {
   // vocabulary as the training layout's make_vocab_size_divisible_by says.
   HybridEngine(std::shared_ptr<Transformer> train, c10::intrusive_ptr<c10d::Store> store,
                HybridEngineOptions options = {});
+  ~HybridEngine();
 
   // Collective over the training world. Throws EngineError when already in
   // rollout.
@@ -79,30 +94,39 @@ class HybridEngine {
                                           const SamplingParams& params,
                                           const std::vector<uint64_t>& request_seeds = {},
                                           const std::vector<Continuation>& continuations = {});
-  // Frees the rollout weights and the KV cache. Not collective; a no-op when
-  // not in rollout.
+  // Frees the rollout weights and (free_cache) the KV cache. Not collective;
+  // a no-op when not in rollout.
   void exit_rollout();
 
-  bool in_rollout() const { return rollout_ != nullptr; }
+  bool in_rollout() const { return in_rollout_; }
   // This rank's rollout replica (its DP rank in the rollout layout) and their count.
   int64_t rollout_replica() const { return rollout_state_->coords().dp; }
   int64_t rollout_replicas() const { return rollout_state_->config().dp; }
   const ParallelState& rollout_state() const { return *rollout_state_; }
   // Bytes held for the rollout now: its weights (none when it shares the
-  // training model's) plus the KV cache (0 outside rollout).
+  // training model's; none outside rollout) plus the KV cache (outside
+  // rollout: none, or the kept cache when free_cache is off).
   int64_t rollout_bytes() const;
+  // Bytes the KV cache holds now (KvCache::allocated_bytes; 0 when there is none).
+  int64_t kv_cache_bytes() const;
   // True when the rollout generates with the training model itself.
   bool shares_training_weights() const { return shares_weights_; }
   // The rollout model (REQUIRES: in rollout), e.g. to compare weights.
   Transformer& rollout_model();
 
  private:
+  // A kept rollout model's weights (free_cache off, resharded copy): their
+  // memory freed at exit_rollout and allocated again at enter_rollout.
+  class RolloutWeights;
+
   std::shared_ptr<Transformer> train_;
   HybridEngineOptions options_;
   std::shared_ptr<ParallelState> rollout_state_;
   std::shared_ptr<Transformer> rollout_;
   std::unique_ptr<GenerationEngine> engine_;
+  std::unique_ptr<RolloutWeights> kept_weights_;
   bool shares_weights_ = false;
+  bool in_rollout_ = false;
 };
 
 }  // namespace baton::engine

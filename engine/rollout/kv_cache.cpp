@@ -1,8 +1,88 @@
 #include "engine/rollout/kv_cache.h"
 
+#include <cstdio>
+
 #include "engine/errors.h"
 
+#if defined(BATON_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
 namespace baton::engine {
+namespace {
+
+// "64.0 MiB", "-2.1 GiB".
+std::string bytes_text(int64_t bytes) {
+  const double gib = static_cast<double>(int64_t{1} << 30);
+  const double mib = static_cast<double>(int64_t{1} << 20);
+  const double b = static_cast<double>(bytes);
+  char text[32];
+  if (b >= gib || b <= -gib)
+    std::snprintf(text, sizeof text, "%.1f GiB", b / gib);
+  else
+    std::snprintf(text, sizeof text, "%.1f MiB", b / mib);
+  return text;
+}
+
+int64_t fraction_of(double utilization, int64_t bytes) {
+  return static_cast<int64_t>(utilization * static_cast<double>(bytes));
+}
+
+}  // namespace
+
+std::optional<DeviceMemory> device_memory(at::Device device) {
+#if defined(BATON_CUDA)
+  if (!device.is_cuda()) return std::nullopt;
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  c10::cuda::CUDAGuard guard(index);
+  size_t free = 0, total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  // Memory the caching allocator holds but has not handed out is free for
+  // this process's next tensors: the allocator reuses it (and on a miss
+  // releases it to the driver before failing), so it is not "in use".
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const int64_t cached = stats.reserved_bytes[all].current - stats.allocated_bytes[all].current;
+  return DeviceMemory{static_cast<int64_t>(total), static_cast<int64_t>(total - free) - cached};
+#else
+  (void)device;
+  return std::nullopt;
+#endif
+}
+
+int64_t kv_budget_from_memory(const DeviceMemory& memory, double utilization,
+                              int64_t bytes_per_block) {
+  if (!(utilization > 0 && utilization <= 1))
+    throw EngineError(
+        detail::cat("KvCache: memory_utilization must be in (0, 1], got ", utilization));
+  const int64_t budget = fraction_of(utilization, memory.total_bytes) - memory.in_use_bytes;
+  if (budget < 2 * bytes_per_block)
+    throw EngineError(detail::cat(
+        "KvCache: memory_utilization (verl's gpu_memory_utilization) ", utilization, " of ",
+        bytes_text(memory.total_bytes), " leaves ", bytes_text(budget), " after the ",
+        bytes_text(memory.in_use_bytes), " in use on the device; the cache needs at least 2 ",
+        "blocks of ", bytes_per_block, " bytes (one is scratch): raise the fraction or free ",
+        "device memory"));
+  return budget;
+}
+
+std::string describe_kv_budget(const KvCacheOptions& options, at::Device device) {
+  if (options.memory_utilization <= 0) return "budget_bytes " + bytes_text(options.budget_bytes);
+  const auto memory = device_memory(device);
+  if (!memory)
+    return detail::cat("budget_bytes ", bytes_text(options.budget_bytes),
+                       " (memory_utilization applies to CUDA devices only, not ", device.str(),
+                       ")");
+  char fraction[16];
+  std::snprintf(fraction, sizeof fraction, "%.2f", options.memory_utilization);
+  return detail::cat("memory_utilization ", fraction, " of ", bytes_text(memory->total_bytes),
+                     " on ", device.str(), ", ", bytes_text(memory->in_use_bytes), " in use: ",
+                     bytes_text(fraction_of(options.memory_utilization, memory->total_bytes) -
+                                memory->in_use_bytes),
+                     " now");
+}
 
 KvCache::KvCache(const ModelConfig& config, int64_t num_layers, int64_t local_kv_heads,
                  at::TensorOptions tensors, KvCacheOptions options)
@@ -15,13 +95,24 @@ KvCache::KvCache(const ModelConfig& config, int64_t num_layers, int64_t local_kv
     throw EngineError(detail::cat("KvCache: block_size must be >= 1, got ", options_.block_size));
   bytes_per_token_ =
       2 * num_layers_ * kv_heads_ * head_dim_ * static_cast<int64_t>(tensors_.dtype().itemsize());
-  num_blocks_ = options_.budget_bytes / (bytes_per_token_ * options_.block_size);
-  if (num_blocks_ < 2)
+  wake();
+}
+
+void KvCache::size_pool() {
+  if (options_.memory_utilization > 0) {
+    if (const auto memory = device_memory(tensors_.device())) {
+      num_blocks_ = kv_budget_from_memory(*memory, options_.memory_utilization, bytes_per_block()) /
+                    bytes_per_block();
+      return;
+    }
+  }
+  const int64_t blocks = options_.budget_bytes / bytes_per_block();
+  if (blocks < 2)
     throw EngineError(detail::cat("KvCache: a budget of ", options_.budget_bytes, " bytes holds ",
-                                  num_blocks_, " blocks of ", options_.block_size, " tokens × ",
+                                  blocks, " blocks of ", options_.block_size, " tokens × ",
                                   bytes_per_token_,
                                   " bytes; at least 2 are needed (one is scratch)"));
-  wake();
+  num_blocks_ = blocks;
 }
 
 int64_t KvCache::blocks_for(int64_t tokens) const {
@@ -89,6 +180,9 @@ void KvCache::sleep() {
 
 void KvCache::wake() {
   if (awake_) return;
+  // Nothing is allocated now: the device's memory in use is everything but
+  // this cache.
+  size_pool();
   int64_t slots = num_blocks_ * options_.block_size;
   for (int64_t l = 0; l < num_layers_; ++l) {
     keys_.push_back(at::zeros({slots, kv_heads_, head_dim_}, tensors_));

@@ -7,6 +7,10 @@
 // depend only on its seed and logits, not on which other sequences share its
 // batch, and every TP rank (same logits, same seed) draws the same token.
 //
+// Truncation ranks the candidates by scaled logit, tied logits by token id
+// (lower first), as a stable sort does on any device, so that the device
+// draw (sample_on_device) ranks them the same way.
+//
 // The log-probability reported for a sampled token (rollout log-prob) is
 // log_softmax(logits / T) at that token, before top-k/top-p truncation (T = 1
 // for greedy): the quantity the training side computes from the same logits
@@ -82,6 +86,51 @@ Sampled sample_token(const at::Tensor& logits, const SamplingParams& params, Seq
 // cumulative sum. Log-probs equal sample_token's up to fp32 rounding.
 std::vector<Sampled> sample_tokens(const at::Tensor& logits, const SamplingParams& params,
                                    const std::vector<SequenceRng*>& rngs);
+
+// sample_tokens' draw for the device decode loop: tensor operations on the
+// logits' own device, with the random numbers read ahead of the draws, so
+// that no step waits for the host (and a CUDA graph can capture it).
+//
+// Example (k decode steps of B sequences, temperature > 0):
+//   at::Tensor u = peek_uniforms(rngs, k).to(device);        // [k, B], one upload
+//   for (int64_t s = 0; s < k; ++s) {
+//     DeviceSampled next = sample_on_device(step_logits(), p, u[s]);  // [B] each
+//     ...
+//   }
+//   for (int64_t i = 0; i < B; ++i) rngs[i]->skip(tokens_kept[i]);
+struct DeviceSampled {
+  at::Tensor tokens;     // [B] int64, on the logits' device
+  at::Tensor log_probs;  // [B] fp32, on the logits' device: see the header comment
+};
+
+// Draws a token from each row of `logits` [B, V] (any float dtype, any
+// device) with row i's uniform `uniforms[i]` ([B] fp64 on the same device:
+// the next SequenceRng::uniform() of row i's stream; read but unused for
+// greedy). Given the same uniforms, the tokens are sample_tokens' tokens,
+// computed the same way: the fp64 softmax of logits / T (over the top-k
+// candidates, ranked by sort, with the tokens outside the top-p prefix at
+// probability 0), its cumulative sum c, and the first candidate with
+// c > u · c[last] that has a probability; greedy takes the first maximum.
+// On the CPU the tokens are bit for bit sample_tokens'; on a GPU the sums
+// may round differently, which moves a token only when u falls within
+// rounding (~1e-15) of a boundary of the CDF. Log-probs are log_softmax in
+// fp32, equal to sample_tokens' up to fp32 rounding.
+//
+// Blocking: none. It enqueues work on the current stream and returns without
+// synchronising with the device (no copy to the host, no value read, no
+// shape that depends on values), so it can be captured in a CUDA graph.
+// Memory: a few [B, V] fp64 temporaries. Throws EngineError naming the
+// shapes, dtype and devices when logits are not [B, V] or uniforms not [B]
+// fp64 on the logits' device (checks of metadata only).
+DeviceSampled sample_on_device(const at::Tensor& logits, const SamplingParams& params,
+                               const at::Tensor& uniforms);
+
+// The next `steps` uniforms of each stream, [steps, B] fp64 on the host:
+// element [s, i] is what the s-th next rngs[i]->uniform() returns. The
+// streams are not advanced (it draws from copies); after using the first k
+// rows the caller advances each stream with skip(k). Throws EngineError when
+// steps < 0.
+at::Tensor peek_uniforms(const std::vector<SequenceRng*>& rngs, int64_t steps);
 
 // The distribution sample_token draws from (after temperature, top-k, top-p),
 // as probabilities [V] in fp64 on the host; greedy is one-hot at the argmax.

@@ -13,10 +13,13 @@ Scheduler::Scheduler(SchedulerOptions options, SequenceBlocks& blocks)
                options_.max_batch);
 }
 
-SequenceId Scheduler::add(int64_t request, int64_t tokens) {
+SequenceId Scheduler::add(int64_t request, int64_t tokens, int64_t max_positions) {
   ENGINE_CHECK(tokens >= 1, "Scheduler::add: a sequence needs a token, got ", tokens);
+  if (max_positions < tokens)
+    throw EngineError(detail::cat("Scheduler::add: max_positions ", max_positions,
+                                  " is below the sequence's ", tokens, " tokens"));
   const SequenceId id{static_cast<int64_t>(entries_.size())};
-  entries_.push_back({request, tokens});
+  entries_.push_back({request, tokens, max_positions});
   waiting_.push_back(id);
   return id;
 }
@@ -68,15 +71,20 @@ Scheduler::Prefill Scheduler::admit() {
   stepping_ = batch.rows;
   for (const Follower& f : batch.followers) stepping_.push_back(f.seq);
   prefilling_ = true;
+  step_tokens_ = 1;
   return batch;
 }
 
-std::vector<SequenceId> Scheduler::decode() {
+std::vector<SequenceId> Scheduler::decode(int64_t steps) {
   ENGINE_CHECK(stepping_.empty(), "Scheduler::decode: the last step was not completed");
+  if (steps < 1)
+    throw EngineError(detail::cat("Scheduler::decode: steps must be >= 1, got ", steps));
   for (size_t i = 0; i < running_.size(); ++i) {
     const SequenceId s = running_[i];
-    // The sequence feeds its last token: `tokens` positions.
-    while (!blocks_.reserve(s, entries_[s.value].tokens)) {
+    const Entry& e = entries_[s.value];
+    // The sequence feeds its last token and then steps - 1 sampled ones:
+    // `tokens + steps - 1` positions, no more than it can ever hold.
+    while (!blocks_.reserve(s, std::min(e.tokens + steps - 1, e.max_positions))) {
       const SequenceId victim = running_.back();
       blocks_.release(victim);
       waiting_.push_front(victim);
@@ -87,6 +95,7 @@ std::vector<SequenceId> Scheduler::decode() {
   }
   stepping_ = running_;
   prefilling_ = false;
+  step_tokens_ = steps;
   return running_;
 }
 
@@ -98,7 +107,7 @@ void Scheduler::complete(const std::vector<SequenceId>& finished) {
   for (SequenceId s : finished)
     ENGINE_CHECK(std::find(stepping_.begin(), stepping_.end(), s) != stepping_.end(),
                  "Scheduler::complete: sequence ", s.value, " was not in the step");
-  for (SequenceId s : stepping_) ++entries_[s.value].tokens;
+  for (SequenceId s : stepping_) entries_[s.value].tokens += step_tokens_;
   if (prefilling_)
     for (SequenceId s : stepping_)
       if (!is_finished(s)) running_.push_back(s);

@@ -12,14 +12,17 @@
 //     block its prompt's partly filled last block is copied into (none when
 //     the prompt ends at a block's end). admit() sets that block aside; the
 //     caller takes it with KvCache::share_prefix after the prefill step;
-//   - decode() makes room for each running sequence's next position, in
+//   - decode(k) makes room for each running sequence's next k positions
+//     (k > 1: the device decode loop's k steps between host checks; never
+//     past the most positions the sequence can need, given at add()), in
 //     admission order; when no block is free it preempts the most recently
 //     admitted running sequence (its blocks go back; it returns to the head
 //     of the queue, to be recomputed from its tokens when readmitted), down
 //     to the sequence that needs the block itself;
 //   - complete() after each step: every sequence of the step has one more
-//     token; the finished ones give their blocks back and leave, the others
-//     of a prefill join the running sequences (rows first, then followers);
+//     token (k more after decode(k)); the finished ones give their blocks
+//     back and leave, the others of a prefill join the running sequences
+//     (rows first, then followers);
 //   - done() once nothing waits or runs.
 //
 // Example (GenerationEngine::generate):
@@ -38,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <vector>
 
 namespace baton::engine {
@@ -87,21 +91,26 @@ class Scheduler {
   Scheduler(SchedulerOptions options, SequenceBlocks& blocks);
 
   // Queues a sequence of `tokens` tokens (>= 1) of request `request` at the
-  // tail; its id is the number of sequences added before it.
-  SequenceId add(int64_t request, int64_t tokens);
+  // tail; its id is the number of sequences added before it. `max_positions`:
+  // the most positions it can ever hold in the cache (prompt + new tokens - 1);
+  // decode(k) reserves no further.
+  SequenceId add(int64_t request, int64_t tokens,
+                 int64_t max_positions = std::numeric_limits<int64_t>::max());
 
   // The next prefill batch (see the header comment), taken out of the
   // queue; empty when none is admitted. Throws EngineError when nothing runs
   // and the first waiting sequence does not fit in the free blocks.
   // REQUIRES: no step in flight (complete() called after the last one).
   Prefill admit();
-  // The running sequences, each with a block for its next position, after
-  // the preemptions that needed (see the header comment); empty when none
-  // runs. REQUIRES: no step in flight.
-  std::vector<SequenceId> decode();
-  // After the step of the last admit() or decode(): each of its sequences
-  // has one more token; `finished` (sequences of that step) are done: their
-  // blocks go back and they leave. REQUIRES: a non-empty step in flight.
+  // The running sequences, each with blocks for its next `steps` positions
+  // (capped at its max_positions), after the preemptions that needed (see
+  // the header comment); empty when none runs. REQUIRES: no step in flight,
+  // steps >= 1.
+  std::vector<SequenceId> decode(int64_t steps = 1);
+  // After the step of the last admit() or decode(steps): each of its
+  // sequences has one more token (`steps` more after decode(steps));
+  // `finished` (sequences of that step) are done: their blocks go back and
+  // they leave. REQUIRES: a non-empty step in flight.
   void complete(const std::vector<SequenceId>& finished);
 
   // True when nothing waits, runs or is being stepped.
@@ -116,6 +125,7 @@ class Scheduler {
   struct Entry {
     int64_t request = 0;
     int64_t tokens = 0;
+    int64_t max_positions = 0;
     bool admitted_before = false;
   };
   int64_t blocks_for(int64_t tokens) const;
@@ -127,6 +137,7 @@ class Scheduler {
   std::vector<SequenceId> running_;   // in admission order
   std::vector<SequenceId> stepping_;  // the step in flight: a prefill's rows, then followers
   bool prefilling_ = false;
+  int64_t step_tokens_ = 1;  // tokens each sequence of the step in flight gains
   int64_t preemptions_ = 0;
 };
 

@@ -390,6 +390,69 @@ TEST_P(Generation, ChunkedGenerationEqualsOneCall) {
   }
 }
 
+// The device decode loop (k decode steps on the device, each token drawn
+// there and fed back, one copy to the host per k) against the host loop
+// (device_decode_steps 0: a forward and a host draw per token): the same
+// tokens and log-probs within the chain of a log-prob, greedy and sampled
+// with top-k, with stop tokens met inside a run of k steps, in a cache tight
+// enough that sequences wait, join as others finish and get preempted, and
+// for continuations (partial rollout).
+TEST_P(Generation, DeviceDecodeLoopEqualsTheHostLoop) {
+  auto model = load_model(GetParam());
+  const int64_t vocab = model->config().vocab_size;
+  auto ps = prompts(8, vocab, 17);
+  std::vector<uint64_t> seeds;
+  for (size_t i = 0; i < ps.size(); ++i) seeds.push_back(500 + i);
+  SamplingParams top_k = sampled(14, 2, 0);
+  top_k.top_k = 20;
+  SamplingParams stopping = sampled(14, 2, 3);
+  // A tenth of the vocabulary stops a sequence: most stop within 14 tokens,
+  // many inside a run.
+  for (int64_t t = 3; t < vocab; t += 10) stopping.stop_token_ids.push_back(t);
+  GenerationOptions tight;
+  tight.cache.block_size = 4;
+  tight.cache.budget_bytes = 16 * 4 * model->make_kv_cache({})->bytes_per_token();
+  tight.max_batch = 4;
+  tight.packed_cpu_steps = false;
+  GenerationEngine host(model, GenerationOptions(tight).set_device_decode_steps(0));
+  GenerationEngine device(model, GenerationOptions(tight).set_device_decode_steps(4));
+  ASSERT_FALSE(host.device_decode());
+  ASSERT_TRUE(device.device_decode());
+  EXPECT_FALSE(device.cuda_graphs()) << "no graphs on the CPU";
+  for (const auto& params : {greedy(14), top_k, stopping}) {
+    SCOPED_TRACE(params.to_string());
+    auto a = host.generate(ps, params, seeds);
+    auto b = device.generate(ps, params, seeds);
+    ASSERT_EQ(a.size(), b.size());
+    const Tolerance tol = log_prob_tolerance(*model, a, 13 + 14);
+    int64_t stopped = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].response, b[i].response) << "sequence " << i;
+      EXPECT_EQ(a[i].finish_reason, b[i].finish_reason) << "sequence " << i;
+      expect_close(a[i].log_probs, b[i].log_probs, tol, "sequence " + std::to_string(i));
+      stopped += a[i].finish_reason == "stop";
+    }
+    const GenerationStats& stats = device.last_stats();
+    EXPECT_GT(stats.device_runs, 0);
+    EXPECT_GT(stats.preemptions + stats.peak_running, 0);
+    // Fewer host copies than decode tokens: up to 4 steps per copy.
+    EXPECT_LT(stats.device_runs, stats.decode_tokens);
+    EXPECT_EQ(device.cache().free_blocks(), device.cache().usable_blocks());
+    if (!params.stop_token_ids.empty()) {
+      EXPECT_GT(stopped, 0) << "the stop ids were meant to stop some";
+    }
+  }
+  // A partial rollout resumed in chunks: the host loop's tokens again.
+  std::vector<int64_t> resumed_host, resumed_device;
+  auto chunked_host = generate_in_chunks(generators(host, *model)[0].second, ps, top_k, seeds,
+                                         {5, 9, 14}, resumed_host);
+  auto chunked_device = generate_in_chunks(generators(device, *model)[0].second, ps, top_k, seeds,
+                                           {5, 9, 14}, resumed_device);
+  EXPECT_EQ(resumed_host, resumed_device);
+  for (size_t i = 0; i < chunked_host.size(); ++i)
+    EXPECT_EQ(chunked_host[i].response, chunked_device[i].response) << "sequence " << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Generation, ::testing::Values("tiny-llama", "tiny-qwen2"));
 
 TEST(Generation, SameSeedSameOutputAndSamplesDiffer) {
@@ -616,6 +679,21 @@ TEST(Generation, ForwardCachedChecksItsStep) {
                {"cache slot outside"});
 }
 
+TEST(Generation, ForwardDecodeChecksItsShapes) {
+  auto model = load_model("tiny-llama");
+  auto cache = model->make_kv_cache({});
+  auto longs = [](std::vector<int64_t> v) { return at::tensor(v, at::kLong); };
+  DecodeStep ok{longs({5, 6}), longs({0, 0}), longs({3, 3}), at::ones({2, 1}, at::kLong)};
+  auto logits = model->forward_decode(ok, *cache);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, model->config().vocab_size}));
+  DecodeStep bad = ok;
+  bad.positions = longs({0, 0, 0});
+  expect_error([&] { model->forward_decode(bad, *cache); }, {"forward_decode", "[2]", "[3]"});
+  bad = ok;
+  bad.block_tables = at::ones({3, 1}, at::kLong);
+  expect_error([&] { model->forward_decode(bad, *cache); }, {"block_tables [B, W]", "[3, 1]"});
+}
+
 TEST(Generation, ForwardPagedChecksItsStep) {
   auto model = load_model("tiny-llama");
   ASSERT_TRUE(model->supports_paged_step());
@@ -691,6 +769,40 @@ TEST(KvCache, SharedPrefixBlocksAreHeldUntilTheirLastHolderReleasesThem) {
   EXPECT_EQ(cache.free_blocks(), 0);
   cache.release(all);
   EXPECT_EQ(cache.free_blocks(), usable);
+}
+
+// On a GPU: the device loop with its step captured in CUDA graphs gives the
+// tokens of the same loop uncaptured exactly (a graph replays the same
+// kernels), and the host loop's up to the attention kernels' rounding.
+TEST(Generation, CudaGraphsGiveTheUncapturedTokens_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  auto model = load_model("tiny-qwen2");
+  model->to(at::Device(at::kCUDA, 0));
+  auto ps = prompts(37, model->config().vocab_size, 19);
+  GenerationOptions base = GenerationOptions().set_cache_bytes(8 << 20);
+  GenerationEngine graphs(model, GenerationOptions(base).set_cuda_graphs(true));
+  GenerationEngine eager(model, GenerationOptions(base).set_cuda_graphs(false));
+  GenerationEngine host(model, GenerationOptions(base).set_device_decode_steps(0));
+  ASSERT_TRUE(graphs.cuda_graphs());
+  ASSERT_FALSE(eager.cuda_graphs());
+  SamplingParams top_p = sampled(24, 2, 9);
+  top_p.top_p = 0.9;
+  for (const auto& params : {greedy(24), sampled(24, 2, 8), top_p}) {
+    SCOPED_TRACE(params.to_string());
+    auto a = graphs.generate(ps, params);
+    auto b = eager.generate(ps, params);
+    auto c = host.generate(ps, params);
+    EXPECT_GT(graphs.last_stats().graph_replays, 0);
+    EXPECT_GT(graphs.last_stats().graph_captures, 0);
+    int64_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].response, b[i].response) << "sequence " << i;
+      EXPECT_EQ(a[i].log_probs, b[i].log_probs) << "sequence " << i;
+      differ += a[i].response != c[i].response;
+    }
+    // The host loop attends by other kernels: a near tie may flip a token.
+    EXPECT_LE(differ, static_cast<int64_t>(a.size()) / 20) << "sequences that differ";
+  }
 }
 
 TEST(Generation, RolloutLogProbsMatchTrainingLogProbs) {

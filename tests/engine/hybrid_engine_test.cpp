@@ -3,8 +3,8 @@
 // single-process engine generates on the full HF weights, report rollout
 // log-probs that agree with the training engine's log-probs of the same tokens
 // (within the rounding of a log-prob's chain, model_tolerance.h), free the
-// rollout memory on exit, and after an optimizer step generate from the new
-// weights.
+// rollout memory on exit (or keep the KV cache, free_cache off), and after an
+// optimizer step generate from the new weights.
 #include "engine/rollout/hybrid_engine.h"
 
 #include <gtest/gtest.h>
@@ -241,19 +241,31 @@ void PrintTo(const Layouts& l, std::ostream* os) { *os << l.name; }
 
 class HybridLayouts : public ::testing::TestWithParam<Layouts> {};
 
+// Layout `l`'s training model of tiny-llama on this rank of a world of 2, the
+// fixture's HF weights, and HybridEngine options for its rollout layout.
+struct LayoutRun {
+  std::shared_ptr<Transformer> train;
+  TensorMap full;
+  HybridEngineOptions options;
+};
+
+LayoutRun layout_run(const Layouts& l, int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+  ParallelConfig pc;
+  pc.tp = l.tp;
+  pc.pp = l.pp;
+  pc.dp = 2 / (l.tp * l.pp);
+  LayoutRun run;
+  run.train = training_model("tiny-llama", ParallelState::create(store, rank, pc));
+  run.full = read_hf_weights(kFixtures + "/tiny-llama");
+  run.options.rollout_tp = l.rollout_tp;
+  run.options.generation.cache.budget_bytes = 1 << 20;
+  return run;
+}
+
 TEST_P(HybridLayouts, RolloutGeneratesWhatOneProcessGenerates) {
   const Layouts l = GetParam();
   run_world(2, [l](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
-    ParallelConfig pc;
-    pc.tp = l.tp;
-    pc.pp = l.pp;
-    pc.dp = 2 / (l.tp * l.pp);
-    auto ps = ParallelState::create(store, rank, pc);
-    auto train = training_model("tiny-llama", ps);
-    auto full = read_hf_weights(kFixtures + "/tiny-llama");
-    HybridEngineOptions options;
-    options.rollout_tp = l.rollout_tp;
-    options.generation.cache.budget_bytes = 1 << 20;
+    auto [train, full, options] = layout_run(l, rank, store);
     HybridEngine hybrid(train, store, options);
     const ReshardStats stats = hybrid.enter_rollout();
     EXPECT_EQ(hybrid.rollout_replicas(), 2 / l.rollout_tp);
@@ -268,6 +280,53 @@ TEST_P(HybridLayouts, RolloutGeneratesWhatOneProcessGenerates) {
     expect_reference_sequences(hybrid.generate(kPrompts, sampled()), train->config(), full,
                                sampled(), l.name);
     hybrid.exit_rollout();
+  });
+}
+
+// free_cache_engine off (HybridEngineOptions::free_cache): the KV cache is
+// allocated at the first rollout and stays between rollouts while a
+// resharded copy's weights are freed, and every rollout, also after the
+// training weights changed, generates what an engine that frees the cache
+// each time generates.
+TEST_P(HybridLayouts, KeptCacheStaysBetweenRolloutsAndGeneratesTheSameTokens) {
+  const Layouts l = GetParam();
+  run_world(2, [l](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto [train, full, options] = layout_run(l, rank, store);
+    HybridEngine freed(train, store, options);
+    HybridEngine kept(train, store, HybridEngineOptions(options).set_free_cache(false));
+    EXPECT_EQ(kept.kv_cache_bytes(), 0) << "allocated before the first rollout";
+    const bool shared = l.tp == 1 && l.pp == 1 && l.rollout_tp == 1;
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE(l.name + ", rollout " + std::to_string(round));
+      freed.enter_rollout();
+      const auto want_greedy = freed.generate(kPrompts, greedy());
+      const auto want_sampled = freed.generate(kPrompts, sampled());
+      freed.exit_rollout();
+      EXPECT_EQ(freed.kv_cache_bytes(), 0);
+
+      kept.enter_rollout();
+      const int64_t cache = kept.kv_cache_bytes();
+      EXPECT_GT(cache, 0);
+      const auto got_greedy = kept.generate(kPrompts, greedy());
+      const auto got_sampled = kept.generate(kPrompts, sampled());
+      const at::Tensor weight = kept.rollout_model().named_params().front().second;
+      kept.exit_rollout();
+      EXPECT_FALSE(kept.in_rollout());
+      EXPECT_EQ(kept.kv_cache_bytes(), cache);
+      // Outside rollout only the cache is held: a resharded copy's weights
+      // are freed (the training model's, shared, are not the rollout's).
+      EXPECT_EQ(kept.rollout_bytes(), cache);
+      EXPECT_EQ(weight.storage().nbytes() == 0, !shared);
+
+      const Tolerance tol = log_prob_tolerance(train->config(), full, want_sampled);
+      expect_same_sequences(got_greedy, want_greedy, tol, "greedy");
+      expect_same_sequences(got_sampled, want_sampled, tol, "sampled");
+
+      // New training weights: the next rollout must reshard them into the
+      // kept model (or generate with them, shared).
+      at::NoGradGuard no_grad;
+      for (auto& [name, p] : train->named_params()) p.mul_(1.05);
+    }
   });
 }
 

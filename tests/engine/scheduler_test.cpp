@@ -195,6 +195,26 @@ TEST(Scheduler, PreemptsTheMostRecentlyAdmittedRunningSequenceWhenBlocksRunOut) 
   EXPECT_EQ(blocks.held(SequenceId{1}), 2);
 }
 
+// decode(k) (the device loop's k steps) reserves each sequence's next k
+// positions, never past the most it can hold; complete() then counts k
+// tokens for each.
+TEST(Scheduler, DecodeOfKStepsReservesKPositionsUpToEachSequencesMost) {
+  CountedBlocks blocks(4, 16);
+  Scheduler s(options(), blocks);
+  s.add(0, 3, /*max_positions=*/20);
+  s.add(1, 3, /*max_positions=*/6);
+  s.admit();
+  s.complete({});  // 4 tokens each
+  EXPECT_EQ(s.decode(8), ids({0, 1}));
+  EXPECT_EQ(blocks.held(SequenceId{0}), 3);  // 4 + 8 - 1 = 11 positions
+  EXPECT_EQ(blocks.held(SequenceId{1}), 2);  // capped at 6 positions
+  s.complete({SequenceId{1}});
+  EXPECT_EQ(s.tokens(SequenceId{0}), 12);
+  EXPECT_EQ(s.running(), ids({0}));
+  expect_error([&] { s.decode(0); }, {"steps must be >= 1, got 0"});
+  expect_error([&] { s.add(2, 5, 4); }, {"max_positions 4", "5 tokens"});
+}
+
 TEST(Scheduler, RequeuesPreemptedSequencesAtTheHeadInAdmissionOrder) {
   CountedBlocks blocks(2, 4);
   Scheduler s(options(), blocks);

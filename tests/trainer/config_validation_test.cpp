@@ -20,14 +20,19 @@ namespace {
 
 const std::filesystem::path kBase = std::filesystem::path(BATON_CONFIGS_DIR) / "ppo_trainer.yaml";
 
-// The validation error of the base config with `overrides` ("" if valid);
-// the base names no model or files, which a run needs.
-std::string problems_with(const std::vector<std::string>& overrides) {
+// The base config with `overrides`, read; the base names no model or files,
+// which a run needs, so those come first.
+TrainerSettings settings_with(const std::vector<std::string>& overrides) {
   Config config = Config::load(kBase);
   config.apply_overrides({"actor_rollout_ref.model.path=models/m", "data.train_files=[t.jsonl]"});
   config.apply_overrides(overrides);
+  return read_trainer_settings(config);
+}
+
+// The validation error of settings_with(overrides) ("" if valid).
+std::string problems_with(const std::vector<std::string>& overrides) {
   try {
-    read_trainer_settings(config);
+    settings_with(overrides);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -204,6 +209,60 @@ TEST(ConfigValidation, ChoicesAreChecked) {
   EXPECT_CONTAINS(
       problems_with(small_with({"algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.horizon=0"})),
       "algorithm.kl_ctrl.horizon must be > 0");
+}
+
+// The KV cache's budget (verl's keys): gpu_memory_utilization is a fraction
+// in (0, 1]; it and free_cache_engine reach the workers' options, with
+// verl's defaults (0.5, true).
+TEST(ConfigValidation, GpuMemoryUtilizationIsAFractionAndTheCacheKeysReachTheWorkers) {
+  const std::string key = "actor_rollout_ref.rollout.gpu_memory_utilization";
+  EXPECT_CONTAINS(problems_with(small_with({key + "=0"})),
+                  key + " = 0 must be in (0, 1] (the fraction of a GPU's memory");
+  EXPECT_CONTAINS(problems_with(small_with({key + "=1.5"})), key + " = 1.5 must be in (0, 1]");
+  EXPECT_CONTAINS(problems_with(small_with({key + "=-0.2"})), key + " = -0.2 must be in (0, 1]");
+  EXPECT_EQ(problems_with(small_with({key + "=1.0"})), "");
+
+  const TrainerSettings defaults = settings_with({});
+  EXPECT_EQ(defaults.actor.rollout.gpu_memory_utilization, 0.5);
+  EXPECT_TRUE(defaults.actor.rollout.free_cache_engine);
+  EXPECT_EQ(defaults.actor.rollout.cache_bytes, 64 << 20);
+  const TrainerSettings set =
+      settings_with({key + "=0.85", "actor_rollout_ref.rollout.free_cache_engine=false"});
+  EXPECT_EQ(set.actor.rollout.gpu_memory_utilization, 0.85);
+  EXPECT_FALSE(set.actor.rollout.free_cache_engine);
+}
+
+// The device decode loop's keys: device_decode_steps (>= 0, 8 by default)
+// and verl's enforce_eager (false: CUDA graphs) reach the workers' options.
+TEST(ConfigValidation, DeviceDecodeKeysReachTheWorkers) {
+  const std::string key = "actor_rollout_ref.rollout.device_decode_steps";
+  EXPECT_CONTAINS(problems_with(small_with({key + "=-1"})), key);
+  EXPECT_EQ(problems_with(small_with({key + "=0"})), "");
+  const TrainerSettings defaults = settings_with({});
+  EXPECT_EQ(defaults.actor.rollout.device_decode_steps, 8);
+  EXPECT_TRUE(defaults.actor.rollout.cuda_graphs);
+  const TrainerSettings set =
+      settings_with({key + "=2", "actor_rollout_ref.rollout.enforce_eager=true"});
+  EXPECT_EQ(set.actor.rollout.device_decode_steps, 2);
+  EXPECT_FALSE(set.actor.rollout.cuda_graphs);
+}
+
+// Parameter dtypes left null follow the device: bfloat16 on GPUs (verl's
+// default there; the rollout and the reference follow the actor), float32
+// on the CPU.
+TEST(ConfigValidation, NullDtypesAreBf16OnGpusAndFp32OnTheCpu) {
+  const TrainerSettings gpu = settings_with({"trainer.device=cuda"});
+  EXPECT_EQ(gpu.actor.model.dtype, "bfloat16");
+  EXPECT_EQ(gpu.actor.ref_dtype, "bfloat16");
+  EXPECT_EQ(gpu.rollout_dtype, "bfloat16");
+  EXPECT_EQ(gpu.critic.model.dtype, "bfloat16");
+  const TrainerSettings cpu = settings_with({"trainer.device=cpu"});
+  EXPECT_EQ(cpu.actor.model.dtype, "float32");
+  EXPECT_EQ(cpu.rollout_dtype, "float32");
+  EXPECT_EQ(cpu.critic.model.dtype, "float32");
+  EXPECT_EQ(settings_with({"actor_rollout_ref.actor.megatron.dtype=float32", "trainer.device=cuda"})
+                .actor.model.dtype,
+            "float32");
 }
 
 TEST(ConfigValidation, ParameterDtypesAreCheckedAndTheRolloutFollowsTheActor) {

@@ -88,7 +88,11 @@ ActorRolloutRefOptions actor() {
   r.response_length = 17;
   r.max_batch = 5;
   r.cache_bytes = 1 << 20;
+  r.gpu_memory_utilization = 0.7;
+  r.free_cache_engine = false;
   r.packed_cpu_steps = false;
+  r.device_decode_steps = 3;
+  r.cuda_graphs = false;
   r.log_prob_micro_batch_size = 3;
   o.actor = false;
   o.ref = true;

@@ -294,6 +294,12 @@ void check_actor(Problems& p, const TrainerSettings& s) {
               " must be >= 0 (0 is greedy)"));
   if (!(sp.top_p > 0 && sp.top_p <= 1))
     p.add(cat("actor_rollout_ref.rollout.top_p = ", sp.top_p, " must be in (0, 1]"));
+  const double utilization = s.actor.rollout.gpu_memory_utilization;
+  if (!(utilization > 0 && utilization <= 1))
+    p.add(cat("actor_rollout_ref.rollout.gpu_memory_utilization = ", utilization,
+              " must be in (0, 1] (the fraction of a GPU's memory the rollout may fill)"));
+  p.at_least("actor_rollout_ref.rollout.device_decode_steps", s.actor.rollout.device_decode_steps,
+             0);
   // verl's -1 (no truncation) reads as 0; below that is a mistake.
   p.at_least("actor_rollout_ref.rollout.top_k", sp.top_k, -1);
 }

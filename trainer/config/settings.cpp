@@ -78,6 +78,15 @@ constexpr std::initializer_list<const char*> kKlKinds = {
     "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"};
 constexpr std::initializer_list<const char*> kDtypes = {"float32", "bfloat16"};
 
+// A parameter dtype: one of kDtypes, or null for the device's default:
+// bfloat16 on GPUs (trainer.device cuda; the optimizer keeps fp32 masters),
+// float32 on the CPU (its kernels and the packed generation step are fp32).
+std::string read_dtype(Reader& r, const std::string& key) {
+  if (r.get_optional<std::string>(key)) return r.one_of(key, kDtypes);
+  return r.get_optional<std::string>("trainer.device").value_or("cuda") == "cuda" ? "bfloat16"
+                                                                                  : "float32";
+}
+
 // A list of strings, or one as a string; null: none (data.train_files,
 // val_files, actor_rollout_ref.model.target_modules).
 std::vector<std::string> string_list(Reader& r, const std::string& key) {
@@ -167,7 +176,7 @@ void read_actor(Reader& r, TrainerSettings& s) {
   o.model.tp = r.get<int64_t>(a + ".megatron.tensor_model_parallel_size");
   o.model.pp = r.get<int64_t>(a + ".megatron.pipeline_model_parallel_size");
   o.model.seed = static_cast<uint64_t>(r.get<int64_t>(a + ".megatron.seed"));
-  o.model.dtype = r.one_of(a + ".megatron.dtype", kDtypes);
+  o.model.dtype = read_dtype(r, a + ".megatron.dtype");
   o.model.sequence_parallel = r.get<bool>(a + ".megatron.sequence_parallel");
   o.model.ep = r.get<int64_t>(a + ".megatron.expert_model_parallel_size");
   o.model.recompute_activations =
@@ -182,7 +191,7 @@ void read_actor(Reader& r, TrainerSettings& s) {
   const std::string ref = "actor_rollout_ref.ref";
   s.ref_tp = r.get<int64_t>(ref + ".megatron.tensor_model_parallel_size");
   s.ref_pp = r.get<int64_t>(ref + ".megatron.pipeline_model_parallel_size");
-  o.ref_dtype = r.one_of(ref + ".megatron.dtype", kDtypes);
+  o.ref_dtype = read_dtype(r, ref + ".megatron.dtype");
   t.mini_batch_prompts = r.get<int64_t>(a + ".ppo_mini_batch_size");
   t.micro_batch_size = r.get_optional<int64_t>(a + ".ppo_micro_batch_size_per_gpu");
   t.budget = {r.get<bool>(a + ".use_dynamic_bsz"),
@@ -227,8 +236,12 @@ void read_actor(Reader& r, TrainerSettings& s) {
   o.rollout.response_length = s.response_length;
   o.rollout.max_batch = r.get<int64_t>(ro + ".max_num_seqs");
   o.rollout.cache_bytes = r.get<int64_t>(ro + ".kv_cache_bytes");
+  o.rollout.gpu_memory_utilization = r.get<double>(ro + ".gpu_memory_utilization");
+  o.rollout.free_cache_engine = r.get<bool>(ro + ".free_cache_engine");
   o.rollout.packed_cpu_steps = r.get<bool>(ro + ".packed_cpu_steps");
-  s.rollout_dtype = r.one_of(ro + ".dtype", kDtypes);
+  o.rollout.device_decode_steps = r.get<int64_t>(ro + ".device_decode_steps");
+  o.rollout.cuda_graphs = !r.get<bool>(ro + ".enforce_eager");
+  s.rollout_dtype = read_dtype(r, ro + ".dtype");
   o.rollout.log_prob_micro_batch_size =
       r.get_optional<int64_t>(ro + ".log_prob_micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
   o.ref_log_prob_micro_batch_size =
@@ -250,7 +263,7 @@ void read_critic(Reader& r, TrainerSettings& s) {
   k.model.tp = r.get<int64_t>("critic.megatron.tensor_model_parallel_size");
   k.model.pp = r.get<int64_t>("critic.megatron.pipeline_model_parallel_size");
   k.model.seed = static_cast<uint64_t>(r.get<int64_t>("critic.megatron.seed"));
-  k.model.dtype = r.one_of("critic.megatron.dtype", kDtypes);
+  k.model.dtype = read_dtype(r, "critic.megatron.dtype");
   k.model.sequence_parallel = r.get<bool>("critic.megatron.sequence_parallel");
   k.model.ep = r.get<int64_t>("critic.megatron.expert_model_parallel_size");
   k.model.recompute_activations = r.get<bool>("critic.model.enable_gradient_checkpointing");

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "base/errors.h"
+#include "base/log.h"
 #include "dispatch/dispatch_modes.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/hf_model.h"
@@ -79,7 +80,18 @@ void ActorRolloutRefWorker::init_model() {
   h.rollout_tp = options_.rollout.tp;
   h.generation.max_batch = options_.rollout.max_batch;
   h.generation.cache.budget_bytes = options_.rollout.cache_bytes;
+  h.generation.cache.memory_utilization = options_.rollout.gpu_memory_utilization;
   h.generation.packed_cpu_steps = options_.rollout.packed_cpu_steps;
+  h.generation.device_decode_steps = options_.rollout.device_decode_steps;
+  h.generation.cuda_graphs = options_.rollout.cuda_graphs;
+  h.free_cache = options_.rollout.free_cache_engine;
+  // The cache lives where the actor's weights do and is sized when a
+  // rollout allocates it; this is what that budget would be now.
+  log(LogLevel::kInfo,
+      "rollout KV cache: " +
+          engine::describe_kv_budget(h.generation.cache, actor_->model().device()) +
+          (h.free_cache ? "; allocated at each rollout, freed after it"
+                        : "; allocated at the first rollout and kept (free_cache_engine false)"));
   hybrid_ = std::make_unique<engine::HybridEngine>(actor_->model_ptr(),
                                                    rendezvous_store(info(), "hybrid"), h);
   if (hybrid_->rollout_replica() != rank() / options_.rollout.tp) {

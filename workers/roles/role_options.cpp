@@ -108,7 +108,11 @@ void fields(O& r, F&& f) requires std::is_same_v<std::remove_const_t<O>, Rollout
   f("response_length", r.response_length);
   f("max_batch", r.max_batch);
   f("cache_bytes", r.cache_bytes);
+  f("gpu_memory_utilization", r.gpu_memory_utilization);
+  f("free_cache_engine", r.free_cache_engine);
   f("packed_cpu_steps", r.packed_cpu_steps);
+  f("device_decode_steps", r.device_decode_steps);
+  f("cuda_graphs", r.cuda_graphs);
   f("log_prob_micro_batch_size", r.log_prob_micro_batch_size);
   f("log_prob_max_token_len", r.log_prob_max_token_len);
 }

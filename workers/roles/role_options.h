@@ -137,11 +137,27 @@ struct PolicyOptions {
 };
 
 struct RolloutOptions {
-  int64_t tp = 1;                  // rollout tensor parallelism (divides the world)
-  int64_t response_length = 64;    // max new tokens; responses are padded to it
-  int64_t max_batch = 64;          // running sequences per replica
-  int64_t cache_bytes = 64 << 20;  // KV cache budget per rank
-  bool packed_cpu_steps = true;    // GenerationOptions::packed_cpu_steps
+  int64_t tp = 1;                // rollout tensor parallelism (divides the world)
+  int64_t response_length = 64;  // max new tokens; responses are padded to it
+  int64_t max_batch = 64;        // running sequences per replica
+  // KV-cache budget per rank in bytes: on the CPU always, on a GPU when
+  // gpu_memory_utilization is 0.
+  int64_t cache_bytes = 64 << 20;
+  // > 0: on a GPU the KV cache is this fraction of the device's memory less
+  // what is in use on it when the cache is allocated (verl's
+  // gpu_memory_utilization, engine::KvCacheOptions::memory_utilization), and
+  // cache_bytes is ignored there. 0: cache_bytes everywhere. (The trainer's
+  // default is verl's 0.5.)
+  double gpu_memory_utilization = 0;
+  // verl's free_cache_engine: the KV cache is freed after each rollout
+  // (HybridEngineOptions::free_cache; a RolloutWorker's engine sleeps
+  // between generate calls). false: it stays allocated between rollouts.
+  bool free_cache_engine = true;
+  bool packed_cpu_steps = true;  // GenerationOptions::packed_cpu_steps
+  // GenerationOptions::device_decode_steps (decode steps on the device per
+  // host check) and cuda_graphs (verl's enforce_eager, negated).
+  int64_t device_decode_steps = 8;
+  bool cuda_graphs = true;
   int64_t log_prob_micro_batch_size = 8;
   int64_t log_prob_max_token_len = 0;  // > 0: packed micro-batches (UpdateOptions::max_token_len)
 

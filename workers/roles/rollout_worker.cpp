@@ -3,11 +3,41 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "base/errors.h"
+#include "base/log.h"
 #include "dispatch/dispatch_modes.h"
 #include "runtime/internal/auth_store.h"
 #include "workers/roles/rollout_batch.h"
 
 namespace baton::workers {
+namespace {
+
+// free_cache_engine: the engine's KV cache allocated for a scope — woken at
+// its start (sized anew: with gpu_memory_utilization, by the device's memory
+// in use then) and freed at its end, also when generate throws. Off: nothing.
+class AwakeCache {
+ public:
+  AwakeCache(engine::GenerationEngine& engine, bool on) : engine_(engine), on_(on) {
+    if (on_) engine_.wake();
+  }
+  ~AwakeCache() {
+    if (!on_) return;
+    try {
+      engine_.sleep();
+    } catch (const std::exception& e) {
+      log(LogLevel::kWarn,
+          std::string("RolloutWorker: the KV cache could not be freed after generate: ") +
+              e.what());
+    }
+  }
+  AwakeCache(const AwakeCache&) = delete;
+  AwakeCache& operator=(const AwakeCache&) = delete;
+
+ private:
+  engine::GenerationEngine& engine_;
+  bool on_;
+};
+
+}  // namespace
 
 RolloutWorker::RolloutWorker(const List& init_args) {
   if (init_args.size() != 2 || init_args[0].kind() != ValueKind::kString ||
@@ -55,8 +85,20 @@ void RolloutWorker::init_model() {
   engine::GenerationOptions g;
   g.max_batch = options_.rollout.max_batch;
   g.cache.budget_bytes = options_.rollout.cache_bytes;
+  g.cache.memory_utilization = options_.rollout.gpu_memory_utilization;
   g.packed_cpu_steps = options_.rollout.packed_cpu_steps;
+  g.device_decode_steps = options_.rollout.device_decode_steps;
+  g.cuda_graphs = options_.rollout.cuda_graphs;
+  // Measured before the engine allocates its cache: the budget it will get.
+  const std::string budget = engine::describe_kv_budget(g.cache, model_->model().device());
   engine_ = std::make_unique<engine::GenerationEngine>(model_->model_ptr(), g);
+  const bool free_cache = options_.rollout.free_cache_engine;
+  log(LogLevel::kInfo,
+      "rollout KV cache: " + budget + "; " + std::to_string(engine_->cache().allocated_bytes()) +
+          " bytes allocated" +
+          (free_cache ? ", freed between generate calls" : ", kept (free_cache_engine false)"));
+  // free_cache_engine: the cache is allocated only while generate runs.
+  if (free_cache) engine_->sleep();
 }
 
 std::string RolloutWorker::weight_sync_endpoint() {
@@ -82,8 +124,12 @@ DataProto RolloutWorker::generate_sequences(const DataProto& prompts) {
   if (!engine_) throw Error("RolloutWorker.generate_sequences: init_model was not called");
   const RolloutRequest req =
       rollout_request(prompts, options_.rollout.response_length, "generate_sequences");
-  DataProto out =
-      rollout_result(req, engine_->generate(req.prompts, req.params, req.seeds, req.continuations));
+  std::vector<engine::GeneratedSequence> seqs;
+  {
+    AwakeCache awake(*engine_, options_.rollout.free_cache_engine);
+    seqs = engine_->generate(req.prompts, req.params, req.seeds, req.continuations);
+  }
+  DataProto out = rollout_result(req, seqs);
   out.set_meta("param_version", Value(version_));
   return out;
 }
