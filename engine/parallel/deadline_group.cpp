@@ -513,12 +513,12 @@ c10::intrusive_ptr<c10d::Work> DeadlineGroup::alltoall(std::vector<at::Tensor>& 
                 [&] { return ProcessGroup::alltoall(outputs, inputs, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> DeadlineGroup::all_to_all_single(
+c10::intrusive_ptr<c10d::Work> DeadlineGroup::BATON_C10D_ALL_TO_ALL_SINGLE(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
     std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
   return record(code(Op::kAllToAll), -1, 0, [&] {
-    return ProcessGroup::all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                           opts);
+    return ProcessGroup::BATON_C10D_ALL_TO_ALL_SINGLE(output, input, output_split_sizes,
+                                                      input_split_sizes, opts);
   });
 }
 

@@ -67,6 +67,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cstdint>
@@ -74,6 +75,16 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+// The name of c10d's variable-split all-to-all: LibTorch 2.15 calls it
+// all_to_all_single (alltoall_base stays as a deprecated alias that calls it);
+// 2.11, the GPU machines' torch, has only alltoall_base. Overrides and calls
+// use this name so that both compile and the override is the one called.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+#define BATON_C10D_ALL_TO_ALL_SINGLE all_to_all_single
+#else
+#define BATON_C10D_ALL_TO_ALL_SINGLE alltoall_base
+#endif
 
 namespace baton::engine {
 
@@ -167,7 +178,7 @@ class DeadlineGroup final : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> alltoall(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
-  c10::intrusive_ptr<c10d::Work> all_to_all_single(
+  c10::intrusive_ptr<c10d::Work> BATON_C10D_ALL_TO_ALL_SINGLE(
       at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
       std::vector<int64_t>& input_split_sizes,
       const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;

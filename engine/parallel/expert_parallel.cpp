@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "engine/errors.h"
+#include "engine/parallel/deadline_group.h"  // BATON_C10D_ALL_TO_ALL_SINGLE
 #include "engine/parallel/tensor_parallel.h"  // detail::save_group
 
 namespace baton::engine {
@@ -26,7 +27,7 @@ at::Tensor exchange(const at::Tensor& x, std::vector<int64_t> send, std::vector<
         return s;
       }(),
       in.options());
-  ep.pg->all_to_all_single(out, in, recv, send)->wait();
+  ep.pg->BATON_C10D_ALL_TO_ALL_SINGLE(out, in, recv, send)->wait();
   return out;
 }
 

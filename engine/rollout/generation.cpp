@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <future>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -205,6 +207,12 @@ SequenceRng stream_of(const SamplingParams& params, const std::vector<uint64_t>&
 
 }  // namespace
 
+KvCacheOptions capped_cache_options(const GenerationOptions& options, const ModelConfig& config) {
+  KvCacheOptions cache = options.cache;
+  if (cache.max_tokens == 0) cache.max_tokens = options.max_batch * config.max_position_embeddings;
+  return cache;
+}
+
 GenerationEngine::GenerationEngine(std::shared_ptr<Transformer> model, GenerationOptions options)
     : model_(std::move(model)), options_(options) {
   require_one_stage_lm(*model_, "GenerationEngine");
@@ -222,6 +230,7 @@ GenerationEngine::GenerationEngine(std::shared_ptr<Transformer> model, Generatio
   ENGINE_CHECK(options_.device_decode_steps >= 0,
                "GenerationEngine: device_decode_steps must be >= 0, got ",
                options_.device_decode_steps);
+  options_.cache = capped_cache_options(options_, model_->config());
   cache_ = model_->make_kv_cache(options_.cache);
   tensors_ = model_->named_params().front().second.options();
   packed_ = options_.packed_cpu_steps && model_->supports_paged_step();
@@ -238,7 +247,8 @@ bool GenerationEngine::awake() const { return cache_->awake(); }
 
 std::vector<GeneratedSequence> GenerationEngine::generate(
     const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& params,
-    const std::vector<uint64_t>& request_seeds, const std::vector<Continuation>& continuations) {
+    const std::vector<uint64_t>& request_seeds, const std::vector<Continuation>& continuations,
+    TurnHandler* turns) {
   BATON_PROFILE_SCOPE("engine", "generate");
   const ModelConfig& cfg = model_->config();
   check_prompts(prompts, cfg, params, request_seeds, continuations);
@@ -290,6 +300,7 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
       s->tokens = prompts[i];
       s->rng = stream_of(params, request_seeds, continuations, static_cast<int64_t>(i), j);
       s->budget = budget_of(params, continuations, i);
+      if (turns) s->out.generated_mask.reserve(static_cast<size_t>(s->budget));
       all.push_back(std::move(s));
     }
   }
@@ -304,7 +315,88 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
         std::max(stats_.peak_cache_blocks, cache_->usable_blocks() - cache_->free_blocks());
   };
 
+  // Multi-turn: the sequences paused on their turn's appended tokens.
+  struct Paused {
+    SequenceId id;
+    std::shared_future<std::vector<int64_t>> tokens;
+  };
+  std::vector<Paused> paused;
+  // A step's finished sequences, less those the TurnHandler pauses.
+  auto complete = [&](std::vector<SequenceId> finished) {
+    std::vector<SequenceId> pausing;
+    if (turns) {
+      for (SequenceId id : finished) {
+        Sequence& s = *all[id.value];
+        s.out.generated_mask.resize(s.out.response.size(), 1);
+        if (s.out.finish_reason != "stop" ||
+            static_cast<int64_t>(s.out.response.size()) >= s.budget)
+          continue;
+        if (auto next = turns->on_stop(s.out)) {
+          paused.push_back({id, std::move(*next)});
+          pausing.push_back(id);
+        }
+      }
+      std::erase_if(finished, [&](SequenceId id) {
+        return std::find(pausing.begin(), pausing.end(), id) != pausing.end();
+      });
+      stats_.turn_pauses += static_cast<int64_t>(pausing.size());
+    }
+    scheduler.complete(finished, pausing);
+  };
+  // Paused sequences whose tokens arrived continue (or finish); with nothing
+  // else to run, waits for the first to arrive.
+  auto resume_ready = [&] {
+    const bool idle = scheduler.running().empty() && scheduler.waiting().empty();
+    if (idle && !paused.empty()) {
+      auto start = Clock::now();
+      while (std::none_of(paused.begin(), paused.end(), [](const Paused& p) {
+        return p.tokens.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready;
+      }))
+        paused.front().tokens.wait_for(std::chrono::milliseconds(1));
+      stats_.turn_wait_seconds += seconds_since(start);
+    }
+    for (auto it = paused.begin(); it != paused.end();) {
+      if (it->tokens.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
+        ++it;
+        continue;
+      }
+      Sequence& s = *all[it->id.value];
+      std::vector<int64_t> added;
+      try {
+        added = it->tokens.get();
+      } catch (const std::exception& e) {
+        throw EngineError(detail::cat("generate: the turn of request ", s.out.request,
+                                      " (sample ", s.out.sample, ") failed: ", e.what()));
+      }
+      for (int64_t t : added)
+        if (t < 0 || t >= cfg.vocab_size)
+          throw EngineError(detail::cat("generate: the turn appended to request ", s.out.request,
+                                        " (sample ", s.out.sample, ") has token ", t,
+                                        " outside the vocabulary [0, ", cfg.vocab_size, ")"));
+      const int64_t room = s.budget - static_cast<int64_t>(s.out.response.size());
+      const int64_t n = std::min<int64_t>(room, static_cast<int64_t>(added.size()));
+      for (int64_t j = 0; j < n; ++j) {
+        s.tokens.push_back(added[j]);
+        s.out.response.push_back(added[j]);
+        s.out.generated_mask.push_back(0);
+        if (params.log_probs) s.out.log_probs.push_back(0.0f);
+      }
+      if (n == 0 || n < static_cast<int64_t>(added.size()) || n == room) {
+        // Nothing to continue with, or no budget left after it.
+        if (n > 0) s.out.finish_reason = "length";
+        scheduler.finish_paused(it->id);
+      } else {
+        s.out.finish_reason.clear();
+        ++s.out.turns;
+        scheduler.resume(it->id, n);
+      }
+      it = paused.erase(it);
+    }
+  };
+
   while (!scheduler.done()) {
+    if (!paused.empty()) resume_ready();
+    if (scheduler.done()) break;
     const Scheduler::Prefill prefill = scheduler.admit();
     if (!prefill.rows.empty()) {
       std::vector<Sequence*> batch = sequences(prefill.rows);
@@ -318,7 +410,7 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
         ENGINE_CHECK(cache_->share_prefix(batch[f.leader]->table, f.seq->cached, f.seq->table),
                      "GenerationEngine: no block for a shared prompt's copy");
       note_peak();
-      scheduler.complete(finished);
+      complete(std::move(finished));
     }
     // Every running sequence feeds its last token (and in the device loop
     // up to k - 1 more), some maybe preempted to make room for it. k: no more
@@ -337,13 +429,16 @@ std::vector<GeneratedSequence> GenerationEngine::generate(
     stats_.preemptions = scheduler.preemptions();
     if (batch.empty()) continue;
     note_peak();
-    scheduler.complete(on_device ? decode_on_device(batch, params, stop, k, width)
-                                 : step(batch, params, stop, /*prefill=*/false));
+    complete(on_device ? decode_on_device(batch, params, stop, k, width)
+                       : step(batch, params, stop, /*prefill=*/false));
   }
 
   std::vector<GeneratedSequence> out;
   out.reserve(all.size());
-  for (auto& s : all) out.push_back(std::move(s->out));
+  for (auto& s : all) {
+    if (turns) s->out.generated_mask.resize(s->out.response.size(), 1);
+    out.push_back(std::move(s->out));
+  }
   return out;
 }
 

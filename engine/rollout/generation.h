@@ -14,7 +14,13 @@
 //     once and its blocks go to the next waiting prompt;
 //   - when a decode step needs a block and none is free, the most recently
 //     admitted sequence is preempted (its blocks freed, itself put back at the
-//     head of the queue, recomputed from its tokens when readmitted).
+//     head of the queue, recomputed from its tokens when readmitted);
+//   - multi-turn (a TurnHandler given to generate): a sequence that stops at
+//     a stop token may pause instead of finishing (its turn's tool calls
+//     run); it leaves the batch keeping its KV cache while the others go on
+//     decoding, and when its appended tokens (the tool results, rendered)
+//     arrive it re-enters at the head of the queue, prefills only those on
+//     top of its cache, and decodes its next turn.
 // Those decisions are the Scheduler's (engine/rollout/scheduler.h); the
 // engine steps the model over the batches it hands out.
 // Sampling is per sequence (engine/rollout/sampling.h), so results do not depend on
@@ -39,7 +45,9 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <future>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -117,6 +125,11 @@ struct GenerationOptions {
   }
 };
 
+// options.cache with its max_tokens filled in where 0: no running batch holds
+// more than max_batch sequences of at most max_position_embeddings positions,
+// so a memory_utilization pool past that would never be used.
+KvCacheOptions capped_cache_options(const GenerationOptions& options, const ModelConfig& config);
+
 // A request that resumes an earlier generation (partial rollout: a response
 // generated in chunks, with new weights possibly loaded between them). The
 // request's prompt already ends with the first `generated` response tokens
@@ -147,6 +160,42 @@ struct GeneratedSequence {
   std::vector<int64_t> response;  // includes the EOS / stop token that ended it
   std::vector<float> log_probs;   // one per response token (empty if not asked)
   std::string finish_reason;      // "stop" or "length"
+  // With a TurnHandler: one per response token, 1 where the model generated
+  // it, 0 where a turn appended it; empty without one.
+  std::vector<uint8_t> generated_mask;
+  int64_t turns = 1;  // assistant turns: 1 + the pauses that resumed
+};
+
+// Multi-turn generation (an agent loop: tool calls between assistant turns).
+// GenerationEngine::generate calls on_stop, on its own thread, whenever a
+// sequence ends at a stop token with budget left (`seq.response` ends with
+// that token; `seq.generated_mask` marks what earlier turns appended).
+// nullopt: it finishes. A future: the sequence pauses, keeping its KV cache,
+// and the others decode meanwhile; once the future is ready its tokens are
+// appended to the response (generated_mask 0, log-prob 0) as if generated,
+// prefilled on top of the kept cache, and the sequence decodes again under
+// the same max_new_tokens budget for everything after the prompt. No tokens
+// finish it; more than the budget has left are cut there and it finishes
+// with "length". A future that throws ends the call with an EngineError
+// naming the request and the exception's message (every block goes back).
+//
+// Example (a tool that always answers the same tokens, two turns at most):
+//   struct Tools : TurnHandler {
+//     std::optional<std::shared_future<std::vector<int64_t>>> on_stop(
+//         const GeneratedSequence& seq) override {
+//       if (std::count(seq.generated_mask.begin(), seq.generated_mask.end(), 0) > 0)
+//         return std::nullopt;  // a second stop: done
+//       std::promise<std::vector<int64_t>> p;
+//       p.set_value({7, 8, 9});  // a tool's result, as tokens
+//       return p.get_future().share();
+//     }
+//   } tools;
+//   auto out = engine.generate(prompts, params, {}, {}, &tools);
+class TurnHandler {
+ public:
+  virtual ~TurnHandler() = default;
+  virtual std::optional<std::shared_future<std::vector<int64_t>>> on_stop(
+      const GeneratedSequence& seq) = 0;
 };
 
 struct GenerationStats {
@@ -155,6 +204,8 @@ struct GenerationStats {
   int64_t shared_prefill_tokens = 0;  // prompt tokens a sample took from another's prefill
   int64_t decode_tokens = 0;          // tokens decoded one at a time
   int64_t preemptions = 0;
+  int64_t turn_pauses = 0;          // sequences paused by a TurnHandler
+  double turn_wait_seconds = 0;     // idle: every sequence left waits on a turn
   int64_t peak_running = 0;  // most sequences running at once
   int64_t peak_cache_blocks = 0;
   bool packed_weights = false;  // packed steps multiplied by oneDNN-packed weights
@@ -188,7 +239,8 @@ class GenerationEngine {
   std::vector<GeneratedSequence> generate(const std::vector<std::vector<int64_t>>& prompts,
                                           const SamplingParams& params,
                                           const std::vector<uint64_t>& request_seeds = {},
-                                          const std::vector<Continuation>& continuations = {});
+                                          const std::vector<Continuation>& continuations = {},
+                                          TurnHandler* turns = nullptr);
 
   // Frees the KV cache (nothing is running between calls); wake() takes it
   // back. generate() requires awake.

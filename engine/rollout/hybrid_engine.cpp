@@ -121,10 +121,11 @@ ReshardStats HybridEngine::enter_rollout() {
 
 std::vector<GeneratedSequence> HybridEngine::generate(
     const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& params,
-    const std::vector<uint64_t>& request_seeds, const std::vector<Continuation>& continuations) {
+    const std::vector<uint64_t>& request_seeds, const std::vector<Continuation>& continuations,
+    TurnHandler* turns) {
   if (!in_rollout())
     throw EngineError("HybridEngine::generate: not in rollout; call enter_rollout() first");
-  return engine_->generate(prompts, params, request_seeds, continuations);
+  return engine_->generate(prompts, params, request_seeds, continuations, turns);
 }
 
 void HybridEngine::exit_rollout() {

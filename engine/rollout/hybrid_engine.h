@@ -93,7 +93,8 @@ class HybridEngine {
   std::vector<GeneratedSequence> generate(const std::vector<std::vector<int64_t>>& prompts,
                                           const SamplingParams& params,
                                           const std::vector<uint64_t>& request_seeds = {},
-                                          const std::vector<Continuation>& continuations = {});
+                                          const std::vector<Continuation>& continuations = {},
+                                          TurnHandler* turns = nullptr);
   // Frees the rollout weights and (free_cache) the KV cache. Not collective;
   // a no-op when not in rollout.
   void exit_rollout();

@@ -81,7 +81,11 @@ std::string describe_kv_budget(const KvCacheOptions& options, at::Device device)
                      " on ", device.str(), ", ", bytes_text(memory->in_use_bytes), " in use: ",
                      bytes_text(fraction_of(options.memory_utilization, memory->total_bytes) -
                                 memory->in_use_bytes),
-                     " now");
+                     " now",
+                     options.max_tokens > 0
+                         ? detail::cat(", capped at ", options.max_tokens,
+                                       " token positions (max_batch × max_position_embeddings)")
+                         : std::string());
 }
 
 KvCache::KvCache(const ModelConfig& config, int64_t num_layers, int64_t local_kv_heads,
@@ -103,6 +107,8 @@ void KvCache::size_pool() {
     if (const auto memory = device_memory(tensors_.device())) {
       num_blocks_ = kv_budget_from_memory(*memory, options_.memory_utilization, bytes_per_block()) /
                     bytes_per_block();
+      if (options_.max_tokens > 0)
+        num_blocks_ = std::min(num_blocks_, blocks_for(options_.max_tokens) + 1);
       return;
     }
   }

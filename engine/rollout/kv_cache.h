@@ -52,6 +52,12 @@ struct KvCacheOptions {
   // gpu_memory_utilization; kv_budget_from_memory), and budget_bytes is
   // ignored. 0, or another device: budget_bytes.
   double memory_utilization = 0;
+  // > 0: a memory_utilization pool holds at most the blocks of this many
+  // token positions (plus scratch), what the engine can ever hold at once
+  // (GenerationEngine: max_batch × max_position_embeddings), so that a small
+  // model does not take half a GPU. budget_bytes is never capped: it is the
+  // user's own number.
+  int64_t max_tokens = 0;
 };
 
 // A device's memory in bytes: its total, and what is in use on it (by every

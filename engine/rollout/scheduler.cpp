@@ -50,8 +50,25 @@ Scheduler::Prefill Scheduler::admit() {
     const int64_t padded =
         std::max(longest, e.tokens) * static_cast<int64_t>(batch.rows.size() + 1);
     if (!batch.rows.empty() && padded > options_.max_prefill_tokens) break;
-    if (blocks_.free_blocks() - copies < blocks_for(e.tokens) || !blocks_.reserve(s, e.tokens))
-      break;
+    // A resumed sequence holds part of what it needs: reserve() says whether
+    // the rest is free.
+    auto fits = [&] {
+      if (!e.holds_cache && blocks_.free_blocks() - copies < blocks_for(e.tokens)) return false;
+      return blocks_.reserve(s, e.tokens);
+    };
+    if (!fits()) {
+      // Nothing runs to give blocks back: the paused sequences' kept caches
+      // go (they recompute), then this one's own if it is resumed.
+      if (!batch.rows.empty() || !running_.empty()) break;
+      if (!(release_paused() && fits())) {
+        if (!e.holds_cache) break;
+        blocks_.release(s);
+        ++preemptions_;
+        e.holds_cache = false;
+        if (!fits()) break;
+      }
+    }
+    e.holds_cache = false;
     longest = std::max(longest, e.tokens);
     if (!e.admitted_before) leader_of.emplace(e.request, batch.rows.size());
     e.admitted_before = true;
@@ -99,22 +116,70 @@ std::vector<SequenceId> Scheduler::decode(int64_t steps) {
   return running_;
 }
 
-void Scheduler::complete(const std::vector<SequenceId>& finished) {
+void Scheduler::complete(const std::vector<SequenceId>& finished,
+                         const std::vector<SequenceId>& paused) {
   ENGINE_CHECK(!stepping_.empty(), "Scheduler::complete: no step in flight");
-  auto is_finished = [&](SequenceId s) {
-    return std::find(finished.begin(), finished.end(), s) != finished.end();
+  auto in = [](const std::vector<SequenceId>& ids, SequenceId s) {
+    return std::find(ids.begin(), ids.end(), s) != ids.end();
   };
+  auto is_finished = [&](SequenceId s) { return in(finished, s); };
+  auto leaves = [&](SequenceId s) { return in(finished, s) || in(paused, s); };
   for (SequenceId s : finished)
-    ENGINE_CHECK(std::find(stepping_.begin(), stepping_.end(), s) != stepping_.end(),
-                 "Scheduler::complete: sequence ", s.value, " was not in the step");
+    ENGINE_CHECK(in(stepping_, s), "Scheduler::complete: sequence ", s.value,
+                 " was not in the step");
+  for (SequenceId s : paused) {
+    ENGINE_CHECK(in(stepping_, s), "Scheduler::complete: paused sequence ", s.value,
+                 " was not in the step");
+    ENGINE_CHECK(!is_finished(s), "Scheduler::complete: sequence ", s.value,
+                 " both finished and paused");
+  }
   for (SequenceId s : stepping_) entries_[s.value].tokens += step_tokens_;
   if (prefilling_)
     for (SequenceId s : stepping_)
-      if (!is_finished(s)) running_.push_back(s);
+      if (!leaves(s)) running_.push_back(s);
   for (SequenceId s : stepping_)
     if (is_finished(s)) blocks_.release(s);
-  if (!prefilling_) std::erase_if(running_, is_finished);
+  if (!prefilling_) std::erase_if(running_, leaves);
+  paused_.insert(paused_.end(), paused.begin(), paused.end());
   stepping_.clear();
+}
+
+void Scheduler::resume(SequenceId seq, int64_t added) {
+  const auto it = std::find(paused_.begin(), paused_.end(), seq);
+  if (it == paused_.end())
+    throw EngineError(
+        detail::cat("Scheduler::resume: sequence ", seq.value, " is not paused"));
+  ENGINE_CHECK(added >= 1, "Scheduler::resume: sequence ", seq.value,
+               " needs at least one appended token, got ", added);
+  paused_.erase(it);
+  Entry& e = entries_[seq.value];
+  e.tokens += added;
+  e.max_positions = std::max(e.max_positions, e.tokens);
+  e.holds_cache = !e.cache_released;
+  e.cache_released = false;
+  waiting_.push_front(seq);
+}
+
+void Scheduler::finish_paused(SequenceId seq) {
+  const auto it = std::find(paused_.begin(), paused_.end(), seq);
+  if (it == paused_.end())
+    throw EngineError(
+        detail::cat("Scheduler::finish_paused: sequence ", seq.value, " is not paused"));
+  paused_.erase(it);
+  blocks_.release(seq);
+}
+
+bool Scheduler::release_paused() {
+  bool any = false;
+  for (SequenceId s : paused_) {
+    Entry& e = entries_[s.value];
+    if (e.cache_released) continue;
+    blocks_.release(s);
+    e.cache_released = true;
+    ++preemptions_;
+    any = true;
+  }
+  return any;
 }
 
 }  // namespace baton::engine

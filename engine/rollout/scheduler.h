@@ -23,7 +23,15 @@
 //     token (k more after decode(k)); the finished ones give their blocks
 //     back and leave, the others of a prefill join the running sequences
 //     (rows first, then followers);
-//   - done() once nothing waits or runs.
+//   - multi-turn (an agent loop's tool calls): complete()'s `paused`
+//     sequences leave the step without finishing and keep their blocks;
+//     resume() queues one again at the head with the tokens appended to it
+//     (a tool's result), and admit() prefills only those on top of the kept
+//     cache; finish_paused() ends one that will not continue. When nothing
+//     runs and the first waiting sequence does not fit, the paused
+//     sequences' blocks are released first (each then recomputes its tokens
+//     when it resumes: counted as a preemption);
+//   - done() once nothing waits, runs or is paused.
 //
 // Example (GenerationEngine::generate):
 //   Scheduler scheduler(options, blocks);
@@ -111,10 +119,23 @@ class Scheduler {
   // sequences has one more token (`steps` more after decode(steps));
   // `finished` (sequences of that step) are done: their blocks go back and
   // they leave. REQUIRES: a non-empty step in flight.
-  void complete(const std::vector<SequenceId>& finished);
+  // `paused` (sequences of that step, none finished) leave the step without
+  // finishing: they keep their blocks until resume() or finish_paused().
+  void complete(const std::vector<SequenceId>& finished,
+                const std::vector<SequenceId>& paused = {});
+  // A paused sequence continues with `added` (>= 1) tokens appended to its
+  // own: queued at the head of the waiting sequences; its next prefill covers
+  // what its kept cache lacks. `max_positions` as at add(). Throws
+  // EngineError for a sequence that is not paused.
+  void resume(SequenceId seq, int64_t added);
+  // A paused sequence ends: its blocks go back.
+  void finish_paused(SequenceId seq);
 
-  // True when nothing waits, runs or is being stepped.
-  bool done() const { return waiting_.empty() && running_.empty() && stepping_.empty(); }
+  // True when nothing waits, runs, is paused or is being stepped.
+  bool done() const {
+    return waiting_.empty() && running_.empty() && stepping_.empty() && paused_.empty();
+  }
+  const std::vector<SequenceId>& paused() const { return paused_; }
 
   const std::deque<SequenceId>& waiting() const { return waiting_; }
   const std::vector<SequenceId>& running() const { return running_; }  // in admission order
@@ -127,8 +148,13 @@ class Scheduler {
     int64_t tokens = 0;
     int64_t max_positions = 0;
     bool admitted_before = false;
+    bool holds_cache = false;     // resumed with its cache kept: reserve() only grows it
+    bool cache_released = false;  // paused, its blocks released to make room
   };
   int64_t blocks_for(int64_t tokens) const;
+  // Releases every paused sequence's blocks (they recompute on resume).
+  // False when none held any.
+  bool release_paused();
 
   SchedulerOptions options_;
   SequenceBlocks& blocks_;
@@ -136,6 +162,7 @@ class Scheduler {
   std::deque<SequenceId> waiting_;
   std::vector<SequenceId> running_;   // in admission order
   std::vector<SequenceId> stepping_;  // the step in flight: a prefill's rows, then followers
+  std::vector<SequenceId> paused_;    // waiting on their turn's appended tokens, blocks kept
   bool prefilling_ = false;
   int64_t step_tokens_ = 1;  // tokens each sequence of the step in flight gains
   int64_t preemptions_ = 0;

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "engine/rollout/generation.h"
 #include "tests/engine/expect_error.h"
 
 namespace baton::engine {
@@ -119,6 +120,40 @@ TEST(KvCacheBudget, AGpuCacheFillsTheDeviceUpToTheFraction_CUDA) {
                            static_cast<double>(before->total_bytes) / 2;
   expect_error([&] { KvCache(cfg, 4, 2, tensors, {.memory_utilization = too_small}); },
                {"memory_utilization", "in use on the device"});
+}
+
+// The engine caps a fraction-of-the-GPU pool at what its batch can hold:
+// max_batch sequences of max_position_embeddings positions. A user's own
+// max_tokens stays.
+TEST(KvCacheBudget, TheEngineCapsTheFractionAtMaxBatchTimesMaxPositions) {
+  ModelConfig cfg = config_with_head_dim(8);
+  cfg.max_position_embeddings = 64;
+  GenerationOptions options;
+  options.max_batch = 8;
+  options.cache.memory_utilization = 0.5;
+  EXPECT_EQ(capped_cache_options(options, cfg).max_tokens, 8 * 64);
+  EXPECT_EQ(capped_cache_options(options, cfg).memory_utilization, 0.5);
+  options.cache.max_tokens = 100;
+  EXPECT_EQ(capped_cache_options(options, cfg).max_tokens, 100);
+  // The byte budget is the user's number: not capped (on the CPU, where
+  // utilization does not apply, 64 KiB stay 16 blocks).
+  KvCache cpu(cfg, 2, 2, at::kFloat,
+              {.budget_bytes = 64 << 10, .memory_utilization = 0.5, .max_tokens = 16});
+  EXPECT_EQ(cpu.allocated_bytes(), 64 << 10);
+}
+
+TEST(KvCacheBudget, AGpuCacheStopsAtMaxTokens_CUDA) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const at::Device gpu(at::kCUDA, 0);
+  const ModelConfig cfg = config_with_head_dim(64);
+  const auto tensors = at::TensorOptions().dtype(at::kBFloat16).device(gpu);
+  // Half the device would be gigabytes; 100 positions are 7 blocks of 16,
+  // plus the scratch block.
+  KvCache cache(cfg, 4, 2, tensors, {.memory_utilization = 0.5, .max_tokens = 100});
+  EXPECT_EQ(cache.allocated_bytes(), 8 * cache.bytes_per_block());
+  EXPECT_NE(describe_kv_budget({.memory_utilization = 0.5, .max_tokens = 100}, gpu)
+                .find("capped at 100 token positions"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -325,5 +325,104 @@ TEST(Scheduler, ThrowsWhenNothingRunsAndTheFirstWaitingSequenceCannotFit) {
   expect_error([&] { s.admit(); }, {"no sequence fits"});
 }
 
+// Multi-turn: a paused sequence leaves the batch holding its blocks; resumed,
+// it waits at the head and its admission reserves only what the appended
+// tokens add.
+TEST(Scheduler, APausedSequenceKeepsItsBlocksAndResumesAtTheHeadReservingOnlyTheRest) {
+  CountedBlocks blocks(4, 10);
+  Scheduler s(options(), blocks);
+  s.add(0, 3);  // 1 block
+  s.add(1, 3);
+  s.add(2, 3, /*max_positions=*/6);
+  s.admit();
+  s.complete({}, ids({0}));  // sequence 0 stops at its first token and pauses
+  EXPECT_EQ(s.running(), ids({1, 2}));
+  EXPECT_EQ(s.paused(), ids({0}));
+  EXPECT_EQ(blocks.held(SequenceId{0}), 1);
+  EXPECT_TRUE(blocks.released.empty());
+  EXPECT_FALSE(s.done());
+  // The others decode meanwhile; sequence 0 is in no step.
+  EXPECT_EQ(s.decode(), ids({1, 2}));
+  s.complete({});
+  // Its tool's 6 tokens arrive: 4 + 6 = 10 tokens, 3 blocks, 2 more.
+  s.resume(SequenceId{0}, 6);
+  EXPECT_TRUE(s.paused().empty());
+  EXPECT_EQ(queue(s), ids({0}));
+  EXPECT_EQ(s.tokens(SequenceId{0}), 10);
+  const int64_t free_before = blocks.free_blocks();
+  Scheduler::Prefill p = s.admit();
+  EXPECT_EQ(p.rows, ids({0}));
+  EXPECT_EQ(blocks.held(SequenceId{0}), 3);
+  EXPECT_EQ(blocks.free_blocks(), free_before - 2);
+  s.complete({});
+  EXPECT_EQ(s.running(), ids({1, 2, 0}));
+  // Its max_positions grew with it: decode reserves its next position.
+  EXPECT_EQ(s.decode(), ids({1, 2, 0}));
+  EXPECT_EQ(blocks.held(SequenceId{0}), 3);
+  s.complete(ids({1, 2, 0}));
+  EXPECT_TRUE(s.done());
+}
+
+TEST(Scheduler, AFinishedPauseGivesItsBlocksBackAndOnlyPausedSequencesCanResume) {
+  CountedBlocks blocks(4, 10);
+  Scheduler s(options(), blocks);
+  s.add(0, 5);  // 2 blocks
+  s.admit();
+  s.complete({}, ids({0}));
+  EXPECT_FALSE(s.done()) << "a paused sequence is not done";
+  EXPECT_TRUE(s.admit().rows.empty());
+  s.finish_paused(SequenceId{0});
+  EXPECT_EQ(blocks.released, ids({0}));
+  EXPECT_EQ(blocks.free_blocks(), 10);
+  EXPECT_TRUE(s.done());
+  expect_error([&] { s.resume(SequenceId{0}, 2); }, {"sequence 0 is not paused"});
+  expect_error([&] { s.finish_paused(SequenceId{0}); }, {"sequence 0 is not paused"});
+}
+
+TEST(Scheduler, WhenNothingRunsPausedCachesGoBeforeTheHeadWouldNotFit) {
+  CountedBlocks blocks(4, 4);
+  Scheduler s(options(), blocks);
+  s.add(0, 5);  // 2 blocks
+  s.add(1, 5);  // 2 blocks
+  s.admit();
+  s.complete({}, ids({0, 1}));  // both pause: every block held
+  EXPECT_EQ(blocks.free_blocks(), 0);
+  // Sequence 1's tool answers 6 tokens: 12 tokens, 3 blocks; 1 more is
+  // needed and none is free, nothing runs: sequence 0's kept cache goes
+  // (it will recompute when it resumes).
+  s.resume(SequenceId{1}, 6);
+  Scheduler::Prefill p = s.admit();
+  EXPECT_EQ(p.rows, ids({1}));
+  EXPECT_EQ(blocks.released, ids({0}));
+  EXPECT_EQ(s.preemptions(), 1);
+  EXPECT_EQ(blocks.held(SequenceId{1}), 3);
+  s.complete({});
+  // Sequence 0 resumes with nothing kept: a full reservation, which waits
+  // for sequence 1's blocks.
+  s.resume(SequenceId{0}, 2);
+  EXPECT_TRUE(s.admit().rows.empty());
+  EXPECT_EQ(s.decode(), ids({1}));
+  s.complete(ids({1}));
+  EXPECT_EQ(s.admit().rows, ids({0}));
+  EXPECT_EQ(blocks.held(SequenceId{0}), 2);
+}
+
+TEST(Scheduler, CompleteRejectsAPauseOutsideTheStepOrAlsoFinished) {
+  CountedBlocks blocks(4, 10);
+  Scheduler s(options(), blocks);
+  s.add(0, 3);
+  s.add(1, 3);
+  s.admit();
+  // An engine bug, not a user's error: a failed engine check.
+  expect_error<std::exception>([&] { s.complete(ids({0}), ids({0})); },
+                               {"both finished and paused"});
+  CountedBlocks other(4, 10);
+  Scheduler t(options(), other);
+  t.add(0, 3);
+  t.admit();
+  expect_error<std::exception>([&] { t.complete({}, ids({5})); },
+                               {"paused sequence 5 was not in the step"});
+}
+
 }  // namespace
 }  // namespace baton::engine

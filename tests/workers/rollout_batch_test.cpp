@@ -155,6 +155,36 @@ TEST(RolloutBatch, AResumedResultHoldsTheNewTokensAndWhichRowsAreDone) {
           .has_tensor("finished"));
 }
 
+// Multi-turn: the tokens a turn appended (a tool's output, the template's
+// glue) are in the response and attended to, but out of response_mask, the
+// mask every loss, KL, entropy and advantage takes.
+TEST(RolloutBatch, AppendedTokensAreAttendedButOutOfTheResponseMask) {
+  const RolloutRequest req = rollout_request(prompts(1), 16, "generate_sequences");
+  engine::GeneratedSequence turns;
+  turns.request = 0;
+  turns.response = {7, 8, 30, 31, 32, 9, 10};
+  turns.generated_mask = {1, 1, 0, 0, 0, 1, 1};
+  turns.log_probs = {-0.5f, -0.5f, 0, 0, 0, -0.5f, -0.5f};
+  turns.finish_reason = "stop";
+  engine::GeneratedSequence plain;
+  plain.request = 1;
+  plain.response = {4, 5};
+  plain.log_probs = {-1.f, -1.f};
+  plain.finish_reason = "stop";
+  const DataProto out = rollout_result(req, {turns, plain});
+  const int64_t R = out.tensor("responses").size(1);
+  EXPECT_TRUE(at::equal(out.tensor("response_mask")[0].narrow(0, 0, 8),
+                        at::tensor({1, 1, 0, 0, 0, 1, 1, 0}, at::kLong)));
+  EXPECT_TRUE(at::equal(out.tensor("response_mask")[1].narrow(0, 0, 3),
+                        at::tensor({1, 1, 0}, at::kLong)));
+  const at::Tensor attention = out.tensor("attention_mask");
+  EXPECT_EQ(attention.size(1), 4 + R);
+  EXPECT_EQ(attention[0].narrow(0, 4, R).sum().item<int64_t>(), 7) << "every response token";
+  EXPECT_EQ(attention[1].narrow(0, 4, R).sum().item<int64_t>(), 2);
+  // Positions run on through the appended tokens.
+  EXPECT_EQ(out.tensor("position_ids")[0][4 + 6].item<int64_t>(), 2 + 6);
+}
+
 // A response of up to 8 tokens in two calls through the batches, as the
 // fully-async trainer makes them: the first call's budget is 3 of the 8;
 // its unfinished rows, their input_ids and attention_mask as returned, are

@@ -89,7 +89,9 @@ void ActorRolloutRefWorker::init_model() {
   // rollout allocates it; this is what that budget would be now.
   log(LogLevel::kInfo,
       "rollout KV cache: " +
-          engine::describe_kv_budget(h.generation.cache, actor_->model().device()) +
+          engine::describe_kv_budget(
+              engine::capped_cache_options(h.generation, actor_->model().config()),
+              actor_->model().device()) +
           (h.free_cache ? "; allocated at each rollout, freed after it"
                         : "; allocated at the first rollout and kept (free_cache_engine false)"));
   hybrid_ = std::make_unique<engine::HybridEngine>(actor_->model_ptr(),

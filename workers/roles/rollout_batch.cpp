@@ -100,12 +100,16 @@ DataProto rollout_result(const RolloutRequest& req,
   at::Tensor out_prompts = at::empty({N, P}, at::kLong);
   at::Tensor prompt_mask = at::empty({N, P}, at::kLong);
   at::Tensor responses = at::full({N, R}, req.pad_token_id, at::kLong);
+  // valid: the response's tokens; response_mask: those the model generated
+  // (multi-turn: not a tool's output or the template's glue).
+  at::Tensor valid = at::zeros({N, R}, at::kLong);
   at::Tensor response_mask = at::zeros({N, R}, at::kLong);
   at::Tensor rollout_lp = at::zeros({N, R}, at::kFloat);
   at::Tensor finished = at::zeros({N}, at::kLong);
   auto fin = finished.accessor<int64_t, 1>();
   auto rp = responses.accessor<int64_t, 2>();
   auto rm = response_mask.accessor<int64_t, 2>();
+  auto va = valid.accessor<int64_t, 2>();
   auto rl = rollout_lp.accessor<float, 2>();
   for (int64_t i = 0; i < N; ++i) {
     const auto& s = seqs[static_cast<size_t>(i)];
@@ -114,14 +118,15 @@ DataProto rollout_result(const RolloutRequest& req,
     const int64_t len = std::min<int64_t>(R, static_cast<int64_t>(s.response.size()));
     for (int64_t t = 0; t < len; ++t) {
       rp[i][t] = s.response[static_cast<size_t>(t)];
-      rm[i][t] = 1;
+      va[i][t] = 1;
+      rm[i][t] = s.generated_mask.empty() ? 1 : s.generated_mask[static_cast<size_t>(t)];
       if (static_cast<size_t>(t) < s.log_probs.size())
         rl[i][t] = s.log_probs[static_cast<size_t>(t)];
     }
     const int64_t total = req.resume_generated + static_cast<int64_t>(s.response.size());
     fin[i] = s.finish_reason == "stop" || total >= req.full_response_length ? 1 : 0;
   }
-  at::Tensor attention = at::cat({prompt_mask, response_mask}, 1);
+  at::Tensor attention = at::cat({prompt_mask, valid}, 1);
   DataProto out;
   out.set_tensor("prompts", out_prompts);
   out.set_tensor("responses", responses);

@@ -90,7 +90,8 @@ void RolloutWorker::init_model() {
   g.device_decode_steps = options_.rollout.device_decode_steps;
   g.cuda_graphs = options_.rollout.cuda_graphs;
   // Measured before the engine allocates its cache: the budget it will get.
-  const std::string budget = engine::describe_kv_budget(g.cache, model_->model().device());
+  const std::string budget = engine::describe_kv_budget(
+      engine::capped_cache_options(g, model_->model().config()), model_->model().device());
   engine_ = std::make_unique<engine::GenerationEngine>(model_->model_ptr(), g);
   const bool free_cache = options_.rollout.free_cache_engine;
   log(LogLevel::kInfo,

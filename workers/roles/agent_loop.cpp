@@ -1,0 +1,222 @@
+#include "workers/roles/agent_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <utility>
+
+#include "base/errors.h"
+#include "workers/tools/tool_registry.h"
+
+namespace baton::workers {
+namespace {
+
+using detail::cat;
+
+// Where each UTF-8 character of `text` starts (continuation bytes are
+// 10xxxxxx).
+std::vector<size_t> char_starts(const std::string& text) {
+  std::vector<size_t> starts;
+  for (size_t i = 0; i < text.size(); ++i)
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) starts.push_back(i);
+  return starts;
+}
+
+// A marker no template writes: the assistant content whose surroundings are
+// the template's text around a turn.
+constexpr const char* kMarker = "\x01" "baton-assistant-turn" "\x01";
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+std::string truncate_tool_response(const std::string& text, int64_t max_chars,
+                                   const std::string& side) {
+  if (side != "left" && side != "right" && side != "middle")
+    throw InvalidArgument(cat("multi_turn.tool_response_truncate_side must be left, right or "
+                              "middle, got '", side, "'"));
+  const std::vector<size_t> starts = char_starts(text);
+  const int64_t n = static_cast<int64_t>(starts.size());
+  if (max_chars < 0 || n <= max_chars) return text;
+  auto at = [&](int64_t c) { return c >= n ? text.size() : starts[static_cast<size_t>(c)]; };
+  if (side == "left") return text.substr(0, at(max_chars)) + "...(truncated)";
+  if (side == "right") return "(truncated)..." + text.substr(at(n - max_chars));
+  const int64_t head = max_chars / 2, tail = max_chars - head;
+  return text.substr(0, at(head)) + "\n...(truncated)...\n" + text.substr(at(n - tail));
+}
+
+// A counting semaphore over the turns whose tools run at once.
+struct ToolAgentLoop::Slots {
+  std::mutex mutex;
+  std::condition_variable freed;
+  int64_t free = 0;
+  void acquire() {
+    std::unique_lock lock(mutex);
+    freed.wait(lock, [&] { return free > 0; });
+    --free;
+  }
+  void release() {
+    {
+      std::lock_guard lock(mutex);
+      ++free;
+    }
+    freed.notify_one();
+  }
+};
+
+ToolAgentLoop::ToolAgentLoop(const data::Tokenizer& tokenizer, const data::ChatTemplate& chat,
+                             std::vector<tools::ConfiguredTool> tools, MultiTurnOptions options,
+                             std::vector<nlohmann::json> tools_kwargs)
+    : tokenizer_(tokenizer),
+      chat_(chat),
+      tools_(std::move(tools)),
+      options_(std::move(options)),
+      tools_kwargs_(std::move(tools_kwargs)),
+      template_tools_(tools::tool_schemas_for_template(tools_)),
+      slots_(std::make_unique<Slots>()) {
+  if (options_.threads < 1)
+    throw InvalidArgument(cat("ToolAgentLoop: threads must be >= 1, got ", options_.threads));
+  if (options_.max_parallel_calls < 1)
+    throw InvalidArgument(cat("multi_turn.max_parallel_calls must be >= 1, got ",
+                              options_.max_parallel_calls));
+  // Checks the side once, before any turn.
+  truncate_tool_response("", 0, options_.tool_response_truncate_side);
+  slots_->free = options_.threads;
+}
+
+ToolAgentLoop::~ToolAgentLoop() = default;
+
+TurnMetrics ToolAgentLoop::metrics(int64_t request, int64_t sample) const {
+  std::lock_guard lock(mutex_);
+  const auto it = metrics_.find({request, sample});
+  return it == metrics_.end() ? TurnMetrics{} : it->second;
+}
+
+std::vector<int64_t> ToolAgentLoop::tool_turn_tokens(const nlohmann::ordered_json& tool_messages,
+                                                     int64_t stop_token) const {
+  nlohmann::ordered_json conversation = nlohmann::ordered_json::array(
+      {{{"role", "user"}, {"content", "?"}}, {{"role", "assistant"}, {"content", kMarker}}});
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  if (!template_tools_.empty()) extra["tools"] = template_tools_;
+  const std::string before = chat_.render(conversation, false, extra);
+  for (const auto& m : tool_messages) conversation.push_back(m);
+  const std::string after = chat_.render(conversation, true, extra);
+  if (after.compare(0, before.size(), before) != 0)
+    throw Error(
+        "ToolAgentLoop: the chat template renders a conversation with tool messages that does "
+        "not begin with the same conversation without them; the tool turn's tokens cannot be "
+        "appended to a trajectory");
+  // What the template writes after the assistant's content: its end-of-turn
+  // token (the stop token the model generated) and what follows it.
+  const size_t marker = before.rfind(kMarker);
+  std::string behind = before.substr(marker + std::string(kMarker).size());
+  const std::string stop_text =
+      tokenizer_.decode({static_cast<int32_t>(stop_token)}, /*skip_special_tokens=*/false);
+  if (!stop_text.empty() && behind.compare(0, stop_text.size(), stop_text) == 0)
+    behind.erase(0, stop_text.size());
+  const std::vector<int32_t> ids =
+      tokenizer_.encode(behind + after.substr(before.size()), /*add_special_tokens=*/false);
+  return {ids.begin(), ids.end()};
+}
+
+std::optional<std::shared_future<std::vector<int64_t>>> ToolAgentLoop::on_stop(
+    const engine::GeneratedSequence& seq) {
+  const std::pair key{seq.request, seq.sample};
+  {
+    std::lock_guard lock(mutex_);
+    metrics_[key].turns = seq.turns;
+  }
+  if (options_.max_assistant_turns > 0 && seq.turns >= options_.max_assistant_turns)
+    return std::nullopt;
+  // This turn's tokens: those after the last appended one.
+  size_t start = 0;
+  for (size_t i = seq.generated_mask.size(); i > 0; --i)
+    if (seq.generated_mask[i - 1] == 0) {
+      start = i;
+      break;
+    }
+  const std::vector<int32_t> turn(seq.response.begin() + static_cast<std::ptrdiff_t>(start),
+                                  seq.response.end());
+  tools::ToolCallParse parsed =
+      tools::parse_tool_calls(tokenizer_.decode(turn, /*skip_special_tokens=*/false),
+                              options_.format);
+  if (parsed.calls.empty() && parsed.errors.empty()) return std::nullopt;
+  const int64_t stop_token = seq.response.back();
+  const int64_t request = seq.request, sample = seq.sample;
+  return std::async(std::launch::async,
+                    [this, request, sample, stop_token, calls = std::move(parsed.calls),
+                     errors = std::move(parsed.errors)]() mutable {
+                      slots_->acquire();
+                      struct Release {
+                        Slots& s;
+                        ~Release() { s.release(); }
+                      } release{*slots_};
+                      return run_turn(request, sample, std::move(calls), std::move(errors),
+                                      stop_token);
+                    })
+      .share();
+}
+
+std::vector<int64_t> ToolAgentLoop::run_turn(int64_t request, int64_t sample,
+                                             std::vector<tools::ParsedToolCall> calls,
+                                             std::vector<std::string> parse_errors,
+                                             int64_t stop_token) {
+  const auto start = std::chrono::steady_clock::now();
+  TurnMetrics turn;
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  auto tool_message = [&](const std::string& text) {
+    messages.push_back(
+        {{"role", "tool"},
+         {"content", truncate_tool_response(text, options_.max_tool_response_length,
+                                            options_.tool_response_truncate_side)}});
+  };
+  for (const std::string& e : parse_errors) {
+    ++turn.tool_errors;
+    tool_message("Error: a malformed tool call: " + e);
+  }
+  const nlohmann::json* row_kwargs =
+      request < static_cast<int64_t>(tools_kwargs_.size()) ? &tools_kwargs_[request] : nullptr;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const tools::ParsedToolCall& call = calls[c];
+    ++turn.tool_calls;
+    if (static_cast<int64_t>(c) >= options_.max_parallel_calls) {
+      ++turn.tool_errors;
+      tool_message(cat("Error: at most ", options_.max_parallel_calls,
+                       " tool call(s) per turn; '", call.name, "' was not run"));
+      continue;
+    }
+    const auto tool = std::find_if(tools_.begin(), tools_.end(),
+                                   [&](const tools::ConfiguredTool& t) { return t.name == call.name; });
+    if (tool == tools_.end()) {
+      std::string names;
+      for (const auto& t : tools_) names += (names.empty() ? "" : ", ") + t.name;
+      ++turn.tool_errors;
+      tool_message(cat("Error: no tool named '", call.name, "'; the tools are: ", names));
+      continue;
+    }
+    // The tool's config, overridden key by key by the row's tools_kwargs.
+    nlohmann::json kwargs = tool->config.is_object() ? tool->config : nlohmann::json::object();
+    if (row_kwargs && row_kwargs->is_object()) {
+      const auto mine = row_kwargs->find(call.name);
+      if (mine != row_kwargs->end() && mine->is_object()) kwargs.update(*mine);
+    }
+    const tools::ToolResult r = tools::call_tool(call.name, call.arguments, kwargs);
+    if (r.error) ++turn.tool_errors;
+    if (r.reward) turn.tool_reward += *r.reward;
+    tool_message(r.text);
+  }
+  std::vector<int64_t> tokens = tool_turn_tokens(messages, stop_token);
+  turn.tool_time_s = seconds_since(start);
+  std::lock_guard lock(mutex_);
+  TurnMetrics& m = metrics_[{request, sample}];
+  m.tool_calls += turn.tool_calls;
+  m.tool_errors += turn.tool_errors;
+  m.tool_time_s += turn.tool_time_s;
+  m.tool_reward += turn.tool_reward;
+  return tokens;
+}
+
+}  // namespace baton::workers

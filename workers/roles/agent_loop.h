@@ -1,0 +1,129 @@
+// The tool agent loop of a multi-turn rollout (verl's ToolAgentLoop): the
+// engine::TurnHandler that GenerationEngine::generate asks at the end of every
+// assistant turn what follows it.
+//
+// At a turn's end (a stop token), on the engine's thread:
+//   - the turn's text (its tokens since the last appended ones, decoded with
+//     their special tokens) is parsed for tool calls in `format` (hermes,
+//     llama3_json; workers/tools/tool_call_parser.h);
+//   - no call and no malformed call: the trajectory ends (the final answer);
+//     so it does once max_assistant_turns turns are done;
+//   - otherwise the calls run on a pool (at most `threads` turns at once),
+//     while the engine goes on decoding the other sequences: each call on the
+//     configured tool of its name with the tool's config merged with the
+//     row's tools_kwargs[name]; a malformed call, an unknown tool, a call past
+//     max_parallel_calls and a tool's failure each give an error text shown to
+//     the model in place of a result (counted in tool_errors);
+//   - each result's text is cut to max_tool_response_length characters
+//     (tool_response_truncate_side: left keeps the start, right the end,
+//     middle both ends with "..." between: verl's), and the turn's results
+//     become `tool` messages rendered by the chat template, then the next
+//     assistant prefix (add_generation_prompt): the tokens the engine appends.
+//
+// Those tokens are the template's own text between the model's stop token
+// and the next assistant turn: rendered once for a conversation ending with an
+// assistant message, once with the tool messages and the generation prompt
+// after it; what the second adds, after the text the first puts behind the
+// assistant's stop token (Qwen's "\n" after <|im_end|>), is encoded with the
+// tokenizer (special tokens as written). Nothing already generated is
+// re-tokenised: the trajectory is the generated tokens plus these.
+//
+// Example (inside a rollout worker's generate):
+//   ToolAgentLoop loop(tokenizer, chat, tools::load_tool_config(path), options, kwargs);
+//   auto seqs = engine.generate(req.prompts, req.params, req.seeds, {}, &loop);
+//   TurnMetrics m = loop.metrics(seqs[0].request, seqs[0].sample);
+//
+// Thread safety: on_stop is called by the engine's one thread; the tool runs
+// and metrics() are safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/rollout/generation.h"
+#include "text/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
+#include "workers/tools/tool_call_parser.h"
+#include "workers/tools/tool_config.h"
+
+namespace baton::workers {
+
+// verl's actor_rollout_ref.rollout.multi_turn keys (those the loop reads).
+struct MultiTurnOptions {
+  int64_t max_assistant_turns = 0;        // 0: no limit but the response budget
+  int64_t max_parallel_calls = 1;         // calls run per turn; the rest are errors
+  int64_t max_tool_response_length = 256;  // characters of each result shown
+  std::string tool_response_truncate_side = "middle";  // left | right | middle
+  tools::ToolCallFormat format = tools::ToolCallFormat::kHermes;
+  int64_t threads = 8;  // turns whose tools run at once
+};
+
+// What one trajectory did (verl's multi_turn metrics, per row).
+struct TurnMetrics {
+  int64_t turns = 1;  // assistant turns
+  int64_t tool_calls = 0;
+  int64_t tool_errors = 0;
+  double tool_time_s = 0;
+  double tool_reward = 0;  // the sum of the results' reward contributions
+};
+
+// `text` cut to `max_chars` characters from `side` (left: keep the start;
+// right: keep the end; middle: both ends around "..."), verl's truncation.
+// Counts UTF-8 characters and never splits one. Throws baton::InvalidArgument
+// for another side.
+std::string truncate_tool_response(const std::string& text, int64_t max_chars,
+                                   const std::string& side);
+
+class ToolAgentLoop final : public engine::TurnHandler {
+ public:
+  // `tools`: the configured tools (load_tool_config); their schemas go to the
+  // template as `tools`. `tools_kwargs`: per request of the generate call,
+  // a JSON object of per-tool settings ({} for none). The tokenizer and
+  // template must outlive the loop.
+  ToolAgentLoop(const data::Tokenizer& tokenizer, const data::ChatTemplate& chat,
+                std::vector<tools::ConfiguredTool> tools, MultiTurnOptions options,
+                std::vector<nlohmann::json> tools_kwargs = {});
+  ~ToolAgentLoop() override;
+
+  std::optional<std::shared_future<std::vector<int64_t>>> on_stop(
+      const engine::GeneratedSequence& seq) override;
+
+  // The metrics of (request, sample) so far; a row that never stopped has
+  // turns 1 and nothing else.
+  TurnMetrics metrics(int64_t request, int64_t sample) const;
+
+  // The tokens a turn with these tool messages appends after the model's
+  // stop token `stop_token` (see the header comment). Throws baton::Error
+  // when the template renders a conversation with the tool messages that
+  // does not begin with the same conversation without them.
+  std::vector<int64_t> tool_turn_tokens(const nlohmann::ordered_json& tool_messages,
+                                        int64_t stop_token) const;
+
+ private:
+  std::vector<int64_t> run_turn(int64_t request, int64_t sample,
+                                std::vector<tools::ParsedToolCall> calls,
+                                std::vector<std::string> parse_errors, int64_t stop_token);
+
+  const data::Tokenizer& tokenizer_;
+  const data::ChatTemplate& chat_;
+  std::vector<tools::ConfiguredTool> tools_;
+  MultiTurnOptions options_;
+  std::vector<nlohmann::json> tools_kwargs_;
+  nlohmann::ordered_json template_tools_;
+
+  struct Slots;  // the pool's bound on turns at once
+  std::unique_ptr<Slots> slots_;
+  mutable std::mutex mutex_;
+  std::map<std::pair<int64_t, int64_t>, TurnMetrics> metrics_;
+};
+
+}  // namespace baton::workers
