@@ -106,7 +106,8 @@ PromptDataset PromptDataset::load(const std::vector<std::string>& files, const T
           if (!chat) chat = ChatTemplate::from_tokenizer(tokenizer, "tokenizer_config.json");
           // Parsed again keeping the keys' order, which the template may show (tojson).
           const auto messages = nlohmann::ordered_json::parse(text).at(key);
-          out.prompt_text = chat->render(messages, /*add_generation_prompt=*/true, nullptr);
+          out.prompt_text = chat->render(messages, /*add_generation_prompt=*/true,
+                                         options.chat_template_variables);
         } else {
           throw RowError(where + ": field '" + key +
                          "': expected a string or a list of {\"role\", \"content\"} messages");

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/errors.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -43,6 +45,9 @@ struct PromptDatasetOptions {
   Truncation truncation = Truncation::kError;
   // data.prompt_key: the field holding the prompt.
   std::string prompt_key = "prompt";
+  // Extra variables of every chat prompt's rendering (a JSON object, or null
+  // for none), e.g. {"tools": [...]}: the schemas a multi-turn rollout offers.
+  nlohmann::ordered_json chat_template_variables;
 
   PromptDatasetOptions& set_max_prompt_length(int64_t v) {
     max_prompt_length = v;

@@ -4,8 +4,10 @@
 #include "trainer/config/settings.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -165,6 +167,57 @@ TEST(ConfigCoverage, SamplingKeysReadInTheEnginesTerms) {
   const TrainerSettings greedy = read_trainer_settings(c.resolved());
   EXPECT_EQ(greedy.sampling.temperature, 0.0);
   EXPECT_EQ(greedy.logprob_temperature, 0.7);
+}
+
+TEST(ConfigCoverage, MultiTurnKeysReachTheRolloutAndThePromptsShowTheTools) {
+  const TrainerSettings off = read_trainer_settings(everything_on().resolved());
+  EXPECT_FALSE(off.actor.rollout.multi_turn.enable);
+  EXPECT_TRUE(off.dataset.chat_template_variables.is_null());
+  const std::filesystem::path tools =
+      std::filesystem::temp_directory_path() /
+      ("baton_config_tools_" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(tools) << "tools:\n  - tool_schema: {type: function, function: {name: "
+                          "calculator, description: Exact arithmetic.}}\n";
+  Config c = everything_on();
+  c.apply_overrides({"actor_rollout_ref.rollout.multi_turn.enable=true",
+                     "actor_rollout_ref.rollout.multi_turn.tool_config_path=" + tools.string(),
+                     "actor_rollout_ref.rollout.multi_turn.format=llama3_json",
+                     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                     "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=left"});
+  const TrainerSettings s = read_trainer_settings(c.resolved());
+  const workers::MultiTurnRolloutOptions& mt = s.actor.rollout.multi_turn;
+  EXPECT_TRUE(mt.enable);
+  EXPECT_EQ(mt.tool_config_path, tools.string());
+  EXPECT_EQ(mt.format, "llama3_json");
+  EXPECT_EQ(mt.max_assistant_turns, 3);
+  EXPECT_EQ(mt.max_parallel_calls, 1);
+  EXPECT_EQ(mt.max_tool_response_length, 256);
+  EXPECT_EQ(mt.tool_response_truncate_side, "left");
+  EXPECT_EQ(mt.tokenizer_path, "models/m");
+  // The prompts' chat template gets the file's schemas as `tools`.
+  EXPECT_EQ(s.dataset.chat_template_variables["tools"][0]["function"]["description"],
+            "Exact arithmetic.");
+  EXPECT_TRUE(workers::ActorRolloutRefOptions::from_json(s.actor.to_json()) == s.actor);
+
+  // Enabled without a tool config, or with fully-async training: refused.
+  auto refused = [&](std::vector<std::string> overrides, const std::string& needle) {
+    Config bad = everything_on();
+    bad.apply_overrides(overrides);
+    try {
+      read_trainer_settings(bad.resolved());
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused({"actor_rollout_ref.rollout.multi_turn.enable=true"},
+          "multi_turn.enable needs actor_rollout_ref.rollout.multi_turn.tool_config_path");
+  refused({"actor_rollout_ref.rollout.multi_turn.format=json"}, "multi_turn.format");
+  refused({"actor_rollout_ref.rollout.multi_turn.enable=true",
+           "actor_rollout_ref.rollout.multi_turn.tool_config_path=" + tools.string(),
+           "async_training.enable=true"},
+          "do not run the tool agent loop yet");
+  std::filesystem::remove(tools);
 }
 
 TEST(ConfigCoverage, DroWithoutItsBetaFailsBeforeAnyWorker) {

@@ -111,6 +111,23 @@ TEST(MetricUtils, WithoutCriticValuesAreNotReported) {
   EXPECT_EQ(m.size(), 20u);
 }
 
+// Multi-turn rollouts report each row's turns and tool use
+// (workers/roles/agent_loop.h): logged as multi_turn/<name>/{mean,max,min}.
+TEST(MetricUtils, MultiTurnRowsGiveTheirTurnsAndToolUse) {
+  DataProto b = batch();
+  EXPECT_EQ(compute_data_metrics(b, true, 4).count("multi_turn/turns/mean"), 0u);
+  b.set_tensor("multi_turn_turns", at::tensor({1.0f, 3.0f}));
+  b.set_tensor("multi_turn_tool_calls", at::tensor({0.0f, 4.0f}));
+  b.set_tensor("multi_turn_tool_errors", at::tensor({0.0f, 1.0f}));
+  b.set_tensor("multi_turn_tool_time_s", at::tensor({0.0f, 0.5f}));
+  const auto m = compute_data_metrics(b, true, 4);
+  expect_exactish(m, "multi_turn/turns/mean", 2);
+  expect_exactish(m, "multi_turn/turns/max", 3);
+  expect_exactish(m, "multi_turn/tool_calls/mean", 2);
+  expect_exactish(m, "multi_turn/tool_errors/max", 1);
+  expect_exactish(m, "multi_turn/tool_time_s/mean", 0.25);
+}
+
 TEST(MetricUtils, ResponseMaskSelectsTheTokensOfAdvantages) {
   DataProto b = batch();
   // Mask out row 1's last token: valid advantages 1 2 3 −1 0 0 → max 3.

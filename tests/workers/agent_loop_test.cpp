@@ -1,6 +1,6 @@
 // The tool agent loop (workers/roles/agent_loop.h) on a character-level
-// tokenizer with ChatML's special tokens and a ChatML template that renders
-// tool messages as Qwen2.5's does (<tool_response> in a user turn): the tokens
+// tokenizer with ChatML's special tokens and template (tests/workers/
+// chatml_tokenizer.h): the tokens
 // a tool turn appends, their continuity with the whole conversation rendered
 // and tokenised at once (verl's tokenization sanity check), the calls run on
 // the registered tools, every failure shown to the model and counted, the
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "tests/workers/chatml_tokenizer.h"
 #include "workers/tools/tool_registry.h"
 
 namespace baton::workers {
@@ -23,60 +24,9 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-const std::vector<std::string> kSpecial = {"<pad>", "<|im_end|>", "<|im_start|>", "<eos>"};
-
-data::Tokenizer char_tokenizer() {
-  json vocab = json::object();
-  json added = json::array();
-  int64_t id = 0;
-  for (const std::string& t : kSpecial) {
-    added.push_back({{"id", id},
-                     {"content", t},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
-    vocab[t] = id++;
-  }
-  for (int c = 32; c < 127; ++c) vocab[std::string(1, static_cast<char>(c))] = id++;
-  vocab["\n"] = id++;
-  vocab["<unk>"] = id++;
-  const json tokenizer = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "Split"},
-        {"pattern", {{"Regex", "(?s)."}}},
-        {"behavior", "Isolated"},
-        {"invert", false}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "Fuse"}}},
-      {"model", {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "<unk>"}}}};
-  const json config = {{"eos_token", "<|im_end|>"}, {"pad_token", "<pad>"}};
-  return data::Tokenizer::from_json(tokenizer.dump(), config.dump(), "agent_loop_test");
-}
-
-// ChatML; consecutive tool messages share one user turn, each in its
-// <tool_response> block (Qwen2.5's layout). Every newline is in an expression:
-// transformers renders with trim_blocks and lstrip_blocks.
-constexpr const char* kTemplate =
-    "{% for m in messages %}{% if m.role == 'tool' %}"
-    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
-    "{{ '<|im_start|>user' }}{% endif %}"
-    "{{ '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
-    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}"
-    "{% endif %}"
-    "{% else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
 struct Fixture {
-  data::Tokenizer tokenizer = char_tokenizer();
-  data::ChatTemplate chat = data::ChatTemplate::from_template(kTemplate, "test template");
+  data::Tokenizer tokenizer = test::chatml_tokenizer();
+  data::ChatTemplate chat = data::ChatTemplate::from_tokenizer(tokenizer, "chatml_tokenizer.h");
   int64_t im_end = *tokenizer.token_to_id("<|im_end|>");
 
   std::vector<int64_t> encode(const std::string& text) const {
@@ -235,6 +185,30 @@ TEST(ToolAgentLoop, TheRowsToolsKwargsOverrideTheToolsConfig) {
   second.request = 1;
   EXPECT_NE(run(loop.on_stop(first), f).find("\nconfig!\n"), std::string::npos);
   EXPECT_NE(run(loop.on_stop(second), f).find("\nrow!\n"), std::string::npos);
+}
+
+// verl's datasets carry a row's tool settings in extra_info.tools_kwargs.
+TEST(ToolAgentLoop, EachRowsToolsKwargsComeFromItsExtraInfo) {
+  DataProto prompts;
+  prompts.set_tensor("input_ids", at::zeros({3, 2}, at::kLong));
+  prompts.set_column("extra_info",
+                     {Value(std::string(R"({"tools_kwargs": {"calculator": {"x": 1}}})")),
+                      Value(std::string(R"({"index": 4})")), Value(std::string("{}"))});
+  const std::vector<json> kwargs = tools_kwargs_of(prompts);
+  ASSERT_EQ(kwargs.size(), 3u);
+  EXPECT_EQ(kwargs[0], json({{"calculator", {{"x", 1}}}}));
+  EXPECT_EQ(kwargs[1], json::object());
+  EXPECT_EQ(tools_kwargs_of(DataProto(prompts.tensors())).size(), 3u) << "no column: {} each";
+  prompts.set_column("extra_info", {Value(std::string("{}")), Value(std::string("{oops")),
+                                    Value(std::string("{}"))});
+  try {
+    tools_kwargs_of(prompts);
+    ADD_FAILURE() << "extra_info that is not JSON was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("extra_info of prompt row 1 is not JSON"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ToolAgentLoop, ToolResponsesAreTruncatedAsVerlDoes) {

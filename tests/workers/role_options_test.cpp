@@ -93,6 +93,14 @@ ActorRolloutRefOptions actor() {
   r.packed_cpu_steps = false;
   r.device_decode_steps = 3;
   r.cuda_graphs = false;
+  r.multi_turn = {.enable = true,
+                  .tool_config_path = "tools.yaml",
+                  .tokenizer_path = "models/t",
+                  .format = "llama3_json",
+                  .max_assistant_turns = 4,
+                  .max_parallel_calls = 2,
+                  .max_tool_response_length = 100,
+                  .tool_response_truncate_side = "left"};
   r.log_prob_micro_batch_size = 3;
   o.actor = false;
   o.ref = true;

@@ -300,6 +300,20 @@ void check_actor(Problems& p, const TrainerSettings& s) {
               " must be in (0, 1] (the fraction of a GPU's memory the rollout may fill)"));
   p.at_least("actor_rollout_ref.rollout.device_decode_steps", s.actor.rollout.device_decode_steps,
              0);
+  const workers::MultiTurnRolloutOptions& mt = s.actor.rollout.multi_turn;
+  if (mt.enable) {
+    const std::string k = "actor_rollout_ref.rollout.multi_turn";
+    if (mt.tool_config_path.empty())
+      p.add(k + ".enable needs " + k +
+            ".tool_config_path: verl's tool config file, naming the registered tools "
+            "(BATON_TOOL) the model is offered");
+    p.at_least(k + ".max_assistant_turns", mt.max_assistant_turns, 0);
+    p.at_least(k + ".max_parallel_calls", mt.max_parallel_calls, 1);
+    p.at_least(k + ".max_tool_response_length", mt.max_tool_response_length, 0);
+    if (s.async.enable)
+      p.add(k + ".enable with async_training.enable: the separate rollout workers of "
+                "fully-async training do not run the tool agent loop yet; turn one off");
+  }
   // verl's -1 (no truncation) reads as 0; below that is a mistake.
   p.at_least("actor_rollout_ref.rollout.top_k", sp.top_k, -1);
 }

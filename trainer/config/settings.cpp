@@ -10,6 +10,7 @@
 #include "trainer/async/staleness_policy.h"
 #include "trainer/config/config_validation.h"
 #include "trainer/step_profiler.h"
+#include "workers/tools/tool_config.h"
 
 namespace baton::trainer {
 namespace {
@@ -241,6 +242,22 @@ void read_actor(Reader& r, TrainerSettings& s) {
   o.rollout.packed_cpu_steps = r.get<bool>(ro + ".packed_cpu_steps");
   o.rollout.device_decode_steps = r.get<int64_t>(ro + ".device_decode_steps");
   o.rollout.cuda_graphs = !r.get<bool>(ro + ".enforce_eager");
+  workers::MultiTurnRolloutOptions& mt = o.rollout.multi_turn;
+  const std::string mk = ro + ".multi_turn";
+  mt.enable = r.get<bool>(mk + ".enable");
+  mt.tool_config_path = r.get_optional<std::string>(mk + ".tool_config_path").value_or("");
+  mt.format = r.one_of(mk + ".format", {"hermes", "llama3_json"});
+  mt.max_assistant_turns = r.get_optional<int64_t>(mk + ".max_assistant_turns").value_or(0);
+  mt.max_parallel_calls = r.get<int64_t>(mk + ".max_parallel_calls");
+  mt.max_tool_response_length = r.get<int64_t>(mk + ".max_tool_response_length");
+  mt.tool_response_truncate_side =
+      r.one_of(mk + ".tool_response_truncate_side", {"left", "right", "middle"});
+  mt.tokenizer_path = s.tokenizer_path;
+  // The prompts show the model the tools' schemas (the chat template's
+  // `tools`); a bad file fails here, naming it, before any worker starts.
+  if (mt.enable && !mt.tool_config_path.empty())
+    s.dataset.chat_template_variables = {
+        {"tools", tools::tool_schemas_for_template(tools::load_tool_config(mt.tool_config_path))}};
   s.rollout_dtype = read_dtype(r, ro + ".dtype");
   o.rollout.log_prob_micro_batch_size =
       r.get_optional<int64_t>(ro + ".log_prob_micro_batch_size_per_gpu").value_or(int64_t{1} << 30);

@@ -94,6 +94,8 @@ void ActorRolloutRefWorker::init_model() {
               actor_->model().device()) +
           (h.free_cache ? "; allocated at each rollout, freed after it"
                         : "; allocated at the first rollout and kept (free_cache_engine false)"));
+  if (options_.rollout.multi_turn.enable)
+    agent_ = AgentLoopResources::load(options_.rollout.multi_turn);
   hybrid_ = std::make_unique<engine::HybridEngine>(actor_->model_ptr(),
                                                    rendezvous_store(info(), "hybrid"), h);
   if (hybrid_->rollout_replica() != rank() / options_.rollout.tp) {
@@ -116,8 +118,14 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
   if (move_optimizer) actor_->optimizer().offload();
   hybrid_->enter_rollout();
   std::vector<engine::GeneratedSequence> seqs;
+  // Multi-turn: the tool agent loop decides what follows each turn.
+  std::optional<ToolAgentLoop> loop;
+  if (agent_)
+    loop.emplace(agent_->tokenizer, agent_->chat, agent_->tools, agent_->options,
+                 tools_kwargs_of(prompts));
   try {
-    seqs = hybrid_->generate(req.prompts, req.params, req.seeds, req.continuations);
+    seqs = hybrid_->generate(req.prompts, req.params, req.seeds, req.continuations,
+                             loop ? &*loop : nullptr);
   } catch (...) {
     hybrid_->exit_rollout();
     if (move_optimizer) actor_->optimizer().reload();
@@ -125,7 +133,9 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
   }
   hybrid_->exit_rollout();
   if (move_optimizer) actor_->optimizer().reload();
-  return rollout_result(req, seqs);
+  DataProto out = rollout_result(req, seqs);
+  if (loop) add_multi_turn_columns(out, seqs, *loop);
+  return out;
 }
 
 DataProto ActorRolloutRefWorker::compute_log_prob(const DataProto& batch) {

@@ -47,6 +47,7 @@
 #include "runtime/method_table.h"
 #include "runtime/value.h"
 #include "runtime/worker.h"
+#include "workers/roles/agent_loop.h"
 #include "workers/roles/role_model.h"
 #include "workers/roles/role_options.h"
 #include "workers/roles/role_update.h"
@@ -82,6 +83,8 @@ class ActorRolloutRefWorker : public Worker {
   std::unique_ptr<RoleModel> actor_;
   std::unique_ptr<RoleModel> ref_;  // null for a LoRA actor (its base is the reference)
   std::unique_ptr<engine::HybridEngine> hybrid_;
+  // rollout.multi_turn.enable: the tool agent loop's tokenizer, template and tools.
+  std::unique_ptr<AgentLoopResources> agent_;
   std::unique_ptr<engine::WeightSender> sender_;  // init_weight_sync
   int64_t updates_ = 0;  // update_actor calls so far (shuffle seeds without a step)
 };

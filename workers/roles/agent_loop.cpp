@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <filesystem>
 #include <utility>
 
 #include "base/errors.h"
@@ -217,6 +218,79 @@ std::vector<int64_t> ToolAgentLoop::run_turn(int64_t request, int64_t sample,
   m.tool_time_s += turn.tool_time_s;
   m.tool_reward += turn.tool_reward;
   return tokens;
+}
+
+std::unique_ptr<AgentLoopResources> AgentLoopResources::load(
+    const MultiTurnRolloutOptions& options) {
+  data::Tokenizer tokenizer = [&] {
+    try {
+      return data::Tokenizer::load(options.tokenizer_path);
+    } catch (const std::exception& e) {
+      throw Error(cat("multi_turn: the tokenizer of ", options.tokenizer_path,
+                      " does not load: ", e.what()));
+    }
+  }();
+  data::ChatTemplate chat = data::ChatTemplate::from_tokenizer(
+      tokenizer, (std::filesystem::path(options.tokenizer_path) / "tokenizer_config.json").string());
+  if (!chat.has_template())
+    throw Error(cat("multi_turn: the tokenizer of ", options.tokenizer_path,
+                    " has no chat template, which renders the tool turns"));
+  MultiTurnOptions loop;
+  loop.max_assistant_turns = options.max_assistant_turns;
+  loop.max_parallel_calls = options.max_parallel_calls;
+  loop.max_tool_response_length = options.max_tool_response_length;
+  loop.tool_response_truncate_side = options.tool_response_truncate_side;
+  loop.format = tools::parse_tool_call_format(options.format);
+  auto r = std::unique_ptr<AgentLoopResources>(new AgentLoopResources{
+      std::move(tokenizer), std::move(chat), tools::load_tool_config(options.tool_config_path),
+      loop});
+  // A template that cannot render a tool turn fails here, not mid-rollout.
+  const auto eos = r->tokenizer.eos_id();
+  ToolAgentLoop probe(r->tokenizer, r->chat, r->tools, r->options);
+  probe.tool_turn_tokens(nlohmann::ordered_json::array({{{"role", "tool"}, {"content", "0"}}}),
+                         eos ? *eos : 0);
+  return r;
+}
+
+std::vector<nlohmann::json> tools_kwargs_of(const DataProto& prompts) {
+  std::vector<nlohmann::json> out(static_cast<size_t>(prompts.size()), nlohmann::json::object());
+  if (!prompts.has_column("extra_info")) return out;
+  const List& extras = prompts.column("extra_info");
+  for (size_t i = 0; i < extras.size() && i < out.size(); ++i) {
+    if (extras[i].kind() != ValueKind::kString) continue;
+    nlohmann::json extra;
+    try {
+      extra = nlohmann::json::parse(extras[i].as_string());
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(cat("multi_turn: extra_info of prompt row ", i, " is not JSON: ", e.what()));
+    }
+    if (!extra.is_object() || !extra.contains("tools_kwargs")) continue;
+    const nlohmann::json& kwargs = extra["tools_kwargs"];
+    if (!kwargs.is_object())
+      throw Error(cat("multi_turn: extra_info.tools_kwargs of prompt row ", i,
+                      " must be an object of per-tool settings, got ", kwargs.dump()));
+    out[i] = kwargs;
+  }
+  return out;
+}
+
+void add_multi_turn_columns(DataProto& out, const std::vector<engine::GeneratedSequence>& seqs,
+                            const ToolAgentLoop& loop) {
+  const int64_t n = static_cast<int64_t>(seqs.size());
+  at::Tensor turns = at::zeros({n}, at::kFloat), calls = at::zeros({n}, at::kFloat),
+             errors = at::zeros({n}, at::kFloat), seconds = at::zeros({n}, at::kFloat);
+  for (int64_t i = 0; i < n; ++i) {
+    const engine::GeneratedSequence& s = seqs[static_cast<size_t>(i)];
+    const TurnMetrics m = loop.metrics(s.request, s.sample);
+    turns[i] = static_cast<float>(s.turns);
+    calls[i] = static_cast<float>(m.tool_calls);
+    errors[i] = static_cast<float>(m.tool_errors);
+    seconds[i] = static_cast<float>(m.tool_time_s);
+  }
+  out.set_tensor("multi_turn_turns", turns);
+  out.set_tensor("multi_turn_tool_calls", calls);
+  out.set_tensor("multi_turn_tool_errors", errors);
+  out.set_tensor("multi_turn_tool_time_s", seconds);
 }
 
 }  // namespace baton::workers

@@ -49,10 +49,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dispatch/data_proto.h"
 #include "engine/rollout/generation.h"
 #include "text/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 #include "workers/tools/tool_call_parser.h"
+#include "workers/roles/role_options.h"
 #include "workers/tools/tool_config.h"
 
 namespace baton::workers {
@@ -125,5 +127,34 @@ class ToolAgentLoop final : public engine::TurnHandler {
   mutable std::mutex mutex_;
   std::map<std::pair<int64_t, int64_t>, TurnMetrics> metrics_;
 };
+
+// What a rollout worker loads once for multi-turn rollouts
+// (MultiTurnRolloutOptions): the tokenizer and chat template of
+// tokenizer_path, the tools of tool_config_path, the loop's options.
+struct AgentLoopResources {
+  data::Tokenizer tokenizer;
+  data::ChatTemplate chat;
+  std::vector<tools::ConfiguredTool> tools;
+  MultiTurnOptions options;
+
+  // Throws baton::Error naming the file for a tokenizer, template or tool
+  // config that does not load, a template that cannot render tool turns, and
+  // an unknown format or truncation side.
+  static std::unique_ptr<AgentLoopResources> load(const MultiTurnRolloutOptions& options);
+};
+
+// Each prompt row's tools_kwargs, where verl's datasets put them: the
+// `tools_kwargs` object of the row's `extra_info` column (JSON text); {} for a
+// row without one, or a batch without the column. Throws baton::Error naming
+// the row for extra_info that is not JSON or tools_kwargs that is not an
+// object.
+std::vector<nlohmann::json> tools_kwargs_of(const DataProto& prompts);
+
+// Adds each row's multi-turn figures to a rollout's result (rows as `seqs`,
+// the order rollout_result writes them): multi_turn_turns,
+// multi_turn_tool_calls, multi_turn_tool_errors, multi_turn_tool_time_s, [N]
+// float (the trainer logs them as multi_turn/*).
+void add_multi_turn_columns(DataProto& out, const std::vector<engine::GeneratedSequence>& seqs,
+                            const ToolAgentLoop& loop);
 
 }  // namespace baton::workers

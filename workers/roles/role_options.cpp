@@ -103,6 +103,18 @@ void fields(O& p, F&& f) requires std::is_same_v<std::remove_const_t<O>, PolicyO
 }
 
 template <typename O, typename F>
+void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, MultiTurnRolloutOptions> {
+  f("enable", m.enable);
+  f("tool_config_path", m.tool_config_path);
+  f("tokenizer_path", m.tokenizer_path);
+  f("format", m.format);
+  f("max_assistant_turns", m.max_assistant_turns);
+  f("max_parallel_calls", m.max_parallel_calls);
+  f("max_tool_response_length", m.max_tool_response_length);
+  f("tool_response_truncate_side", m.tool_response_truncate_side);
+}
+
+template <typename O, typename F>
 void fields(O& r, F&& f) requires std::is_same_v<std::remove_const_t<O>, RolloutOptions> {
   f("tp", r.tp);
   f("response_length", r.response_length);
@@ -115,6 +127,7 @@ void fields(O& r, F&& f) requires std::is_same_v<std::remove_const_t<O>, Rollout
   f("cuda_graphs", r.cuda_graphs);
   f("log_prob_micro_batch_size", r.log_prob_micro_batch_size);
   f("log_prob_max_token_len", r.log_prob_max_token_len);
+  f("multi_turn", r.multi_turn);
 }
 
 template <typename O, typename F>

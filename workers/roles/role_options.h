@@ -136,6 +136,21 @@ struct PolicyOptions {
   bool operator==(const PolicyOptions&) const = default;
 };
 
+// verl's actor_rollout_ref.rollout.multi_turn: a rollout whose model calls
+// tools between its turns (workers/roles/agent_loop.h).
+struct MultiTurnRolloutOptions {
+  bool enable = false;
+  std::string tool_config_path;            // verl's tool config file (required when enabled)
+  std::string tokenizer_path;  // tokenizer.json and its chat template (the model's directory)
+  std::string format = "hermes";           // how the model writes calls: hermes | llama3_json
+  int64_t max_assistant_turns = 0;         // 0 (verl's null): until the response budget
+  int64_t max_parallel_calls = 1;          // calls run per turn
+  int64_t max_tool_response_length = 256;  // characters of each result the model sees
+  std::string tool_response_truncate_side = "middle";  // left | right | middle
+
+  bool operator==(const MultiTurnRolloutOptions&) const = default;
+};
+
 struct RolloutOptions {
   int64_t tp = 1;                // rollout tensor parallelism (divides the world)
   int64_t response_length = 64;  // max new tokens; responses are padded to it
@@ -160,6 +175,7 @@ struct RolloutOptions {
   bool cuda_graphs = true;
   int64_t log_prob_micro_batch_size = 8;
   int64_t log_prob_max_token_len = 0;  // > 0: packed micro-batches (UpdateOptions::max_token_len)
+  MultiTurnRolloutOptions multi_turn;
 
   bool operator==(const RolloutOptions&) const = default;
 };

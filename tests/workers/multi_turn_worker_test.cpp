@@ -1,0 +1,112 @@
+// An ActorRolloutRefWorker with rollout.multi_turn on, in 2 DP worker
+// processes on the tiny Qwen2 fixture, with a ChatML tokenizer of its own
+// (tests/workers/chatml_tokenizer.h) and verl's tool config file offering the
+// calculator: init_model loads them, generate_sequences runs the tool agent
+// loop and returns each row's multi_turn_* figures; a config naming a tool
+// nobody registered fails init_model naming it.
+//
+// The random fixture writes no tool call, so every trajectory here is one
+// turn: the rows of tool turns themselves are the engine's and the loop's
+// tests (multi_turn_generation_test, agent_loop_test, agent_loop_qwen_test).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "base/atomic_file.h"
+#include "dispatch/data_proto.h"
+#include "runtime/baton.h"
+#include "tests/workers/chatml_tokenizer.h"
+#include "workers/roles/actor_rollout_ref_worker.h"
+
+namespace baton::workers {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kModel = std::string(BATON_FIXTURES_DIR) + "/tiny-qwen2";
+
+struct Files {
+  fs::path dir = fs::temp_directory_path() / ("baton_multi_turn_" + std::to_string(::getpid()));
+  Files() {
+    baton::remove_tree(dir);
+    test::write_chatml_tokenizer(dir / "tokenizer");
+    std::ofstream(dir / "tools.yaml") << R"(tools:
+  - class_name: "verl.tools.calculator.Calculator"
+    config: {type: native}
+    tool_schema:
+      type: function
+      function:
+        name: calculator
+        description: Exact arithmetic.
+        parameters: {type: object, properties: {expression: {type: string}}, required: [expression]}
+)";
+    std::ofstream(dir / "unknown.yaml") << R"(tools:
+  - tool_schema: {type: function, function: {name: web_search, parameters: {type: object}}}
+)";
+  }
+  ~Files() { baton::remove_tree(dir); }
+};
+
+ActorRolloutRefOptions options(const Files& f, const std::string& tool_config) {
+  ActorRolloutRefOptions o;
+  o.model.path = kModel;
+  o.rollout.response_length = 6;
+  o.rollout.multi_turn.enable = true;
+  o.rollout.multi_turn.tool_config_path = (f.dir / tool_config).string();
+  o.rollout.multi_turn.tokenizer_path = (f.dir / "tokenizer").string();
+  return o;
+}
+
+DataProto prompts() {
+  at::Tensor ids =
+      at::tensor({0, 0, 5, 9, 0, 3, 4, 7, 11, 12, 13, 14, 0, 0, 0, 42}, at::kLong).view({4, 4});
+  DataProto d;
+  d.set_tensor("input_ids", ids);
+  d.set_tensor("attention_mask", (ids != 0).to(at::kLong));
+  d.set_tensor("request_seed", at::tensor({11, 22, 33, 44}, at::kLong));
+  d.set_meta("n", Value(int64_t{2}));
+  d.set_meta("temperature", Value(1.0));
+  return d;
+}
+
+TEST(MultiTurnWorker, TwoDpWorkersRunTheToolLoopAndReportEachRowsTurns) {
+  Files f;
+  ResourcePool pool = ResourcePool::cpu(2);
+  WorkerGroup g = WorkerGroup::spawn(actor_rollout_ref_worker_class(), pool,
+                                     {options(f, "tools.yaml").to_json()});
+  g.call("init_model", {}).get();
+  const DataProto out = g.call("generate_sequences", {prompts()}).get().as<DataProto>();
+  ASSERT_EQ(out.size(), 8);
+  for (const char* key : {"multi_turn_turns", "multi_turn_tool_calls", "multi_turn_tool_errors",
+                          "multi_turn_tool_time_s"}) {
+    ASSERT_TRUE(out.has_tensor(key)) << key;
+    EXPECT_EQ(out.tensor(key).sizes(), (at::IntArrayRef{8})) << key;
+  }
+  EXPECT_TRUE(at::equal(out.tensor("multi_turn_turns"), at::ones({8}, at::kFloat)));
+  EXPECT_EQ(out.tensor("multi_turn_tool_calls").sum().item<float>(), 0.0f);
+  // One turn each: the response mask is the response's attention.
+  EXPECT_TRUE(at::equal(out.tensor("attention_mask").slice(1, 4), out.tensor("response_mask")));
+}
+
+TEST(MultiTurnWorker, AToolConfigNamingAnUnregisteredToolFailsInitModel) {
+  Files f;
+  ResourcePool pool = ResourcePool::cpu(1);
+  WorkerGroup g = WorkerGroup::spawn(actor_rollout_ref_worker_class(), pool,
+                                     {options(f, "unknown.yaml").to_json()});
+  try {
+    g.call("init_model", {}).get();
+    FAIL() << "init_model accepted a tool nobody registered";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("web_search"), std::string::npos) << what;
+    EXPECT_NE(what.find("unknown.yaml"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace baton::workers
