@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -373,14 +375,21 @@ TEST_F(SandboxTest, ProgramRunsUnprivilegedInItsOwnPidNamespace) {
 }
 
 TEST_F(SandboxTest, ProgramUnderAHiddenDirectoryCannotRun) {
-  const fs::path self = fs::read_symlink("/proc/self/exe");
+  // /var/tmp is always hidden: a copy of a system program placed there is not visible inside.
+  char pattern[] = "/var/tmp/baton-sandbox-test-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr) << std::strerror(errno);
+  const fs::path dir = pattern;
+  const fs::path program = dir / "true";
+  fs::copy_file("/bin/true", program);
   try {
-    run_sandboxed({self.string(), "--gtest_list_tests"}, "", SandboxLimits{});
-    FAIL() << "ran " << self;
+    run_sandboxed({program.string()}, "", SandboxLimits{});
+    ADD_FAILURE() << "ran " << program;
   } catch (const SandboxError& e) {
     EXPECT_CONTAINS(e.what(), "No such file or directory");
     EXPECT_CONTAINS(e.what(), "hidden in the sandbox");
+    EXPECT_CONTAINS(e.what(), "/var/tmp");
   }
+  fs::remove_all(dir);
 }
 
 TEST_F(SandboxTest, RejectsBadArguments) {
