@@ -143,8 +143,8 @@ std::map<std::string, double> compute_data_metrics(const DataProto& batch, bool 
   add_stats(m, "prompt_length", len.prompt);
   m["prompt_length/clip_ratio"] = fraction_equal(len.prompt, static_cast<double>(len.prompt_width));
   // Multi-turn rollouts (workers/roles/agent_loop.h): per-row turns, tool
-  // calls, failed calls and seconds in tools.
-  for (const char* name : {"turns", "tool_calls", "tool_errors", "tool_time_s"}) {
+  // calls, failed calls, seconds in tools and an interaction's user turns.
+  for (const char* name : {"turns", "tool_calls", "tool_errors", "tool_time_s", "user_turns"}) {
     const std::string key = std::string("multi_turn_") + name;
     if (batch.has_tensor(key))
       add_stats(m, std::string("multi_turn/") + name, to_doubles(batch.tensor(key)));

@@ -183,6 +183,8 @@ TEST(ConfigCoverage, MultiTurnKeysReachTheRolloutAndThePromptsShowTheTools) {
                      "actor_rollout_ref.rollout.multi_turn.tool_config_path=" + tools.string(),
                      "actor_rollout_ref.rollout.multi_turn.format=llama3_json",
                      "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                     "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
+                     "actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml",
                      "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=left"});
   const TrainerSettings s = read_trainer_settings(c.resolved());
   const workers::MultiTurnRolloutOptions& mt = s.actor.rollout.multi_turn;
@@ -190,6 +192,8 @@ TEST(ConfigCoverage, MultiTurnKeysReachTheRolloutAndThePromptsShowTheTools) {
   EXPECT_EQ(mt.tool_config_path, tools.string());
   EXPECT_EQ(mt.format, "llama3_json");
   EXPECT_EQ(mt.max_assistant_turns, 3);
+  EXPECT_EQ(mt.max_user_turns, 2);
+  EXPECT_EQ(mt.interaction_config_path, "i.yaml");
   EXPECT_EQ(mt.max_parallel_calls, 1);
   EXPECT_EQ(mt.max_tool_response_length, 256);
   EXPECT_EQ(mt.tool_response_truncate_side, "left");
@@ -199,7 +203,8 @@ TEST(ConfigCoverage, MultiTurnKeysReachTheRolloutAndThePromptsShowTheTools) {
             "Exact arithmetic.");
   EXPECT_TRUE(workers::ActorRolloutRefOptions::from_json(s.actor.to_json()) == s.actor);
 
-  // Enabled without a tool config, or with fully-async training: refused.
+  // Enabled without a tool or interaction config, or with fully-async
+  // training: refused. An interaction config alone will do.
   auto refused = [&](std::vector<std::string> overrides, const std::string& needle) {
     Config bad = everything_on();
     bad.apply_overrides(overrides);
@@ -212,6 +217,15 @@ TEST(ConfigCoverage, MultiTurnKeysReachTheRolloutAndThePromptsShowTheTools) {
   };
   refused({"actor_rollout_ref.rollout.multi_turn.enable=true"},
           "multi_turn.enable needs actor_rollout_ref.rollout.multi_turn.tool_config_path");
+  Config interactions_only = everything_on();
+  interactions_only.apply_overrides(
+      {"actor_rollout_ref.rollout.multi_turn.enable=true",
+       "actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml"});
+  EXPECT_NO_THROW(read_trainer_settings(interactions_only.resolved()));
+  refused({"actor_rollout_ref.rollout.multi_turn.enable=true",
+           "actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml",
+           "actor_rollout_ref.rollout.multi_turn.max_user_turns=-1"},
+          "multi_turn.max_user_turns");
   refused({"actor_rollout_ref.rollout.multi_turn.format=json"}, "multi_turn.format");
   refused({"actor_rollout_ref.rollout.multi_turn.enable=true",
            "actor_rollout_ref.rollout.multi_turn.tool_config_path=" + tools.string(),

@@ -120,12 +120,14 @@ TEST(MetricUtils, MultiTurnRowsGiveTheirTurnsAndToolUse) {
   b.set_tensor("multi_turn_tool_calls", at::tensor({0.0f, 4.0f}));
   b.set_tensor("multi_turn_tool_errors", at::tensor({0.0f, 1.0f}));
   b.set_tensor("multi_turn_tool_time_s", at::tensor({0.0f, 0.5f}));
+  b.set_tensor("multi_turn_user_turns", at::tensor({2.0f, 0.0f}));
   const auto m = compute_data_metrics(b, true, 4);
   expect_exactish(m, "multi_turn/turns/mean", 2);
   expect_exactish(m, "multi_turn/turns/max", 3);
   expect_exactish(m, "multi_turn/tool_calls/mean", 2);
   expect_exactish(m, "multi_turn/tool_errors/max", 1);
   expect_exactish(m, "multi_turn/tool_time_s/mean", 0.25);
+  expect_exactish(m, "multi_turn/user_turns/max", 2);
 }
 
 TEST(MetricUtils, ResponseMaskSelectsTheTokensOfAdvantages) {

@@ -5,9 +5,12 @@
 // loop and returns each row's multi_turn_* figures; a config naming a tool
 // nobody registered fails init_model naming it.
 //
-// The random fixture writes no tool call, so every trajectory here is one
-// turn: the rows of tool turns themselves are the engine's and the loop's
+// The random fixture writes no tool call, so every tool trajectory here is
+// one turn: the rows of tool turns themselves are the engine's and the loop's
 // tests (multi_turn_generation_test, agent_loop_test, agent_loop_qwen_test).
+// An interaction answers every turn, though: with every printable character a
+// stop token, rows with interaction_kwargs run their user turns in the
+// workers.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -44,6 +47,11 @@ struct Files {
         name: calculator
         description: Exact arithmetic.
         parameters: {type: object, properties: {expression: {type: string}}, required: [expression]}
+)";
+    std::ofstream(dir / "interaction.yaml") << R"(interaction:
+  - name: judge
+    class_name: verl.interactions.answer_check
+    config: {reward_function: exact_match, feedback: "no"}
 )";
     std::ofstream(dir / "unknown.yaml") << R"(tools:
   - tool_schema: {type: function, function: {name: web_search, parameters: {type: object}}}
@@ -91,6 +99,46 @@ TEST(MultiTurnWorker, TwoDpWorkersRunTheToolLoopAndReportEachRowsTurns) {
   EXPECT_EQ(out.tensor("multi_turn_tool_calls").sum().item<float>(), 0.0f);
   // One turn each: the response mask is the response's attention.
   EXPECT_TRUE(at::equal(out.tensor("attention_mask").slice(1, 4), out.tensor("response_mask")));
+}
+
+// Rows 0 and 2 are judged by the interaction (a ground truth no sample
+// writes): each of their samples gets max_user_turns "no" user turns, so
+// three assistant turns; rows 1 and 3 end at their first stop.
+TEST(MultiTurnWorker, AnInteractionsUserTurnsRunInTheWorkers) {
+  Files f;
+  ActorRolloutRefOptions o = options(f, "tools.yaml");
+  o.rollout.multi_turn.tool_config_path.clear();
+  o.rollout.multi_turn.interaction_config_path = (f.dir / "interaction.yaml").string();
+  o.rollout.multi_turn.max_user_turns = 2;
+  o.rollout.response_length = 96;
+  ResourcePool pool = ResourcePool::cpu(2);
+  WorkerGroup g = WorkerGroup::spawn(actor_rollout_ref_worker_class(), pool, {o.to_json()});
+  g.call("init_model", {}).get();
+  DataProto in = prompts();
+  const Value judged(std::string(R"({"interaction_kwargs": {"ground_truth": "zzz"}})"));
+  in.set_column("extra_info", {judged, Value(), judged, Value()});
+  // Every printable character (ids 4..100 of the ChatML tokenizer) stops a turn.
+  List stops;
+  for (int64_t id = 4; id <= 100; ++id) stops.emplace_back(id);
+  in.set_meta("stop_token_ids", Value(std::move(stops)));
+  const DataProto out = g.call("generate_sequences", {in}).get().as<DataProto>();
+  ASSERT_EQ(out.size(), 8);
+  // The user turn's tokens: "<|im_end|>\n<|im_start|>user\nno<|im_end|>\n<|im_start|>assistant\n".
+  const int64_t user_turn_tokens = 23;
+  for (int64_t row = 0; row < 8; ++row) {
+    const bool judged_row = (row / 2) % 2 == 0;  // n = 2: rows 0,1 are prompt 0's samples
+    SCOPED_TRACE("row " + std::to_string(row));
+    EXPECT_EQ(out.tensor("multi_turn_user_turns")[row].item<float>(), judged_row ? 2.0f : 0.0f);
+    EXPECT_EQ(out.tensor("multi_turn_turns")[row].item<float>(), judged_row ? 3.0f : 1.0f);
+    const at::Tensor mask = out.tensor("response_mask")[row];
+    const at::Tensor attention = out.tensor("attention_mask")[row].slice(0, 4);
+    EXPECT_EQ((attention - mask).sum().item<int64_t>(), judged_row ? 2 * user_turn_tokens : 0)
+        << "the user turns' tokens are never trained";
+    const nlohmann::json scores =
+        nlohmann::json::parse(out.column("rollout_reward_scores")[static_cast<size_t>(row)].as_string());
+    EXPECT_EQ(scores["turn_scores"],
+              judged_row ? nlohmann::json({0.0, 0.0}) : nlohmann::json::array());
+  }
 }
 
 TEST(MultiTurnWorker, AToolConfigNamingAnUnregisteredToolFailsInitModel) {

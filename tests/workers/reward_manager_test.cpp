@@ -15,6 +15,8 @@
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/errors.h"
 
 namespace baton::rewards {
@@ -54,6 +56,15 @@ void register_test_functions() {
     register_reward_data_source("rm_test_source", "rm_test_throws_on_no");
     register_reward_function("rm_test_extra_info_length", [](const RewardInput& in) {
       return static_cast<double>(in.extra_info.size());
+    });
+    // What a multi-turn rollout scored: the sum of its tool rewards and turn
+    // scores, plus 100 per assistant turn.
+    register_reward_function("rm_test_rollout_scores", [](const RewardInput& in) {
+      const nlohmann::json extra = nlohmann::json::parse(in.extra_info);
+      double sum = 100.0 * extra.at("num_turns").get<double>();
+      for (const char* key : {"tool_rewards", "turn_scores"})
+        for (double v : extra.at("rollout_reward_scores").at(key)) sum += v;
+      return sum + (extra.contains("index") ? 1000.0 : 0.0);
     });
     return true;
   }();
@@ -241,6 +252,21 @@ TEST(RewardManager, ExtraInfoColumnReachesTheFunction) {
   // 12 characters; none is "".
   batch.set_column("extra_info", List{Value("{\"index\": 7}"), Value()});
   EXPECT_EQ(rm.compute(batch).scores, (std::vector<double>{12.0, 0.0}));
+}
+
+// A multi-turn rollout's rollout_reward_scores and turns reach the function
+// in extra_info (verl's rollout_reward_scores and num_turns), beside the
+// row's own extra_info.
+TEST(RewardManager, AMultiTurnRolloutsScoresAndTurnsReachTheFunction) {
+  register_test_functions();
+  const RewardManager rm(tok(), RewardManagerOptions().set_reward_fn_name("rm_test_rollout_scores"));
+  DataProto batch = make_batch({{"Q", ids("a"), "s", "x"}, {"Q", ids("b"), "s", "x"}});
+  batch.set_column("extra_info", List{Value("{\"index\": 7}"), Value()});
+  batch.set_column("rollout_reward_scores",
+                   List{Value(R"({"tool_rewards": [0.5], "turn_scores": [0.0, 1.0]})"),
+                        Value(R"({"tool_rewards": [], "turn_scores": [0.25]})")});
+  batch.set_tensor("multi_turn_turns", at::tensor({3.0f, 2.0f}));
+  EXPECT_EQ(rm.compute(batch).scores, (std::vector<double>{1301.5, 200.25}));
 }
 
 TEST(RewardManager, OverlongBufferPenalisesLinearlyPastTheExpectedLength) {

@@ -95,9 +95,11 @@ ActorRolloutRefOptions actor() {
   r.cuda_graphs = false;
   r.multi_turn = {.enable = true,
                   .tool_config_path = "tools.yaml",
+                  .interaction_config_path = "interaction.yaml",
                   .tokenizer_path = "models/t",
                   .format = "llama3_json",
                   .max_assistant_turns = 4,
+                  .max_user_turns = 5,
                   .max_parallel_calls = 2,
                   .max_tool_response_length = 100,
                   .tool_response_truncate_side = "left"};

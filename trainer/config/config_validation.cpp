@@ -303,11 +303,13 @@ void check_actor(Problems& p, const TrainerSettings& s) {
   const workers::MultiTurnRolloutOptions& mt = s.actor.rollout.multi_turn;
   if (mt.enable) {
     const std::string k = "actor_rollout_ref.rollout.multi_turn";
-    if (mt.tool_config_path.empty())
+    if (mt.tool_config_path.empty() && mt.interaction_config_path.empty())
       p.add(k + ".enable needs " + k +
-            ".tool_config_path: verl's tool config file, naming the registered tools "
-            "(BATON_TOOL) the model is offered");
+            ".tool_config_path (verl's tool config file, naming the registered tools "
+            "(BATON_TOOL) the model is offered) or " + k +
+            ".interaction_config_path (the interactions (BATON_INTERACTION) that answer it)");
     p.at_least(k + ".max_assistant_turns", mt.max_assistant_turns, 0);
+    p.at_least(k + ".max_user_turns", mt.max_user_turns, 0);
     p.at_least(k + ".max_parallel_calls", mt.max_parallel_calls, 1);
     p.at_least(k + ".max_tool_response_length", mt.max_tool_response_length, 0);
     if (s.async.enable)

@@ -246,8 +246,11 @@ void read_actor(Reader& r, TrainerSettings& s) {
   const std::string mk = ro + ".multi_turn";
   mt.enable = r.get<bool>(mk + ".enable");
   mt.tool_config_path = r.get_optional<std::string>(mk + ".tool_config_path").value_or("");
+  mt.interaction_config_path =
+      r.get_optional<std::string>(mk + ".interaction_config_path").value_or("");
   mt.format = r.one_of(mk + ".format", {"hermes", "llama3_json"});
   mt.max_assistant_turns = r.get_optional<int64_t>(mk + ".max_assistant_turns").value_or(0);
+  mt.max_user_turns = r.get_optional<int64_t>(mk + ".max_user_turns").value_or(0);
   mt.max_parallel_calls = r.get<int64_t>(mk + ".max_parallel_calls");
   mt.max_tool_response_length = r.get<int64_t>(mk + ".max_tool_response_length");
   mt.tool_response_truncate_side =

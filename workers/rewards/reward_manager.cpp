@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "base/errors.h"
 
@@ -73,6 +76,22 @@ std::vector<int32_t> masked_ids(const int32_t* ids, const int64_t* mask, int64_t
   return out;
 }
 
+// `extra_info` (JSON text, "" for none) with a multi-turn rollout's
+// `rollout_reward_scores` (JSON text) and `num_turns` added, as verl's reward
+// manager adds them. An extra_info that is not a JSON object stays as it is.
+std::string with_rollout_fields(const std::string& extra_info, const std::string& scores,
+                                std::optional<double> num_turns) {
+  nlohmann::json extra = nlohmann::json::object();
+  if (!extra_info.empty()) {
+    extra = nlohmann::json::parse(extra_info, nullptr, /*allow_exceptions=*/false);
+    if (!extra.is_object()) return extra_info;
+  }
+  if (!scores.empty())
+    extra["rollout_reward_scores"] = nlohmann::json::parse(scores, nullptr, false);
+  if (num_turns) extra["num_turns"] = static_cast<int64_t>(*num_turns);
+  return extra.dump();
+}
+
 }  // namespace
 
 RewardManager::RewardManager(const data::Tokenizer& tokenizer, RewardManagerOptions options)
@@ -124,6 +143,12 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
   const List* data_sources = named_function_ ? optional_column(batch, options_.reward_fn_key)
                                              : &required_column(batch, options_.reward_fn_key);
   const List* extra_infos = optional_column(batch, "extra_info");
+  // A multi-turn rollout's (workers/roles/agent_loop.h): what its tools and
+  // interactions scored, and its turns, handed on in extra_info as verl does.
+  const List* rollout_scores = optional_column(batch, "rollout_reward_scores");
+  at::Tensor turns;
+  if (batch.has_tensor("multi_turn_turns"))
+    turns = batch.tensor("multi_turn_turns").to(at::kDouble).contiguous();
 
   RewardResult result;
   at::Tensor scores = at::zeros({n, response_length}, at::kFloat);
@@ -156,8 +181,12 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
     const std::string ground_truth = column_text(ground_truths, "ground_truth", i, false);
     const std::string data_source =
         data_sources ? column_text(*data_sources, options_.reward_fn_key, i, false) : "";
-    const std::string extra_info =
-        extra_infos ? column_text(*extra_infos, "extra_info", i, true) : "";
+    std::string extra_info = extra_infos ? column_text(*extra_infos, "extra_info", i, true) : "";
+    if (rollout_scores || turns.defined())
+      extra_info = with_rollout_fields(
+          extra_info,
+          rollout_scores ? column_text(*rollout_scores, "rollout_reward_scores", i, true) : "",
+          turns.defined() ? std::optional<double>(turns.data_ptr<double>()[i]) : std::nullopt);
 
     const RewardFunction* fn = &named_function_;
     if (!named_function_) {

@@ -13,7 +13,11 @@
 //      valid tokens is dropped from the text);
 //   3. the reward function (`reward_fn_name` for every row, else the one the
 //      registry maps the row's `reward_fn_key` column to) scores it against
-//      the row's `ground_truth` column, with its `extra_info` column;
+//      the row's `ground_truth` column, with its `extra_info` column; for a
+//      multi-turn rollout's batch, extra_info also holds the row's
+//      `rollout_reward_scores` ({"tool_rewards": [...], "turn_scores": [...]},
+//      what its tools and interaction scored) and `num_turns` (its assistant
+//      turns), as verl's reward manager passes them;
 //   4. the score (plus the overlong penalty, when enabled) goes to
 //      token_level_scores[row, last valid response position]; every other
 //      position is 0.

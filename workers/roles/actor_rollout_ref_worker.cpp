@@ -122,7 +122,7 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
   std::optional<ToolAgentLoop> loop;
   if (agent_)
     loop.emplace(agent_->tokenizer, agent_->chat, agent_->tools, agent_->options,
-                 tools_kwargs_of(prompts));
+                 tools_kwargs_of(prompts), agent_->interactions, interaction_kwargs_of(prompts));
   try {
     seqs = hybrid_->generate(req.prompts, req.params, req.seeds, req.continuations,
                              loop ? &*loop : nullptr);

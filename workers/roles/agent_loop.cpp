@@ -70,7 +70,9 @@ struct ToolAgentLoop::Slots {
 
 ToolAgentLoop::ToolAgentLoop(const data::Tokenizer& tokenizer, const data::ChatTemplate& chat,
                              std::vector<tools::ConfiguredTool> tools, MultiTurnOptions options,
-                             std::vector<nlohmann::json> tools_kwargs)
+                             std::vector<nlohmann::json> tools_kwargs,
+                             const std::vector<ConfiguredInteraction>& interactions,
+                             const std::vector<nlohmann::json>& interaction_kwargs)
     : tokenizer_(tokenizer),
       chat_(chat),
       tools_(std::move(tools)),
@@ -86,6 +88,40 @@ ToolAgentLoop::ToolAgentLoop(const data::Tokenizer& tokenizer, const data::ChatT
   // Checks the side once, before any turn.
   truncate_tool_response("", 0, options_.tool_response_truncate_side);
   slots_->free = options_.threads;
+  // Each row's interaction: named by its interaction_kwargs, or the only one.
+  interactions_.resize(interaction_kwargs.size());
+  for (size_t i = 0; i < interaction_kwargs.size(); ++i) {
+    const nlohmann::json& row = interaction_kwargs[i];
+    if (row.is_null()) continue;
+    const std::string where = cat("interaction_kwargs of prompt row ", i);
+    if (!row.is_object()) throw InvalidArgument(cat(where, " must be an object, got ", row.dump()));
+    if (interactions.empty())
+      throw InvalidArgument(cat(where, ": no interaction is configured (set "
+                                       "multi_turn.interaction_config_path)"));
+    std::string name;
+    if (const auto n = row.find("name"); n != row.end()) {
+      if (!n->is_string()) throw InvalidArgument(cat(where, ": 'name' must be a string"));
+      name = n->get<std::string>();
+    } else if (interactions.size() == 1) {
+      name = interactions[0].name;
+    }
+    std::string names;
+    for (const auto& c : interactions) names += (names.empty() ? "" : ", ") + c.name;
+    const auto c = std::find_if(interactions.begin(), interactions.end(),
+                                [&](const ConfiguredInteraction& x) { return x.name == name; });
+    if (c == interactions.end())
+      throw InvalidArgument(cat(where, ": ",
+                                name.empty() ? std::string("no 'name' to choose an interaction")
+                                             : "no interaction named '" + name + "'",
+                                "; the configured ones are: ", names));
+    RowInteraction r;
+    r.name = c->name;
+    r.fn = &find_interaction(c->class_name);
+    r.kwargs = c->config.is_object() ? c->config : nlohmann::json::object();
+    for (const auto& [key, value] : row.items())
+      if (key != "name") r.kwargs[key] = value;
+    interactions_[i] = std::move(r);
+  }
 }
 
 ToolAgentLoop::~ToolAgentLoop() = default;
@@ -96,19 +132,19 @@ TurnMetrics ToolAgentLoop::metrics(int64_t request, int64_t sample) const {
   return it == metrics_.end() ? TurnMetrics{} : it->second;
 }
 
-std::vector<int64_t> ToolAgentLoop::tool_turn_tokens(const nlohmann::ordered_json& tool_messages,
-                                                     int64_t stop_token) const {
+std::vector<int64_t> ToolAgentLoop::turn_tokens(const nlohmann::ordered_json& messages,
+                                                int64_t stop_token) const {
   nlohmann::ordered_json conversation = nlohmann::ordered_json::array(
       {{{"role", "user"}, {"content", "?"}}, {{"role", "assistant"}, {"content", kMarker}}});
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
   if (!template_tools_.empty()) extra["tools"] = template_tools_;
   const std::string before = chat_.render(conversation, false, extra);
-  for (const auto& m : tool_messages) conversation.push_back(m);
+  for (const auto& m : messages) conversation.push_back(m);
   const std::string after = chat_.render(conversation, true, extra);
   if (after.compare(0, before.size(), before) != 0)
     throw Error(
-        "ToolAgentLoop: the chat template renders a conversation with tool messages that does "
-        "not begin with the same conversation without them; the tool turn's tokens cannot be "
+        "ToolAgentLoop: the chat template renders a conversation with tool or user messages that "
+        "does not begin with the same conversation without them; the turn's tokens cannot be "
         "appended to a trajectory");
   // What the template writes after the assistant's content: its end-of-turn
   // token (the stop token the model generated) and what follows it.
@@ -123,13 +159,21 @@ std::vector<int64_t> ToolAgentLoop::tool_turn_tokens(const nlohmann::ordered_jso
   return {ids.begin(), ids.end()};
 }
 
+bool ToolAgentLoop::interacts(int64_t request) const {
+  return request < static_cast<int64_t>(interactions_.size()) &&
+         interactions_[static_cast<size_t>(request)].has_value();
+}
+
+void ToolAgentLoop::record(std::pair<int64_t, int64_t> key, const nlohmann::ordered_json& messages) {
+  if (!interacts(key.first)) return;
+  std::lock_guard lock(mutex_);
+  nlohmann::ordered_json& kept = messages_[key];
+  if (kept.is_null()) kept = nlohmann::ordered_json::array();
+  for (const auto& m : messages) kept.push_back(m);
+}
+
 std::optional<std::shared_future<std::vector<int64_t>>> ToolAgentLoop::on_stop(
     const engine::GeneratedSequence& seq) {
-  const std::pair key{seq.request, seq.sample};
-  {
-    std::lock_guard lock(mutex_);
-    metrics_[key].turns = seq.turns;
-  }
   if (options_.max_assistant_turns > 0 && seq.turns >= options_.max_assistant_turns)
     return std::nullopt;
   // This turn's tokens: those after the last appended one.
@@ -144,21 +188,74 @@ std::optional<std::shared_future<std::vector<int64_t>>> ToolAgentLoop::on_stop(
   tools::ToolCallParse parsed =
       tools::parse_tool_calls(tokenizer_.decode(turn, /*skip_special_tokens=*/false),
                               options_.format);
-  if (parsed.calls.empty() && parsed.errors.empty()) return std::nullopt;
   const int64_t stop_token = seq.response.back();
   const int64_t request = seq.request, sample = seq.sample;
-  return std::async(std::launch::async,
-                    [this, request, sample, stop_token, calls = std::move(parsed.calls),
-                     errors = std::move(parsed.errors)]() mutable {
-                      slots_->acquire();
-                      struct Release {
-                        Slots& s;
-                        ~Release() { s.release(); }
-                      } release{*slots_};
-                      return run_turn(request, sample, std::move(calls), std::move(errors),
-                                      stop_token);
-                    })
-      .share();
+  const bool calls = !parsed.calls.empty() || !parsed.errors.empty();
+  if (!calls && !interacts(request)) return std::nullopt;
+  std::string text;
+  if (interacts(request)) {
+    text = tokenizer_.decode(turn, /*skip_special_tokens=*/true);
+    record({request, sample},
+           nlohmann::ordered_json::array({{{"role", "assistant"}, {"content", text}}}));
+  }
+  if (!calls) {
+    std::lock_guard lock(mutex_);
+    if (options_.max_user_turns > 0 &&
+        metrics_[{request, sample}].user_turns >= options_.max_user_turns)
+      return std::nullopt;
+  }
+  // Tools and interactions run on the pool, never on the engine's thread.
+  auto on_pool = [this](auto work) {
+    return std::async(std::launch::async,
+                      [this, work = std::move(work)]() mutable {
+                        slots_->acquire();
+                        struct Release {
+                          Slots& s;
+                          ~Release() { s.release(); }
+                        } release{*slots_};
+                        return work();
+                      })
+        .share();
+  };
+  if (calls)
+    return on_pool([this, request, sample, stop_token, calls = std::move(parsed.calls),
+                    errors = std::move(parsed.errors)]() mutable {
+      return run_turn(request, sample, std::move(calls), std::move(errors), stop_token);
+    });
+  return on_pool([this, request, sample, stop_token, text = std::move(text)]() mutable {
+    return run_interaction(request, sample, std::move(text), stop_token);
+  });
+}
+
+std::vector<int64_t> ToolAgentLoop::run_interaction(int64_t request, int64_t sample,
+                                                    std::string response, int64_t stop_token) {
+  const RowInteraction& row = *interactions_[static_cast<size_t>(request)];
+  const std::pair key{request, sample};
+  nlohmann::ordered_json messages;
+  int64_t user_turns = 0;
+  {
+    std::lock_guard lock(mutex_);
+    messages = messages_[key];
+    user_turns = metrics_[key].user_turns;
+  }
+  InteractionReply reply;
+  try {
+    reply = (*row.fn)(InteractionInput{row.kwargs, response, messages, user_turns});
+  } catch (const std::exception& e) {
+    throw Error(cat("interaction '", row.name, "' failed: ", e.what()));
+  }
+  std::vector<int64_t> tokens;
+  if (!reply.terminate) {
+    const nlohmann::ordered_json user =
+        nlohmann::ordered_json::array({{{"role", "user"}, {"content", reply.text}}});
+    tokens = turn_tokens(user, stop_token);
+    record(key, user);
+  }
+  std::lock_guard lock(mutex_);
+  TurnMetrics& m = metrics_[key];
+  m.turn_scores.push_back(reply.reward);
+  if (!reply.terminate) ++m.user_turns;
+  return tokens;  // none: the trajectory ends
 }
 
 std::vector<int64_t> ToolAgentLoop::run_turn(int64_t request, int64_t sample,
@@ -206,17 +303,18 @@ std::vector<int64_t> ToolAgentLoop::run_turn(int64_t request, int64_t sample,
     }
     const tools::ToolResult r = tools::call_tool(call.name, call.arguments, kwargs);
     if (r.error) ++turn.tool_errors;
-    if (r.reward) turn.tool_reward += *r.reward;
+    if (r.reward) turn.tool_rewards.push_back(*r.reward);
     tool_message(r.text);
   }
-  std::vector<int64_t> tokens = tool_turn_tokens(messages, stop_token);
+  std::vector<int64_t> tokens = turn_tokens(messages, stop_token);
   turn.tool_time_s = seconds_since(start);
+  record({request, sample}, messages);
   std::lock_guard lock(mutex_);
   TurnMetrics& m = metrics_[{request, sample}];
   m.tool_calls += turn.tool_calls;
   m.tool_errors += turn.tool_errors;
   m.tool_time_s += turn.tool_time_s;
-  m.tool_reward += turn.tool_reward;
+  m.tool_rewards.insert(m.tool_rewards.end(), turn.tool_rewards.begin(), turn.tool_rewards.end());
   return tokens;
 }
 
@@ -241,19 +339,33 @@ std::unique_ptr<AgentLoopResources> AgentLoopResources::load(
   loop.max_tool_response_length = options.max_tool_response_length;
   loop.tool_response_truncate_side = options.tool_response_truncate_side;
   loop.format = tools::parse_tool_call_format(options.format);
+  loop.max_user_turns = options.max_user_turns;
+  std::vector<ConfiguredInteraction> interactions;
+  if (!options.interaction_config_path.empty())
+    interactions = load_interaction_config(options.interaction_config_path);
+  std::vector<tools::ConfiguredTool> tool_list;
+  if (!options.tool_config_path.empty()) tool_list = tools::load_tool_config(options.tool_config_path);
   auto r = std::unique_ptr<AgentLoopResources>(new AgentLoopResources{
-      std::move(tokenizer), std::move(chat), tools::load_tool_config(options.tool_config_path),
-      loop});
-  // A template that cannot render a tool turn fails here, not mid-rollout.
+      std::move(tokenizer), std::move(chat), std::move(tool_list), loop, std::move(interactions)});
+  // A template that cannot render a tool or user turn fails here, not
+  // mid-rollout.
   const auto eos = r->tokenizer.eos_id();
   ToolAgentLoop probe(r->tokenizer, r->chat, r->tools, r->options);
-  probe.tool_turn_tokens(nlohmann::ordered_json::array({{{"role", "tool"}, {"content", "0"}}}),
-                         eos ? *eos : 0);
+  probe.turn_tokens(nlohmann::ordered_json::array({{{"role", "tool"}, {"content", "0"}}}),
+                    eos ? *eos : 0);
+  if (!r->interactions.empty())
+    probe.turn_tokens(nlohmann::ordered_json::array({{{"role", "user"}, {"content", "0"}}}),
+                      eos ? *eos : 0);
   return r;
 }
 
-std::vector<nlohmann::json> tools_kwargs_of(const DataProto& prompts) {
-  std::vector<nlohmann::json> out(static_cast<size_t>(prompts.size()), nlohmann::json::object());
+namespace {
+
+// Each row's extra_info[field] (an object), `fallback` where absent.
+std::vector<nlohmann::json> extra_info_objects(const DataProto& prompts, const char* field,
+                                               const nlohmann::json& fallback,
+                                               const char* meaning) {
+  std::vector<nlohmann::json> out(static_cast<size_t>(prompts.size()), fallback);
   if (!prompts.has_column("extra_info")) return out;
   const List& extras = prompts.column("extra_info");
   for (size_t i = 0; i < extras.size() && i < out.size(); ++i) {
@@ -264,21 +376,37 @@ std::vector<nlohmann::json> tools_kwargs_of(const DataProto& prompts) {
     } catch (const nlohmann::json::exception& e) {
       throw Error(cat("multi_turn: extra_info of prompt row ", i, " is not JSON: ", e.what()));
     }
-    if (!extra.is_object() || !extra.contains("tools_kwargs")) continue;
-    const nlohmann::json& kwargs = extra["tools_kwargs"];
-    if (!kwargs.is_object())
-      throw Error(cat("multi_turn: extra_info.tools_kwargs of prompt row ", i,
-                      " must be an object of per-tool settings, got ", kwargs.dump()));
-    out[i] = kwargs;
+    if (!extra.is_object() || !extra.contains(field)) continue;
+    const nlohmann::json& value = extra[field];
+    if (value.is_null()) continue;
+    if (!value.is_object())
+      throw Error(cat("multi_turn: extra_info.", field, " of prompt row ", i, " must be an object ",
+                      meaning, ", got ", value.dump()));
+    out[i] = value;
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<nlohmann::json> tools_kwargs_of(const DataProto& prompts) {
+  return extra_info_objects(prompts, "tools_kwargs", nlohmann::json::object(),
+                            "of per-tool settings");
+}
+
+std::vector<nlohmann::json> interaction_kwargs_of(const DataProto& prompts) {
+  return extra_info_objects(prompts, "interaction_kwargs", nullptr,
+                            "(the interaction's name and settings)");
 }
 
 void add_multi_turn_columns(DataProto& out, const std::vector<engine::GeneratedSequence>& seqs,
                             const ToolAgentLoop& loop) {
   const int64_t n = static_cast<int64_t>(seqs.size());
   at::Tensor turns = at::zeros({n}, at::kFloat), calls = at::zeros({n}, at::kFloat),
-             errors = at::zeros({n}, at::kFloat), seconds = at::zeros({n}, at::kFloat);
+             errors = at::zeros({n}, at::kFloat), seconds = at::zeros({n}, at::kFloat),
+             user_turns = at::zeros({n}, at::kFloat);
+  List scores;
+  scores.reserve(seqs.size());
   for (int64_t i = 0; i < n; ++i) {
     const engine::GeneratedSequence& s = seqs[static_cast<size_t>(i)];
     const TurnMetrics m = loop.metrics(s.request, s.sample);
@@ -286,11 +414,17 @@ void add_multi_turn_columns(DataProto& out, const std::vector<engine::GeneratedS
     calls[i] = static_cast<float>(m.tool_calls);
     errors[i] = static_cast<float>(m.tool_errors);
     seconds[i] = static_cast<float>(m.tool_time_s);
+    user_turns[i] = static_cast<float>(m.user_turns);
+    std::string text =
+        nlohmann::json{{"tool_rewards", m.tool_rewards}, {"turn_scores", m.turn_scores}}.dump();
+    scores.emplace_back(std::move(text));
   }
   out.set_tensor("multi_turn_turns", turns);
   out.set_tensor("multi_turn_tool_calls", calls);
   out.set_tensor("multi_turn_tool_errors", errors);
   out.set_tensor("multi_turn_tool_time_s", seconds);
+  out.set_tensor("multi_turn_user_turns", user_turns);
+  out.set_column("rollout_reward_scores", std::move(scores));
 }
 
 }  // namespace baton::workers

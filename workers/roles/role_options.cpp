@@ -106,9 +106,11 @@ template <typename O, typename F>
 void fields(O& m, F&& f) requires std::is_same_v<std::remove_const_t<O>, MultiTurnRolloutOptions> {
   f("enable", m.enable);
   f("tool_config_path", m.tool_config_path);
+  f("interaction_config_path", m.interaction_config_path);
   f("tokenizer_path", m.tokenizer_path);
   f("format", m.format);
   f("max_assistant_turns", m.max_assistant_turns);
+  f("max_user_turns", m.max_user_turns);
   f("max_parallel_calls", m.max_parallel_calls);
   f("max_tool_response_length", m.max_tool_response_length);
   f("tool_response_truncate_side", m.tool_response_truncate_side);

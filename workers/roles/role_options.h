@@ -140,10 +140,13 @@ struct PolicyOptions {
 // tools between its turns (workers/roles/agent_loop.h).
 struct MultiTurnRolloutOptions {
   bool enable = false;
-  std::string tool_config_path;            // verl's tool config file (required when enabled)
+  std::string tool_config_path;            // verl's tool config file
+  std::string interaction_config_path;     // verl's interaction config file
+  // (enabled, at least one of the two is set)
   std::string tokenizer_path;  // tokenizer.json and its chat template (the model's directory)
   std::string format = "hermes";           // how the model writes calls: hermes | llama3_json
   int64_t max_assistant_turns = 0;         // 0 (verl's null): until the response budget
+  int64_t max_user_turns = 0;              // an interaction's turns; 0 (null): no limit
   int64_t max_parallel_calls = 1;          // calls run per turn
   int64_t max_tool_response_length = 256;  // characters of each result the model sees
   std::string tool_response_truncate_side = "middle";  // left | right | middle

@@ -85,10 +85,10 @@ nlohmann::ordered_json to_json(const YAML::Node& node, const std::string& file) 
   return nullptr;
 }
 
-std::string read_file(const std::filesystem::path& path) {
+std::string read_file(const std::filesystem::path& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    throw FileError(cat("cannot read the tool config ", path.string(), ": ", std::strerror(errno)));
+    throw FileError(cat("cannot read ", what, " ", path.string(), ": ", std::strerror(errno)));
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
@@ -135,7 +135,7 @@ ConfiguredTool read_entry(const nlohmann::ordered_json& entry, const std::string
 
 std::vector<ConfiguredTool> load_tool_config(const std::filesystem::path& path) {
   const std::string file = path.string();
-  const std::string text = read_file(path);
+  const std::string text = read_file(path, "the tool config");
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -166,6 +166,16 @@ std::vector<ConfiguredTool> load_tool_config(const std::filesystem::path& path) 
     tools.push_back(std::move(tool));
   }
   return tools;
+}
+
+nlohmann::ordered_json read_yaml_file(const std::filesystem::path& path, const std::string& what) {
+  const std::string file = path.string();
+  const std::string text = read_file(path, what);
+  try {
+    return to_json(YAML::Load(text), file);
+  } catch (const YAML::Exception& e) {
+    throw InvalidArgument(cat(location(file, e.mark), ": ", what, " is not valid YAML: ", e.msg));
+  }
 }
 
 nlohmann::ordered_json tool_schemas_for_template(const std::vector<ConfiguredTool>& tools) {

@@ -48,6 +48,13 @@ struct ConfiguredTool {
 // tool is registered as (listing the registered ones).
 std::vector<ConfiguredTool> load_tool_config(const std::filesystem::path& path);
 
+// The YAML file at `path` as JSON (YAML 1.2 core-schema scalars, keys in the
+// file's order), for the other config files of multi-turn rollouts. `what`
+// names the file in errors ("the interaction config"). Throws
+// baton::FileError when it cannot be read and baton::InvalidArgument naming
+// the file and line for bad YAML or a key given twice in one mapping.
+nlohmann::ordered_json read_yaml_file(const std::filesystem::path& path, const std::string& what);
+
 // The tools' schemas, in order: the list the chat template takes as `tools`.
 nlohmann::ordered_json tool_schemas_for_template(const std::vector<ConfiguredTool>& tools);
 
