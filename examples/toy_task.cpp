@@ -3,7 +3,8 @@
 //   toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]
 //            [--train-size T] [--carry-noise P] [--hidden H] [--layers L]
 //            [--heads A] [--head-dim D] [--family qwen2|qwen3|qwen3_moe]
-//            [--experts E] [--experts-per-token K]
+//            [--experts E] [--experts-per-token K] [--op add|mul]
+//            [--tool-share Q]
 //
 // The task is addition: the prompt "a+b=" (0 <= a, b < N), the answer in
 // GSM8K's strict form "#### c". DIR receives
@@ -34,6 +35,22 @@
 //                                     width H, K of them per token (default
 //                                     4 and 2), and a load-balancing loss of
 //                                     weight 0.01 in the RL update
+//
+// --op mul makes it multiplication ("a*b=", ground truth a*b; no carry noise).
+//
+// --tool-share Q makes it a tool task in chat form, for multi-turn rollouts
+// (configs/grpo_tool_toy.yaml): the tokenizer gets ChatML's tokens, a chat
+// template (tool results in <tool_response> blocks of a user turn, as
+// Qwen2.5's) and word tokens for the call's fixed parts ("<tool_call>",
+// "\"calculator\"", ...), as a BPE would merge them; the model's end of turn
+// is <|im_end|> and it has 128 positions. Prompts are chat messages
+// [{"role": "user", "content": "a*b"}]; an SFT row's prompt is that rendered
+// by the template, and its response, with probability Q, a call of the
+// calculator tool in Qwen's Hermes form, the tool's result rendered as the
+// template renders a tool turn, and "#### c"; otherwise "#### c" directly
+// (for 3-digit products: what a tiny model rarely gets right without the
+// tool).
+//
 // Everything is a function of the options: the same seed gives the same bytes.
 // Exit status: 0 on success, 1 when writing fails, 2 for a usage error.
 #include <ATen/ATen.h>
@@ -67,7 +84,8 @@ constexpr const char* kUsage =
     "usage: toy_task --out DIR [--seed S] [--max-operand N] [--val-size V]\n"
     "                [--train-size T] [--carry-noise P] [--hidden H] [--layers L]\n"
     "                [--heads A] [--head-dim D] [--family qwen2|qwen3|qwen3_moe]\n"
-    "                [--experts E] [--experts-per-token K]\n";
+    "                [--experts E] [--experts-per-token K] [--op add|mul]\n"
+    "                [--tool-share Q]\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -89,6 +107,9 @@ struct Options {
   Family family = Family::kQwen2;
   int64_t experts = 4;            // qwen3_moe
   int64_t experts_per_token = 2;  // qwen3_moe
+  bool multiply = false;          // --op mul
+  double tool_share = -1;         // < 0: no tool (plain prompts); else the chat tool task
+  bool chat() const { return tool_share >= 0; }
 };
 
 int64_t parse_int(const std::string& text, const std::string& flag, int64_t min) {
@@ -151,6 +172,12 @@ Options parse_args(int argc, char** argv) {
       o.head_dim = parse_int(value, flag, 1);
     } else if (flag == "--family") {
       o.family = parse_family(value);
+    } else if (flag == "--op") {
+      if (value != "add" && value != "mul")
+        throw UsageError("--op expects add or mul, got \"" + value + "\"");
+      o.multiply = value == "mul";
+    } else if (flag == "--tool-share") {
+      o.tool_share = parse_probability(value, flag);
     } else if (flag == "--experts") {
       o.experts = parse_int(value, flag, 1);
       have_moe_flag = true;
@@ -182,28 +209,59 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-// The tokenizer's vocabulary: special tokens first, then one token per character.
-const std::vector<std::string>& special_tokens() {
-  static const std::vector<std::string> tokens = {"<pad>", "<eos>", "<unk>"};
-  return tokens;
+// The tokenizer's vocabulary: special tokens first, then (in chat form) the
+// word tokens, then one token per character.
+const std::vector<std::string>& special_tokens(bool chat) {
+  static const std::vector<std::string> plain = {"<pad>", "<eos>", "<unk>"};
+  static const std::vector<std::string> chatml = {"<pad>", "<|im_end|>", "<unk>", "<|im_start|>"};
+  return chat ? chatml : plain;
+}
+const std::vector<std::string>& word_tokens(bool chat) {
+  static const std::vector<std::string> none;
+  static const std::vector<std::string> words = {
+      "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "user",
+      "assistant",   "\"name\"",     "\"arguments\"",   "\"expression\"", "\"calculator\""};
+  return chat ? words : none;
 }
 constexpr const char* kCharacters = "0123456789+-*= #";
+// Chat form: also what tool calls, tool errors and template glue write.
+constexpr const char* kChatCharacters =
+    "\n{}[]\":,./()_'!?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
-json tokenizer_json() {
+// ChatML, with consecutive tool messages in one user turn, each in its
+// <tool_response> block (Qwen2.5's layout, without its system prompt).
+constexpr const char* kChatTemplate =
+    "{% for m in messages %}{% if m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+std::string characters(bool chat) {
+  return std::string(kCharacters) + (chat ? kChatCharacters : "");
+}
+
+json tokenizer_json(bool chat) {
   json vocab = json::object();
   json added = json::array();
   int64_t id = 0;
-  for (const std::string& t : special_tokens()) {
+  const auto add = [&](const std::string& t, bool special) {
     added.push_back({{"id", id},
                      {"content", t},
                      {"single_word", false},
                      {"lstrip", false},
                      {"rstrip", false},
                      {"normalized", false},
-                     {"special", true}});
+                     {"special", special}});
     vocab[t] = id++;
-  }
-  for (const char* c = kCharacters; *c != '\0'; ++c) vocab[std::string(1, *c)] = id++;
+  };
+  for (const std::string& t : special_tokens(chat)) add(t, true);
+  for (const std::string& t : word_tokens(chat)) add(t, false);
+  for (char c : characters(chat)) vocab[std::string(1, c)] = id++;
   return {{"version", "1.0"},
           {"truncation", nullptr},
           {"padding", nullptr},
@@ -212,7 +270,7 @@ json tokenizer_json() {
           // Every character is its own piece; the WordLevel model maps it to its id.
           {"pre_tokenizer",
            {{"type", "Split"},
-            {"pattern", {{"Regex", "."}}},
+            {"pattern", {{"Regex", chat ? "(?s)." : "."}}},
             {"behavior", "Isolated"},
             {"invert", false}}},
           {"post_processor", nullptr},
@@ -221,19 +279,22 @@ json tokenizer_json() {
           {"model", {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "<unk>"}}}};
 }
 
-json tokenizer_config_json() {
-  return {{"tokenizer_class", "PreTrainedTokenizerFast"},
-          {"bos_token", nullptr},
-          {"eos_token", "<eos>"},
-          {"pad_token", "<pad>"},
-          {"unk_token", "<unk>"},
-          {"add_bos_token", false},
-          {"add_eos_token", false},
-          {"model_max_length", 64}};
+json tokenizer_config_json(bool chat) {
+  json c = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+            {"bos_token", nullptr},
+            {"eos_token", chat ? "<|im_end|>" : "<eos>"},
+            {"pad_token", "<pad>"},
+            {"unk_token", "<unk>"},
+            {"add_bos_token", false},
+            {"add_eos_token", false},
+            {"model_max_length", chat ? 128 : 64}};
+  if (chat) c["chat_template"] = kChatTemplate;
+  return c;
 }
 
-int64_t vocab_size() {
-  return static_cast<int64_t>(special_tokens().size() + std::string(kCharacters).size());
+int64_t vocab_size(bool chat) {
+  return static_cast<int64_t>(special_tokens(chat).size() + word_tokens(chat).size() +
+                              characters(chat).size());
 }
 
 baton::engine::ModelConfig model_config(const Options& o) {
@@ -263,19 +324,19 @@ baton::engine::ModelConfig model_config(const Options& o) {
       cfg.moe.router_aux_loss_coef = 0.01;
       break;
   }
-  cfg.vocab_size = vocab_size();
+  cfg.vocab_size = vocab_size(o.chat());
   cfg.hidden_size = o.hidden;
   cfg.intermediate_size = 2 * o.hidden;
   cfg.num_layers = o.layers;
   cfg.num_heads = o.heads;
   cfg.num_kv_heads = o.heads;
   cfg.head_dim = o.head_dim > 0 ? o.head_dim : o.hidden / o.heads;
-  cfg.max_position_embeddings = 64;
+  cfg.max_position_embeddings = o.chat() ? 128 : 64;
   cfg.rms_norm_eps = 1e-6;
   cfg.rope_theta = 10000.0;
   cfg.tie_word_embeddings = false;
   cfg.torch_dtype = "float32";
-  cfg.eos_token_ids = {1};  // "<eos>"
+  cfg.eos_token_ids = {1};  // "<eos>", or "<|im_end|>" in chat form
   return cfg;
 }
 
@@ -307,8 +368,8 @@ void write_model(const Options& o) {
   const json base = {{"pad_token_id", 0}, {"bos_token_id", nullptr}};
   baton::engine::save_hf_model(dir, cfg, hf, /*value_model=*/false,
                                baton::engine::kDefaultMaxShardBytes, &base);
-  write_text(dir / "tokenizer.json", tokenizer_json().dump(2) + "\n");
-  write_text(dir / "tokenizer_config.json", tokenizer_config_json().dump(2) + "\n");
+  write_text(dir / "tokenizer.json", tokenizer_json(o.chat()).dump(2) + "\n");
+  write_text(dir / "tokenizer_config.json", tokenizer_config_json(o.chat()).dump(2) + "\n");
 }
 
 struct Problem {
@@ -326,8 +387,27 @@ std::vector<Problem> shuffled_problems(const Options& o) {
   return all;
 }
 
-std::string prompt_of(const Problem& p) {
-  return std::to_string(p.a) + "+" + std::to_string(p.b) + "=";
+std::string expression_of(const Problem& p, const Options& o) {
+  return std::to_string(p.a) + (o.multiply ? "*" : "+") + std::to_string(p.b);
+}
+
+std::string prompt_of(const Problem& p, const Options& o) { return expression_of(p, o) + "="; }
+
+// Chat form: the user turn and the assistant prefix, as the template renders
+// [{"role": "user", "content": "a*b"}] with the generation prompt.
+std::string rendered_prompt_of(const Problem& p, const Options& o) {
+  return "<|im_start|>user\n" + expression_of(p, o) + "<|im_end|>\n<|im_start|>assistant\n";
+}
+
+// Chat form: the calculator's call in Qwen's Hermes form, its result as the
+// template's tool turn after the model's <|im_end|>, and the answer.
+std::string tool_response_of(const Problem& p, const Options& o, const std::string& answer) {
+  // As Qwen writes it: json.dumps's separators, keys in the schema's order.
+  const std::string call = R"({"name": "calculator", "arguments": {"expression": ")" +
+                           expression_of(p, o) + R"("}})";
+  return "<tool_call>\n" + call + "\n</tool_call><|im_end|>\n" +
+         "<|im_start|>user\n<tool_response>\n" + answer +
+         "\n</tool_response><|im_end|>\n<|im_start|>assistant\n#### " + answer;
 }
 
 void write_data(const Options& o) {
@@ -342,10 +422,13 @@ void write_data(const Options& o) {
   for (std::size_t i = 0; i < rows; ++i) {
     const Problem& p = problems[i];
     const bool is_val = static_cast<int64_t>(i) < o.val_size;
-    const std::string answer = std::to_string(p.a + p.b);
+    const std::string answer = std::to_string(o.multiply ? p.a * p.b : p.a + p.b);
+    const json prompt =
+        o.chat() ? json::array({{{"role", "user"}, {"content", expression_of(p, o)}}})
+                 : json(prompt_of(p, o));
     const json row = {
         {"data_source", "openai/gsm8k"},
-        {"prompt", prompt_of(p)},
+        {"prompt", prompt},
         {"ability", "arithmetic"},
         {"reward_model", {{"style", "rule"}, {"ground_truth", answer}}},
         {"extra_info", {{"split", is_val ? "val" : "train"}, {"a", p.a}, {"b", p.b}}}};
@@ -354,10 +437,18 @@ void write_data(const Options& o) {
     // 53 random bits → [0, 1), drawn for every train row so the stream does not
     // depend on which rows carry.
     const double u = static_cast<double>(noise() >> 11) * 0x1.0p-53;
-    const bool carries = p.a % 10 + p.b % 10 >= 10;
+    if (o.chat()) {
+      const bool tool = u < o.tool_share;
+      sft += json{{"prompt", rendered_prompt_of(p, o)},
+                  {"response", tool ? tool_response_of(p, o, answer) : "#### " + answer}}
+                 .dump() +
+             "\n";
+      continue;
+    }
+    const bool carries = !o.multiply && p.a % 10 + p.b % 10 >= 10;
     const std::string target =
         carries && u < o.carry_noise ? std::to_string(p.a + p.b - 10) : answer;
-    sft += json{{"prompt", prompt_of(p)}, {"response", "#### " + target}}.dump() + "\n";
+    sft += json{{"prompt", prompt_of(p, o)}, {"response", "#### " + target}}.dump() + "\n";
   }
   write_text(dir / "train.jsonl", train);
   write_text(dir / "val.jsonl", val);

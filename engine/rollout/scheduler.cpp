@@ -58,9 +58,10 @@ Scheduler::Prefill Scheduler::admit() {
     };
     if (!fits()) {
       // Nothing runs to give blocks back: the paused sequences' kept caches
-      // go (they recompute), then this one's own if it is resumed.
+      // go (they recompute), then those of the other waiting sequences, then
+      // this one's own if it is resumed.
       if (!batch.rows.empty() || !running_.empty()) break;
-      if (!(release_paused() && fits())) {
+      if (!(release_paused() && fits()) && !(release_waiting(s) && fits())) {
         if (!e.holds_cache) break;
         blocks_.release(s);
         ++preemptions_;
@@ -167,6 +168,19 @@ void Scheduler::finish_paused(SequenceId seq) {
         detail::cat("Scheduler::finish_paused: sequence ", seq.value, " is not paused"));
   paused_.erase(it);
   blocks_.release(seq);
+}
+
+bool Scheduler::release_waiting(SequenceId except) {
+  bool any = false;
+  for (SequenceId s : waiting_) {
+    Entry& e = entries_[s.value];
+    if (s == except || !e.holds_cache) continue;
+    blocks_.release(s);
+    e.holds_cache = false;
+    ++preemptions_;
+    any = true;
+  }
+  return any;
 }
 
 bool Scheduler::release_paused() {

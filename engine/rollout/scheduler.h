@@ -29,8 +29,9 @@
 //     (a tool's result), and admit() prefills only those on top of the kept
 //     cache; finish_paused() ends one that will not continue. When nothing
 //     runs and the first waiting sequence does not fit, the paused
-//     sequences' blocks are released first (each then recomputes its tokens
-//     when it resumes: counted as a preemption);
+//     sequences' blocks are released first, then those the other resumed,
+//     waiting sequences kept (each then recomputes its tokens when it is
+//     admitted: counted as a preemption);
 //   - done() once nothing waits, runs or is paused.
 //
 // Example (GenerationEngine::generate):
@@ -155,6 +156,9 @@ class Scheduler {
   // Releases every paused sequence's blocks (they recompute on resume).
   // False when none held any.
   bool release_paused();
+  // Releases the kept caches of the waiting sequences but `except` (resumed
+  // ones that were not admitted yet; they recompute). False when none held any.
+  bool release_waiting(SequenceId except);
 
   SchedulerOptions options_;
   SequenceBlocks& blocks_;

@@ -407,6 +407,32 @@ TEST(Scheduler, WhenNothingRunsPausedCachesGoBeforeTheHeadWouldNotFit) {
   EXPECT_EQ(blocks.held(SequenceId{0}), 2);
 }
 
+// Two sequences resumed at once both wait holding their kept caches; the
+// head cannot grow into the blocks the other holds, and nothing runs: the
+// other's cache goes (it recomputes), not the run. (A GRPO run of the tool
+// task met this: "no sequence fits ... nothing runs".)
+TEST(Scheduler, WhenNothingRunsWaitingSequencesKeptCachesGoBeforeTheHeadWouldNotFit) {
+  CountedBlocks blocks(4, 4);
+  Scheduler s(options(), blocks);
+  s.add(0, 5);  // 2 blocks
+  s.add(1, 5);  // 2 blocks
+  s.admit();
+  s.complete({}, ids({0, 1}));  // both pause: every block held
+  s.resume(SequenceId{0}, 6);   // 12 tokens: 3 blocks, 2 of them held
+  s.resume(SequenceId{1}, 2);   // at the head: 8 tokens, in its 2 blocks
+  EXPECT_EQ(s.admit().rows, ids({1}));
+  s.complete({});  // 9 tokens: its next position needs a third block
+  EXPECT_TRUE(s.decode().empty()) << "no block is free: sequence 1 is preempted";
+  // Nothing runs; 1 (3 blocks) waits at the head, 0 waits holding 2 of the 4.
+  EXPECT_EQ(s.admit().rows, ids({1}));
+  EXPECT_EQ(blocks.held(SequenceId{0}), 0) << "0's kept cache went: it recomputes";
+  EXPECT_EQ(blocks.held(SequenceId{1}), 3);
+  EXPECT_EQ(s.preemptions(), 2);
+  s.complete(ids({1}));
+  EXPECT_EQ(s.admit().rows, ids({0}));
+  EXPECT_EQ(blocks.held(SequenceId{0}), 3) << "a full reservation: nothing of 0 was kept";
+}
+
 TEST(Scheduler, CompleteRejectsAPauseOutsideTheStepOrAlsoFinished) {
   CountedBlocks blocks(4, 10);
   Scheduler s(options(), blocks);

@@ -1,7 +1,9 @@
 // examples/toy_task, run as a program: its dataset, tokenizer and model load with
 // baton's own readers, every dataset string round-trips through the tokenizer,
 // the SFT answers score 1 under the registry's GSM8K reward (but for the carries the
-// noise drops, and only those), and a seed fixes every byte.
+// noise drops, and only those), and a seed fixes every byte. The tool task
+// (--op mul --tool-share): chat prompts, and SFT trajectories that are
+// exactly what a multi-turn rollout with the calculator makes of them.
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
@@ -21,8 +23,11 @@
 #include "engine/model/transformer.h"
 #include "engine/parallel/parallel_state.h"
 #include "tests/engine/temp_dir.h"
+#include "text/chat_template.h"
 #include "text/tokenizer/tokenizer.h"
 #include "workers/rewards/reward_registry.h"
+#include "workers/tools/tool_call_parser.h"
+#include "workers/tools/tool_registry.h"
 
 namespace {
 
@@ -203,6 +208,89 @@ TEST(ToyTaskUsage, RefusesMissingOutAndUnknownOptions) {
   EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --bogus 1"), 2);
   EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --max-operand 2 --val-size 4"), 2);
   EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --carry-noise 1.5"), 2);
+  EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --op div"), 2);
+  EXPECT_EQ(run_toy_task("--out '" + dir.path().string() + "' --tool-share -1"), 2);
+}
+
+// The tool task: multiplication in chat form, half the SFT answers through
+// the calculator.
+class ToyToolTask : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    ASSERT_EQ(run_toy_task("--out '" + (*dir_ / "task").string() +
+                           "' --seed 5 --op mul --max-operand 1000 --train-size 400 "
+                           "--val-size 40 --tool-share 0.5"),
+              0);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static fs::path task() { return *dir_ / "task"; }
+  static TempDir* dir_;
+};
+TempDir* ToyToolTask::dir_ = nullptr;
+
+// Each SFT row is the conversation a multi-turn rollout makes: the prompt as
+// the template renders the row's messages, then either "#### c" or the
+// calculator's call (Hermes form), the tool turn as the template renders its
+// result, and "#### c". Every answer is right, and the tokens fit the
+// configs (sft_tool_toy.yaml's max_length 96, grpo_tool_toy.yaml's
+// max_prompt_length 24 and max_response_length 80).
+TEST_F(ToyToolTask, SftRowsAreTheRolloutsConversationWithTheCalculator) {
+  const auto tok = baton::data::Tokenizer::load(task() / "model");
+  const auto chat = baton::data::ChatTemplate::from_tokenizer(
+      tok, (task() / "model" / "tokenizer_config.json").string());
+  ASSERT_TRUE(chat.has_template());
+  EXPECT_EQ(tok.decode({*tok.eos_id()}, false), "<|im_end|>");
+  const auto sft = read_jsonl(task() / "data" / "sft.jsonl");
+  const auto train = read_jsonl(task() / "data" / "train.jsonl");
+  ASSERT_EQ(sft.size(), 400u);
+  ASSERT_EQ(train.size(), 400u);
+  int64_t with_tool = 0;
+  for (std::size_t i = 0; i < sft.size(); ++i) {
+    const int64_t a = train[i]["extra_info"]["a"], b = train[i]["extra_info"]["b"];
+    const std::string product = std::to_string(a * b);
+    const std::string expression = std::to_string(a) + "*" + std::to_string(b);
+    ASSERT_EQ(train[i]["reward_model"]["ground_truth"], product);
+    const nlohmann::ordered_json user = {{"role", "user"}, {"content", expression}};
+    ASSERT_EQ(train[i]["prompt"], nlohmann::json::array({user}));
+    const std::string prompt = sft[i]["prompt"], response = sft[i]["response"];
+    EXPECT_EQ(prompt, chat.render(nlohmann::ordered_json::array({user}), true, nullptr));
+    EXPECT_EQ(sft_score(sft[i], train[i]), 1.0) << response;
+    EXPECT_LE(tok.encode(prompt, false).size(), 24u);
+    EXPECT_LE(tok.encode(response, false).size() + 1, 80u) << response;
+    if (response == "#### " + product) continue;
+    ++with_tool;
+    // The call: what the model generates up to its end of turn.
+    const size_t end = response.find("<|im_end|>");
+    ASSERT_NE(end, std::string::npos) << response;
+    const std::string call_text = response.substr(0, end);
+    const auto parsed = baton::tools::parse_tool_calls(call_text, baton::tools::ToolCallFormat::kHermes);
+    ASSERT_EQ(parsed.calls.size(), 1u) << call_text;
+    EXPECT_TRUE(parsed.errors.empty());
+    EXPECT_EQ(parsed.calls[0].name, "calculator");
+    const auto result = baton::tools::call_tool("calculator", parsed.calls[0].arguments, {});
+    EXPECT_FALSE(result.error) << result.text;
+    EXPECT_EQ(result.text, product);
+    // The whole conversation, rendered at once, then the answer.
+    const nlohmann::ordered_json whole = nlohmann::ordered_json::array(
+        {user, {{"role", "assistant"}, {"content", call_text}}, {{"role", "tool"}, {"content", result.text}}});
+    EXPECT_EQ(prompt + response, chat.render(whole, true, nullptr) + "#### " + product);
+  }
+  // binomial(400, 0.5): 200 ± 5 standard deviations (±50) but for a broken rule.
+  EXPECT_NEAR(with_tool, 200, 50);
+}
+
+TEST_F(ToyToolTask, TheModelEndsTurnsAtImEndAndHoldsTheTrajectory) {
+  const auto cfg = baton::engine::ModelConfig::load(task() / "model");
+  const auto tok = baton::data::Tokenizer::load(task() / "model");
+  EXPECT_EQ(cfg.vocab_size, tok.vocab_size());
+  EXPECT_EQ(cfg.eos_token_ids, (std::vector<int64_t>{*tok.token_to_id("<|im_end|>")}));
+  EXPECT_EQ(cfg.max_position_embeddings, 128);
+  // The call's fixed parts are single tokens, as a BPE would merge them.
+  EXPECT_EQ(tok.encode("<tool_call>\"calculator\"", false).size(), 2u);
 }
 
 }  // namespace
