@@ -109,7 +109,8 @@ class LearningTest : public ::testing::TestWithParam<Family> {};
 
 // The main job, shortened: toy data, the SFT base, then GRPO. Fails unless the
 // greedy validation accuracy rises and the sampled reward rises with it (and,
-// for the MoE, the router's load-balancing loss is reported). The margins are
+// for the MoE, the router's load-balancing loss is reported; for the tool
+// task, the share of trajectories that call the calculator rises too). The margins are
 // a fraction of what a run gives (Qwen2: 72 % → 90 % by step 30 on the
 // development machine), so that other CPUs' kernels and summation orders
 // cannot flip the verdict.
@@ -131,12 +132,13 @@ TEST_P(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
               "/data/train.jsonl]' 'data.val_files=[" + t +
               "/data/val.jsonl]' actor_rollout_ref.model.path=" + t +
               "/sft/model trainer.default_local_dir=" + t +
-              "/grpo trainer.total_training_steps=30 trainer.test_freq=30 trainer.logger=[file]",
+              "/grpo trainer.total_training_steps=30 trainer.test_freq=30 trainer.logger=[file]" +
+              (family.name == "tool" ? " trainer.save_freq=10" : ""),
           toy / "grpo.log");
   ASSERT_EQ(r.status, 0) << r.output;
 
   std::ifstream jsonl(toy / "grpo" / "metrics.jsonl");
-  std::vector<double> val, score, aux;
+  std::vector<double> val, score, aux, calls;
   for (std::string line; std::getline(jsonl, line);) {
     const auto number_after = [&](const std::string& key) -> std::optional<double> {
       const size_t at = line.find("\"" + key + "\":");
@@ -146,6 +148,7 @@ TEST_P(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
     if (auto v = number_after("val-core/openai/gsm8k/reward/mean@1")) val.push_back(*v);
     if (auto s = number_after("critic/score/mean")) score.push_back(*s);
     if (auto a = number_after("actor/router_aux_loss")) aux.push_back(*a);
+    if (auto c = number_after("multi_turn/tool_calls/mean")) calls.push_back(*c);
   }
   ASSERT_EQ(val.size(), 2u) << r.output;  // before training and after step 30
   ASSERT_EQ(score.size(), 30u);
@@ -157,6 +160,40 @@ TEST_P(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
   };
   EXPECT_GT(mean(score.end() - 10, score.end()), mean(score.begin(), score.begin() + 10))
       << "the sampled reward did not rise";
+  if (family.name == "tool") {
+    ASSERT_EQ(calls.size(), 30u) << "no multi_turn/tool_calls/mean in every step";
+    EXPECT_GT(mean(calls.end() - 10, calls.end()), mean(calls.begin(), calls.begin() + 10))
+        << "the tool-use rate did not rise";
+    // Resumed mid-run: back to step 10's checkpoint, on to step 12, with
+    // multi-turn rollouts again.
+    const fs::path out = toy / "grpo";
+    fs::remove_all(out / "global_step_20");
+    fs::remove_all(out / "global_step_30");
+    std::ofstream(out / "latest_checkpointed_iteration.txt") << "10";
+    r = run(std::string("cd '") + SOURCE_DIR + "' && '" + GRPO_EXE + "' --config " +
+                family.grpo_config + " 'data.train_files=[" + t +
+                "/data/train.jsonl]' 'data.val_files=[" + t +
+                "/data/val.jsonl]' actor_rollout_ref.model.path=" + t +
+                "/sft/model trainer.default_local_dir=" + out.string() +
+                " trainer.total_training_steps=12 trainer.test_freq=-1 trainer.save_freq=10 "
+                "trainer.logger=[file]",
+            toy / "resume.log");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("resumed from " + (out / "global_step_10").string() + " (step 10)"),
+              std::string::npos)
+        << r.output;
+    std::ifstream again(out / "metrics.jsonl");
+    int resumed_steps = 0;
+    for (std::string line; std::getline(again, line);)
+      if ((line.find("\"step\":11,") != std::string::npos ||
+           line.find("\"step\":12,") != std::string::npos) &&
+          line.find("multi_turn/tool_calls/mean") != std::string::npos)
+        ++resumed_steps;
+    // The first run's lines past step 10 gave way to the resumed run's.
+    EXPECT_EQ(resumed_steps, 2) << "steps 11 and 12, run again, with multi-turn metrics";
+  } else {
+    EXPECT_TRUE(calls.empty()) << "a single-turn run reported multi_turn/tool_calls";
+  }
   if (family.name == "qwen3_moe") {
     ASSERT_EQ(aux.size(), 30u) << "no actor/router_aux_loss in every step";
     for (double a : aux) EXPECT_TRUE(std::isfinite(a) && a > 0) << "actor/router_aux_loss " << a;
@@ -175,7 +212,15 @@ INSTANTIATE_TEST_SUITE_P(
                              "configs/grpo_toy_qwen3_moe.yaml"},
                       // LoRA adapters on the Qwen2 base.
                       Family{"qwen2_lora", "", "configs/sft_toy.yaml",
-                             "configs/grpo_toy_lora.yaml"}),
+                             "configs/grpo_toy_lora.yaml"},
+                      // The tool task, CI-sized (the bench's is hidden 128, 6
+                      // layers, 100k rows): multi-turn rollouts with the
+                      // calculator. Its base answers greedily without the tool:
+                      // 0 % before, ~100 % once RL makes it call the tool.
+                      Family{"tool",
+                             "--op mul --max-operand 1000 --train-size 20000 --val-size 64 "
+                             "--tool-share 0.3",
+                             "configs/sft_tool_toy.yaml", "configs/grpo_tool_toy.yaml"}),
     [](const ::testing::TestParamInfo<Family>& info) { return info.param.name; });
 
 }  // namespace
