@@ -191,6 +191,32 @@ TEST_P(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
         ++resumed_steps;
     // The first run's lines past step 10 gave way to the resumed run's.
     EXPECT_EQ(resumed_steps, 2) << "steps 11 and 12, run again, with multi-turn metrics";
+
+    // Fully-async training: its rollout workers run the agent loop, and the
+    // trajectories reach the trainer whole (the base answers right only
+    // through the tool, so a score above 0 needs the tool turn and the answer
+    // after it).
+    r = run(std::string("cd '") + SOURCE_DIR + "' && '" + GRPO_EXE + "' --config " +
+                family.grpo_config + " 'data.train_files=[" + t +
+                "/data/train.jsonl]' 'data.val_files=[" + t +
+                "/data/val.jsonl]' actor_rollout_ref.model.path=" + t +
+                "/sft/model trainer.default_local_dir=" + t +
+                "/async trainer.total_training_steps=4 trainer.val_before_train=false "
+                "trainer.test_freq=-1 async_training.enable=true trainer.logger=[file]",
+            toy / "async.log");
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::ifstream async_metrics(toy / "async" / "metrics.jsonl");
+    double async_score = 0;
+    int async_steps = 0;
+    for (std::string line; std::getline(async_metrics, line);) {
+      const size_t at = line.find("\"critic/score/mean\":");
+      if (at == std::string::npos) continue;
+      ++async_steps;
+      async_score += std::stod(line.substr(at + 20));
+      EXPECT_NE(line.find("multi_turn/tool_calls/mean"), std::string::npos) << line;
+    }
+    EXPECT_EQ(async_steps, 4);
+    EXPECT_GT(async_score, 0.0) << "no fully-async trajectory was answered through the tool";
   } else {
     EXPECT_TRUE(calls.empty()) << "a single-turn run reported multi_turn/tool_calls";
   }

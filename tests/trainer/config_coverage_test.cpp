@@ -203,8 +203,8 @@ TEST(ConfigCoverage, MultiTurnKeysReachTheRolloutAndThePromptsShowTheTools) {
             "Exact arithmetic.");
   EXPECT_TRUE(workers::ActorRolloutRefOptions::from_json(s.actor.to_json()) == s.actor);
 
-  // Enabled without a tool or interaction config, or with fully-async
-  // training: refused. An interaction config alone will do.
+  // Enabled without a tool or interaction config: refused. An interaction
+  // config alone will do.
   auto refused = [&](std::vector<std::string> overrides, const std::string& needle) {
     Config bad = everything_on();
     bad.apply_overrides(overrides);
@@ -227,10 +227,17 @@ TEST(ConfigCoverage, MultiTurnKeysReachTheRolloutAndThePromptsShowTheTools) {
            "actor_rollout_ref.rollout.multi_turn.max_user_turns=-1"},
           "multi_turn.max_user_turns");
   refused({"actor_rollout_ref.rollout.multi_turn.format=json"}, "multi_turn.format");
+  // Fully-async training runs the agent loop in its rollout workers, but not
+  // with partial rollouts.
+  Config async = everything_on();
+  async.apply_overrides({"actor_rollout_ref.rollout.multi_turn.enable=true",
+                         "actor_rollout_ref.rollout.multi_turn.tool_config_path=" + tools.string(),
+                         "async_training.enable=true"});
+  EXPECT_NO_THROW(read_trainer_settings(async.resolved()));
   refused({"actor_rollout_ref.rollout.multi_turn.enable=true",
            "actor_rollout_ref.rollout.multi_turn.tool_config_path=" + tools.string(),
-           "async_training.enable=true"},
-          "do not run the tool agent loop yet");
+           "async_training.enable=true", "async_training.partial_rollout=true"},
+          "multi_turn.enable with async_training.partial_rollout");
   std::filesystem::remove(tools);
 }
 

@@ -25,6 +25,7 @@
 #include "runtime/baton.h"
 #include "tests/workers/chatml_tokenizer.h"
 #include "workers/roles/actor_rollout_ref_worker.h"
+#include "workers/roles/rollout_worker.h"
 
 namespace baton::workers {
 namespace {
@@ -103,16 +104,18 @@ TEST(MultiTurnWorker, TwoDpWorkersRunTheToolLoopAndReportEachRowsTurns) {
 
 // Rows 0 and 2 are judged by the interaction (a ground truth no sample
 // writes): each of their samples gets max_user_turns "no" user turns, so
-// three assistant turns; rows 1 and 3 end at their first stop.
-TEST(MultiTurnWorker, AnInteractionsUserTurnsRunInTheWorkers) {
-  Files f;
+// three assistant turns; rows 1 and 3 end at their first stop. `worker_class`
+// is spawned on 2 CPU workers with `init_args`.
+void expect_interaction_turns(const char* worker_class, const Files& f, bool rollout_worker) {
   ActorRolloutRefOptions o = options(f, "tools.yaml");
   o.rollout.multi_turn.tool_config_path.clear();
   o.rollout.multi_turn.interaction_config_path = (f.dir / "interaction.yaml").string();
   o.rollout.multi_turn.max_user_turns = 2;
   o.rollout.response_length = 96;
   ResourcePool pool = ResourcePool::cpu(2);
-  WorkerGroup g = WorkerGroup::spawn(actor_rollout_ref_worker_class(), pool, {o.to_json()});
+  List init_args = {Value(o.to_json())};
+  if (rollout_worker) init_args.emplace_back(int64_t{1});  // the actor's world size
+  WorkerGroup g = WorkerGroup::spawn(worker_class, pool, init_args);
   g.call("init_model", {}).get();
   DataProto in = prompts();
   const Value judged(std::string(R"({"interaction_kwargs": {"ground_truth": "zzz"}})"));
@@ -139,6 +142,17 @@ TEST(MultiTurnWorker, AnInteractionsUserTurnsRunInTheWorkers) {
     EXPECT_EQ(scores["turn_scores"],
               judged_row ? nlohmann::json({0.0, 0.0}) : nlohmann::json::array());
   }
+}
+
+TEST(MultiTurnWorker, AnInteractionsUserTurnsRunInTheWorkers) {
+  Files f;
+  expect_interaction_turns(actor_rollout_ref_worker_class(), f, false);
+}
+
+// Fully-async training's separate rollout workers run the same loop.
+TEST(MultiTurnWorker, RolloutWorkersRunTheAgentLoopToo) {
+  Files f;
+  expect_interaction_turns(rollout_worker_class(), f, true);
 }
 
 TEST(MultiTurnWorker, AToolConfigNamingAnUnregisteredToolFailsInitModel) {

@@ -126,7 +126,12 @@ void run_rollouter(PpoTrainer::State& st, RolloutPipeline& p) {
       const LedgerEntry e = p.ledger.start([&](int64_t step) {
         return workers::prompt_batch_proto(st.loader->next(), std::to_string(step) + "-");
       });
-      DataProto gen = e.prompts.select({"input_ids", "attention_mask"});
+      // extra_info: a multi-turn rollout's per-row tools_kwargs and
+      // interaction_kwargs.
+      DataProto gen = e.prompts.select({"input_ids", "attention_mask"},
+                                       e.prompts.has_column("extra_info")
+                                           ? std::vector<std::string>{"extra_info"}
+                                           : std::vector<std::string>{});
       const uint64_t step_seed = engine::SequenceRng::request_seed(s.rollout_seed, e.step);
       std::vector<int64_t> seeds;
       for (int64_t i = 0; i < gen.size(); ++i)

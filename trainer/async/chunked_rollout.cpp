@@ -45,7 +45,11 @@ void ChunkedRollout::step(WorkerGroup& rollout) {
   std::vector<int64_t> samples;
   DataProto call;
   if (generated_ == 0) {
-    call = prompts_.select({"input_ids", "attention_mask", "request_seed"});
+    // extra_info: a multi-turn rollout's per-row tools_kwargs and
+    // interaction_kwargs.
+    std::vector<std::string> columns;
+    if (prompts_.has_column("extra_info")) columns.push_back("extra_info");
+    call = prompts_.select({"input_ids", "attention_mask", "request_seed"}, columns);
     for (int64_t s = 0; s < static_cast<int64_t>(finished_.size()); ++s) samples.push_back(s);
   } else {
     for (int64_t s = 0; s < static_cast<int64_t>(finished_.size()); ++s)
@@ -89,7 +93,13 @@ void ChunkedRollout::step(WorkerGroup& rollout) {
                 " rows for " + std::to_string(samples.size()) + " samples");
   }
   const at::Tensor responses = out.tensor("responses").to(at::kLong).contiguous();
-  const at::Tensor lengths = out.tensor("response_mask").to(at::kLong).sum(1).contiguous();
+  // Valid response tokens: the attention mask's, not response_mask, which a
+  // multi-turn rollout zeroes on the tokens its turns appended.
+  const at::Tensor lengths = out.tensor("attention_mask")
+                                 .slice(1, out.tensor("attention_mask").size(1) - responses.size(1))
+                                 .to(at::kLong)
+                                 .sum(1)
+                                 .contiguous();
   const at::Tensor lp = out.tensor("rollout_log_probs").to(at::kFloat).contiguous();
   const at::Tensor finished = out.tensor("finished").to(at::kLong).contiguous();
   auto rp = responses.accessor<int64_t, 2>();
@@ -110,11 +120,19 @@ void ChunkedRollout::step(WorkerGroup& rollout) {
     if (first_version_[s] < 0) first_version_[s] = version->as_int();
     last_version_[s] = version->as_int();
   }
+  // One call did it all: its result is the batch, with what the rollout
+  // reported beyond the tokens (a multi-turn rollout's response_mask and
+  // multi_turn_* figures).
+  if (generated_ == 0 && done()) {
+    whole_ = out;
+    whole_.pop({"finished"});
+  }
   generated_ = cap;
 }
 
 DataProto ChunkedRollout::result() const {
   if (!done()) throw Error("ChunkedRollout::result: samples are still unfinished");
+  if (calls_ == 1 && whole_.size() > 0) return whole_;
   workers::RolloutRequest req;
   req.ids = ids_;
   req.mask = mask_;

@@ -61,6 +61,7 @@ class ChunkedRollout {
   int64_t calls_ = 0;
   int64_t pad_token_id_ = 0;
   std::vector<std::vector<int64_t>> tokens_;  // per sample (prompt-major)
+  DataProto whole_;  // the first call's result when it finished every sample
   std::vector<std::vector<float>> log_probs_;
   std::vector<bool> finished_;
   std::vector<int64_t> first_version_, last_version_;

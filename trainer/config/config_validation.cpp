@@ -312,9 +312,10 @@ void check_actor(Problems& p, const TrainerSettings& s) {
     p.at_least(k + ".max_user_turns", mt.max_user_turns, 0);
     p.at_least(k + ".max_parallel_calls", mt.max_parallel_calls, 1);
     p.at_least(k + ".max_tool_response_length", mt.max_tool_response_length, 0);
-    if (s.async.enable)
-      p.add(k + ".enable with async_training.enable: the separate rollout workers of "
-                "fully-async training do not run the tool agent loop yet; turn one off");
+    if (s.async.enable && s.async.partial_rollout)
+      p.add(k + ".enable with async_training.partial_rollout: a partial rollout resumed "
+                "after a weight sync would take the tool turns it carries for generated "
+                "tokens; turn one off");
   }
   // verl's -1 (no truncation) reads as 0; below that is a mistake.
   p.at_least("actor_rollout_ref.rollout.top_k", sp.top_k, -1);

@@ -100,6 +100,8 @@ void RolloutWorker::init_model() {
           (free_cache ? ", freed between generate calls" : ", kept (free_cache_engine false)"));
   // free_cache_engine: the cache is allocated only while generate runs.
   if (free_cache) engine_->sleep();
+  if (options_.rollout.multi_turn.enable)
+    agent_ = AgentLoopResources::load(options_.rollout.multi_turn);
 }
 
 std::string RolloutWorker::weight_sync_endpoint() {
@@ -126,11 +128,24 @@ DataProto RolloutWorker::generate_sequences(const DataProto& prompts) {
   const RolloutRequest req =
       rollout_request(prompts, options_.rollout.response_length, "generate_sequences");
   std::vector<engine::GeneratedSequence> seqs;
+  // Multi-turn: the agent loop decides what follows each turn.
+  std::optional<ToolAgentLoop> loop;
+  if (agent_) {
+    if (!req.continuations.empty())
+      throw Error(
+          "RolloutWorker.generate_sequences: a multi-turn rollout cannot continue partial "
+          "rollouts (resume_generated): their turns' appended tokens would be taken as "
+          "generated");
+    loop.emplace(agent_->tokenizer, agent_->chat, agent_->tools, agent_->options,
+                 tools_kwargs_of(prompts), agent_->interactions, interaction_kwargs_of(prompts));
+  }
   {
     AwakeCache awake(*engine_, options_.rollout.free_cache_engine);
-    seqs = engine_->generate(req.prompts, req.params, req.seeds, req.continuations);
+    seqs = engine_->generate(req.prompts, req.params, req.seeds, req.continuations,
+                             loop ? &*loop : nullptr);
   }
   DataProto out = rollout_result(req, seqs);
+  if (loop) add_multi_turn_columns(out, seqs, *loop);
   out.set_meta("param_version", Value(version_));
   return out;
 }

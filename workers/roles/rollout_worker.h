@@ -41,6 +41,7 @@
 #include "runtime/method_table.h"
 #include "runtime/value.h"
 #include "runtime/worker.h"
+#include "workers/roles/agent_loop.h"
 #include "workers/roles/role_model.h"
 #include "workers/roles/role_options.h"
 
@@ -65,6 +66,9 @@ class RolloutWorker : public Worker {
   std::unique_ptr<RoleModel> model_;
   std::unique_ptr<engine::GenerationEngine> engine_;
   std::unique_ptr<engine::WeightReceiver> receiver_;
+  // rollout.multi_turn.enable: the agent loop's tokenizer, template, tools
+  // and interactions, as the ActorRolloutRefWorker's.
+  std::unique_ptr<AgentLoopResources> agent_;
   int64_t version_ = 0;
 };
 
