@@ -2,7 +2,7 @@
 """End-to-end GRPO benchmark: baton's grpo driver, and with --with-trl HF TRL's
 GRPOTrainer on the same model, data and hyperparameters.
 
-    /opt/baton-venv/bin/python bench/e2e_bench.py [--task toy|add3] [--with-trl] \
+    /opt/baton-venv/bin/python bench/e2e_bench.py [--task toy|add3|tool] [--with-trl] \
         [--steps 30] [--baton-steps N] [--val-every 5] [--workers N] [--busy K] [--budget 150] \
         [--seeds 1,2,3] [--model DIR] [--train FILE] [--val FILE] [-- key=value ...]
 
@@ -14,6 +14,13 @@ Tasks (each a directory the project's own tools make; see docs/benchmarks.md):
             build/examples/toy_task --out add3 --max-operand 1000 --train-size 100000 \
                 --val-size 512 --hidden 128 --layers 6 --heads 4 --carry-noise 0.9
             build/examples/sft --config configs/sft_add3.yaml
+  tool  three-digit multiplication in chat form with a calculator tool, a
+        ~1M-parameter Qwen2 that calls it in Qwen's Hermes form; multi-turn
+        GRPO, 16 prompts x 8, 80 response tokens, 2 assistant turns
+        (configs/grpo_tool_toy.yaml):
+            build/examples/toy_task --out tool --op mul --max-operand 1000 \
+                --train-size 100000 --val-size 256 --tool-share 0.3 --hidden 128 --layers 6
+            build/examples/sft --config configs/sft_tool_toy.yaml
 
 Runs `build/examples/grpo --config <the task's config>` with
 trainer.default_local_dir set to a fresh directory (plus --steps, --val-every,
@@ -22,7 +29,12 @@ key=value after `--`), reads the metrics.jsonl it writes there, then
 (--with-trl) runs bench/trl_grpo_toy.py (scripts/setup_bench.sh installs TRL)
 on the same model and data, with the batch sizes, n, response length and
 learning rate read from the same config (its `base:` chain and the overrides
-resolved). With --baton-metrics FILE it reads an existing metrics.jsonl
+resolved). When the config enables multi_turn (the tool task), the TRL side
+is TRL's tool-calling GRPO: --tools with the tool the config's
+multi_turn.tool_config_path names (only baton's calculator has a TRL peer)
+and --max-assistant-turns from multi_turn.max_assistant_turns; both sides'
+validation then runs the tool (see bench/trl_grpo_toy.py's header). With
+--baton-metrics FILE it reads an existing metrics.jsonl
 instead of running baton. With --busy K, K single-threaded busy processes
 (`while True: pass`) run beside each tool for its whole run: a shared machine.
 Nothing else should run on the machine meanwhile: both sides use its cores.
@@ -30,7 +42,8 @@ Nothing else should run on the machine meanwhile: both sides use its cores.
 Prints one JSON object:
   {"baton": {seconds_per_step, tokens_per_s, phases, validation_s,
              val_accuracy, seconds_to, seconds_to_90pct, step_seconds,
-             total_seconds, steps, metrics_file},
+             reward_mean, total_seconds, steps, metrics_file
+             [, tool_calls_per_sample: multi-turn runs]},
    "trl": {... bench/trl_grpo_toy.py's object, plus seconds_to ...},
    "comparison": {step_speedup, budget_s, target_accuracy,
                   baton_seconds_to_target, trl_seconds_to_target,
@@ -76,6 +89,11 @@ Definitions (the same for both tools; bench/trl_grpo_toy.py measures TRL's):
     to time (its best validation is as much the set's noise as the policy).
   - total_seconds: wall time of the whole command (process start, model load,
     validations included).
+  - reward_mean: each training step's mean reward (baton: critic/score/mean).
+  - tool_calls_per_sample (multi-turn): each step's tool calls per trajectory
+    (baton: multi_turn/tool_calls/mean; TRL: its tools/call_frequency). TRL's
+    side also gives val_tool_call_rate: [[step, share of val problems whose
+    greedy trajectory called the tool]] (baton logs no such validation metric).
 """
 import argparse
 import json
@@ -93,7 +111,11 @@ TASKS = {
             "train": "toy/data/train.jsonl", "val": "toy/data/val.jsonl"},
     "add3": {"config": "configs/grpo_add3.yaml", "model": "add3/sft/model",
              "train": "add3/data/train.jsonl", "val": "add3/data/val.jsonl"},
+    "tool": {"config": "configs/grpo_tool_toy.yaml", "model": "tool/sft/model",
+             "train": "tool/data/train.jsonl", "val": "tool/data/val.jsonl"},
 }
+# baton's tools that bench/trl_grpo_toy.py has a TRL peer (a Python function) for.
+TRL_TOOLS = {"baton.tools.calculator": "calculator", "calculator": "calculator"}
 THRESHOLDS = [0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
 
 
@@ -253,6 +275,9 @@ def summarize_baton(steps):
     val = [[s, val_of(m)] for s, m in sorted(steps.items()) if val_of(m) is not None]
     step_seconds = [steps[t]["timing_s/step"] for t in train]
     reached = seconds_to(val, step_seconds)
+    extra = {}
+    if any("multi_turn/tool_calls/mean" in steps[t] for t in train):
+        extra["tool_calls_per_sample"] = [steps[t].get("multi_turn/tool_calls/mean") for t in train]
     return {
         "steps": len(train),
         "seconds_per_step": seconds / len(timed),
@@ -263,6 +288,8 @@ def summarize_baton(steps):
         "seconds_to": reached,
         "seconds_to_90pct": reached["0.9"],
         "step_seconds": step_seconds,
+        "reward_mean": [steps[t].get("critic/score/mean") for t in train],
+        **extra,
     }
 
 
@@ -295,6 +322,11 @@ def mean_run(runs, tool):
     phases = {k: sum(r["phases"][k] for r in runs) / len(runs)
               for k in runs[0].get("phases", {}) if all(k in r.get("phases", {}) for r in runs)}
     reached = seconds_to(val, step_seconds)
+    per_step = {}
+    for key in ("reward_mean", "tool_calls_per_sample"):
+        if all(key in r for r in runs):
+            per_step[key] = [None if any(r[key][i] is None for r in runs)
+                             else sum(r[key][i] for r in runs) / len(runs) for i in range(n)]
     return {
         "seeds": len(runs),
         "steps": n,
@@ -305,6 +337,7 @@ def mean_run(runs, tool):
         "seconds_to": reached,
         "seconds_to_90pct": reached["0.9"],
         "step_seconds": step_seconds,
+        **per_step,
         "runs": runs,
     }
 
@@ -351,6 +384,7 @@ def run_trl(args, cfg, out, tag, seed):
            "--lr", str(get(cfg, "actor_rollout_ref.actor.optim.lr"))]
     if seed is not None:
         cmd += ["--seed", str(seed)]
+    cmd += trl_tool_args(cfg)
     stdout, _ = run(cmd, os.path.join(out, f"trl{tag}.log"), "TRL GRPO", args.busy)
     lines = [l for l in stdout.splitlines() if l.startswith("{")]
     if not lines:
@@ -358,6 +392,32 @@ def run_trl(args, cfg, out, tag, seed):
     trl = json.loads(lines[-1])
     trl["seconds_to"] = seconds_to(trl["val_accuracy"], trl["step_seconds"])
     return trl
+
+
+def trl_tool_args(cfg):
+    """bench/trl_grpo_toy.py's tool arguments for a config with multi_turn
+    enabled (none otherwise): its tool (only the calculator has a TRL peer)
+    and its max_assistant_turns."""
+    import yaml
+
+    mt = get(cfg, "actor_rollout_ref.rollout.multi_turn")
+    if not mt.get("enable"):
+        return []
+    if mt.get("format", "hermes") != "hermes":
+        fail(f"multi_turn.format {mt.get('format')!r}: TRL's side parses Hermes tool calls only")
+    if mt.get("interaction_config_path"):
+        fail("multi_turn.interaction_config_path: TRL's side has no interactions")
+    path = mt.get("tool_config_path")
+    if not path:
+        fail("multi_turn.enable without a tool_config_path: nothing for TRL's side to call")
+    with open(os.path.join(ROOT, path)) as f:
+        tools = (yaml.safe_load(f) or {}).get("tools") or []
+    names = [TRL_TOOLS.get(t.get("class_name")) for t in tools]
+    if len(names) != 1 or names[0] is None:
+        fail(f"{path}: TRL's side has a peer for one tool, baton's calculator "
+             f"(class_name baton.tools.calculator), not {[t.get('class_name') for t in tools]}")
+    turns = mt.get("max_assistant_turns")
+    return ["--tools", names[0], "--max-assistant-turns", str(turns or 0)]
 
 
 def run(cmd, log_path, what, busy=0):
