@@ -53,23 +53,27 @@ std::vector<nlohmann::json> read_jsonl(const fs::path& file) {
   return rows;
 }
 
-// One generated task shared by the tests (small: operands below 20, 40 val rows).
-class ToyTask : public ::testing::Test {
+// One generated task shared by a suite's tests, made with `Args::kFlags`.
+template <typename Args>
+class GeneratedTask : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    ASSERT_EQ(run_toy_task("--out '" + (*dir_ / "task").string() +
-                           "' --seed 3 --max-operand 20 --val-size 40"),
-              0);
+    ASSERT_EQ(run_toy_task("--out '" + (*dir_ / "task").string() + "' " + Args::kFlags), 0);
   }
   static void TearDownTestSuite() {
     delete dir_;
     dir_ = nullptr;
   }
   static fs::path task() { return *dir_ / "task"; }
-  static TempDir* dir_;
+  static inline TempDir* dir_ = nullptr;
 };
-TempDir* ToyTask::dir_ = nullptr;
+
+// Small: operands below 20, 40 val rows.
+struct AdditionFlags {
+  static constexpr const char* kFlags = "--seed 3 --max-operand 20 --val-size 40";
+};
+using ToyTask = GeneratedTask<AdditionFlags>;
 
 TEST_F(ToyTask, SplitsEveryProblemOnceIntoTrainAndVal) {
   const auto train = read_jsonl(task() / "data" / "train.jsonl");
@@ -214,23 +218,11 @@ TEST(ToyTaskUsage, RefusesMissingOutAndUnknownOptions) {
 
 // The tool task: multiplication in chat form, half the SFT answers through
 // the calculator.
-class ToyToolTask : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    ASSERT_EQ(run_toy_task("--out '" + (*dir_ / "task").string() +
-                           "' --seed 5 --op mul --max-operand 1000 --train-size 400 "
-                           "--val-size 40 --tool-share 0.5"),
-              0);
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  static fs::path task() { return *dir_ / "task"; }
-  static TempDir* dir_;
+struct ToolFlags {
+  static constexpr const char* kFlags =
+      "--seed 5 --op mul --max-operand 1000 --train-size 400 --val-size 40 --tool-share 0.5";
 };
-TempDir* ToyToolTask::dir_ = nullptr;
+using ToyToolTask = GeneratedTask<ToolFlags>;
 
 // Each SFT row is the conversation a multi-turn rollout makes: the prompt as
 // the template renders the row's messages, then either "#### c" or the
