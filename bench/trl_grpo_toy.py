@@ -502,6 +502,9 @@ def main():
     p.add_argument("--max-assistant-turns", type=int, default=2,
                    help="with --tools: multi_turn.max_assistant_turns (<=0: no limit but the "
                         "response length); TRL's max_tool_calling_iterations is one less")
+    p.add_argument("--gradient-checkpointing", choices=("on", "off"), default="off",
+                   help="activation recompute in the update (model.enable_gradient_checkpointing; "
+                        "TRL's own default is on)")
     p.add_argument("--val-limit", type=int, default=None,
                    help="validate on the first K val rows only (short trial runs)")
     args = p.parse_args()
@@ -598,6 +601,7 @@ def main():
         dataloader_num_workers=0,
         log_completions=False,
         max_tool_calling_iterations=max_calls,
+        gradient_checkpointing=args.gradient_checkpointing == "on",
     )
 
     class TimedGRPOTrainer(GRPOTrainer):
@@ -730,7 +734,7 @@ def main():
                      "mini_batch_prompts": args.mini_batch_prompts,
                      "response_length": args.response_length, "lr": args.lr, "clip": CLIP, "loss_type": args.loss_type, "beta": 0.0,
                      "model": os.path.abspath(args.model), "val_rows": len(val_rows),
-                     "tools": args.tools,
+                     "tools": args.tools, "gradient_checkpointing": args.gradient_checkpointing,
                      "max_tool_calling_iterations": max_calls if args.tools else None},
     }
     if args.tools:

@@ -637,6 +637,12 @@ TEST(ActorRolloutRefWorker, DynamicBatchSizeGivesThePaddedPathsLogProbsAndUpdate
   {
     WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
     batch = with_advantages(g.call("generate_sequences", {prompts()}).get().as<DataProto>());
+    // A multi-turn trajectory's hole: the second response token of each row
+    // with three or more stands for a tool turn's appended token (attended,
+    // not trained): the packed paths must mask it as the padded one does.
+    at::Tensor holes = batch.tensor("response_mask").clone();
+    holes.select(1, 1).mul_(1 - holes.select(1, 2));
+    batch.set_tensor("response_mask", holes);
     lp_padded = g.call("compute_log_prob", {batch}).get().as<DataProto>().tensor("old_log_probs");
     DataProto m = g.call("update_actor", {batch}).get().as<DataProto>();
     grad_norm_padded = metric(m, "actor/grad_norm");
