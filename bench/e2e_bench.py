@@ -27,15 +27,16 @@ trainer.default_local_dir set to a fresh directory (plus --steps, --val-every,
 the model and data paths, --workers as trainer.n_gpus_per_node, and every
 key=value after `--`), reads the metrics.jsonl it writes there, then
 (--with-trl) runs bench/trl_grpo_toy.py (scripts/setup_bench.sh installs TRL)
-on the same model and data, with the batch sizes, n, response length and
-learning rate read from the same config (its `base:` chain and the overrides
-resolved). When the config enables multi_turn (the tool task), the TRL side
-is TRL's tool-calling GRPO: --tools with the tool the config's
+on the same model and data, with the batch sizes, n, response length,
+learning rate and activation recompute (model.enable_gradient_checkpointing)
+read from the same config (its `base:` chain and the overrides resolved).
+When the config enables multi_turn (the tool task), the TRL side is TRL's
+tool-calling GRPO: --tools with the tool the config's
 multi_turn.tool_config_path names (only baton's calculator has a TRL peer)
 and --max-assistant-turns from multi_turn.max_assistant_turns; both sides'
 validation then runs the tool (see bench/trl_grpo_toy.py's header). With
---baton-metrics FILE it reads an existing metrics.jsonl
-instead of running baton. With --busy K, K single-threaded busy processes
+--baton-metrics FILE it reads an existing metrics.jsonl instead of running
+baton. With --busy K, K single-threaded busy processes
 (`while True: pass`) run beside each tool for its whole run: a shared machine.
 Nothing else should run on the machine meanwhile: both sides use its cores.
 
@@ -64,7 +65,10 @@ Definitions (the same for both tools; bench/trl_grpo_toy.py measures TRL's):
     gen / score_and_old_log_prob / update_actor (see its header).
   - val_accuracy: [[step, greedy accuracy on the val file]], step 0 = before
     training. baton: val-core/<data source>/reward/mean@1 (mean over the data
-    sources if there are several).
+    sources if there are several). With multi-turn (the tool task) a
+    validation trajectory is greedy turns through the tool on both sides: a
+    turn that calls it gets the result as a tool turn and the next turn
+    answers, within max_assistant_turns and the response length.
   - seconds_to: {threshold: training seconds to reach it}: the summed step
     seconds of steps 1..k, k the first validation step with accuracy >= the
     threshold (0 if the base is already there, null if never), for the
@@ -381,7 +385,10 @@ def run_trl(args, cfg, out, tag, seed):
            "--n", str(get(cfg, "actor_rollout_ref.rollout.n")),
            "--mini-batch-prompts", str(mini),
            "--response-length", str(get(cfg, "data.max_response_length")),
-           "--lr", str(get(cfg, "actor_rollout_ref.actor.optim.lr"))]
+           "--lr", str(get(cfg, "actor_rollout_ref.actor.optim.lr")),
+           # TRL's GRPOConfig recomputes activations by default; baton's config says.
+           "--gradient-checkpointing",
+           "on" if get(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing") is True else "off"]
     if seed is not None:
         cmd += ["--seed", str(seed)]
     cmd += trl_tool_args(cfg)

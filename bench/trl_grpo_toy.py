@@ -25,7 +25,9 @@ greedy answer called the tool]]).
 
 A "step" here is baton's (verl's) step: one generation batch of 32 prompts x
 8 samples, then the PPO update over it. TRL counts optimizer steps, so one
-baton step is two TRL steps (see the mapping below); --steps and the steps in
+baton step is two TRL steps (see the mapping below; one for the tool task,
+whose 16 prompts are one mini-batch: there neither side computes old
+log-probs, the update being on-policy); --steps and the steps in
 val_accuracy are in baton's unit.
 
 What matches configs/grpo_toy.yaml (+ ppo_trainer.yaml defaults):
@@ -50,8 +52,15 @@ What matches configs/grpo_toy.yaml (+ ppo_trainer.yaml defaults):
     generation batch's tokens instead);
   - AdamW lr 1e-4 constant, no warm-up, weight decay 0.01 (not on norms and
     biases, in both), betas (0.9, 0.999), gradient clip 1.0;
-  - validation: greedy (temperature 0), 10 new tokens, on every val prompt,
-    before training, every --val-every steps and after the last one.
+  - no activation recompute in the update (baton's
+    model.enable_gradient_checkpointing false; --gradient-checkpointing, which
+    e2e_bench.py sets from the config). TRL's GRPOConfig turns
+    gradient_checkpointing on by default, and the runs of this script before
+    2026-11-29 had it on (on the tool task it takes TRL's update from 0.85 to
+    1.24 s a step);
+  - validation: greedy (temperature 0), 10 new tokens (--response-length),
+    on every val prompt, before training, every --val-every steps and after
+    the last one.
 
 The tool task (--tools calculator; configs/grpo_tool_toy.yaml: 3-digit
 multiplication in chat form, examples/toy_task.cpp --tool-share): TRL's own

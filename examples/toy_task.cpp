@@ -268,9 +268,10 @@ json tokenizer_json(bool chat) {
           {"added_tokens", added},
           {"normalizer", nullptr},
           // Every character is its own piece; the WordLevel model maps it to its id.
+          // [\s\S], not (?s).: HF's tokenizers (Oniguruma) refuses the (?s) flag.
           {"pre_tokenizer",
            {{"type", "Split"},
-            {"pattern", {{"Regex", chat ? "(?s)." : "."}}},
+            {"pattern", {{"Regex", chat ? "[\\s\\S]" : "."}}},
             {"behavior", "Isolated"},
             {"invert", false}}},
           {"post_processor", nullptr},

@@ -55,7 +55,7 @@ inline nlohmann::json chatml_tokenizer_json() {
           {"normalizer", nullptr},
           {"pre_tokenizer",
            {{"type", "Split"},
-            {"pattern", {{"Regex", "(?s)."}}},
+            {"pattern", {{"Regex", "[\\s\\S]"}}},
             {"behavior", "Isolated"},
             {"invert", false}}},
           {"post_processor", nullptr},
