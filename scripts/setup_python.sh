@@ -31,6 +31,8 @@ pip_pins=(
   # PEFT: the LoRA peer of bench/recompute_bench_hf.py --compare lora (accelerate: its dependency).
   peft==0.21.2
   accelerate==1.15.0
+  # TensorBoard's reader: the test that the trainer's event files load in it.
+  tensorboard==2.21.0
 )
 
 sudo_cmd=()

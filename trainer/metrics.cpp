@@ -1,5 +1,7 @@
 #include "trainer/metrics.h"
 
+#include <cstdlib>
+
 #include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +15,7 @@
 #include <system_error>
 
 #include "base/errors.h"
+#include "trainer/tensorboard_writer.h"
 
 namespace baton::trainer {
 namespace fs = std::filesystem;
@@ -117,8 +120,19 @@ MetricsLogger::MetricsLogger(MetricsLoggerOptions options) : options_(std::move(
       console_ = true;
     } else if (l == "file") {
       file_ = true;
+    } else if (l == "tensorboard") {
+      std::filesystem::path dir = options_.tensorboard_dir;
+      if (dir.empty()) {
+        const char* env = std::getenv("TENSORBOARD_DIR");
+        dir = env != nullptr && *env != '\0'
+                  ? std::filesystem::path(env)
+                  : std::filesystem::path("tensorboard_log") / options_.project_name /
+                        options_.experiment_name;
+      }
+      tensorboard_ = std::make_unique<TensorBoardWriter>(dir);
     } else {
-      throw Error("MetricsLogger: unknown logger '" + l + "'; the loggers are console and file");
+      throw Error("MetricsLogger: unknown logger '" + l +
+                  "'; the loggers are console, file and tensorboard");
     }
   }
   if (options_.header_every < 1) options_.header_every = 1;
@@ -183,6 +197,10 @@ void MetricsLogger::log(int64_t step, const Metrics& metrics) {
   }
   history_.emplace_back(step, metrics);
   if (file_) log_file(step, metrics);
+  if (tensorboard_) {
+    tensorboard_->add(step, metrics);
+    tensorboard_->flush();
+  }
   if (console_) log_console(step, metrics);
 }
 

@@ -39,6 +39,7 @@
 #include <fstream>
 #include <iosfwd>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -46,11 +47,13 @@
 
 namespace baton::trainer {
 
+class TensorBoardWriter;
+
 struct MetricsLoggerOptions {
   // The run directory: metrics.jsonl goes there (created if missing). Needed
   // by "file".
   std::filesystem::path dir;
-  // A subset of {"console", "file"}; other names are an error.
+  // A subset of {"console", "file", "tensorboard"}; other names are an error.
   std::vector<std::string> loggers = {"console"};
   // Shown in the console's first header ("project/experiment").
   std::string project_name;
@@ -65,6 +68,10 @@ struct MetricsLoggerOptions {
   // metrics.jsonl with step <= resume_step (see above). Unset: keep those
   // before the first step logged.
   std::optional<int64_t> resume_step;
+  // "tensorboard": where its event files go (trainer/tensorboard_writer.h).
+  // Empty: verl's choice, $TENSORBOARD_DIR if set, else
+  // tensorboard_log/<project_name>/<experiment_name>.
+  std::filesystem::path tensorboard_dir;
   // The gnuplot executable plot() runs (looked up on PATH).
   std::string gnuplot = "gnuplot";
 
@@ -133,6 +140,7 @@ class MetricsLogger {
   MetricsLoggerOptions options_;
   bool console_ = false;
   bool file_ = false;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t rows_printed_ = 0;
   bool first_log_done_ = false;
   // Lines of an existing metrics.jsonl: (step, the line as it was).

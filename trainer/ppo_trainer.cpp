@@ -24,6 +24,7 @@
 #include "text/tokenizer/tokenizer.h"
 #include "trainer/async/async_trainer.h"
 #include "trainer/config/settings.h"
+#include "trainer/generation_dump.h"
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
 #include "trainer/progress_line.h"
@@ -262,6 +263,7 @@ std::map<std::string, double> PpoTrainer::validate() {
   const int64_t batch_size =
       st.s.val_batch_size.value_or(static_cast<int64_t>(st.val_data->size()));
   std::map<std::string, std::vector<double>> by_source;
+  std::vector<GenerationRecord> records;  // validation_data_dir, log_val_generations
   for (size_t start = 0; start < st.val_data->size(); start += static_cast<size_t>(batch_size)) {
     std::vector<size_t> idx;
     for (size_t i = start;
@@ -295,7 +297,16 @@ std::map<std::string, double> PpoTrainer::validate() {
     const List& sources = rows.column("data_source");
     for (size_t i = 0; i < scores.size(); ++i)
       by_source[sources[i].as_string()].push_back(scores[i]);
+    if (st.s.validation_data_dir || st.s.log_val_generations > 0) {
+      std::vector<GenerationRecord> r = generation_records(rows, scores, *st.tokenizer);
+      records.insert(records.end(), std::make_move_iterator(r.begin()),
+                     std::make_move_iterator(r.end()));
+    }
   }
+  if (st.s.validation_data_dir) dump_generations(*st.s.validation_data_dir, st.global_step, records);
+  if (st.s.log_val_generations > 0)
+    std::cout << "validation generations (step " << st.global_step << "):\n"
+              << format_generations(records, st.s.log_val_generations) << std::flush;
   // Each prompt's n samples are consecutive: mean@n over every sample; with
   // n > 1 also the mean over prompts of the best and the worst of their n
   // (verl's best@n; worst@n).
@@ -426,6 +437,21 @@ FitResult PpoTrainer::fit_once() {
         m["actor/entropy"] = m.at("actor/update_entropy");
     }
     timing["step"] = seconds_since(step_start);
+    if (s.rollout_data_dir) {
+      // The reward of each sample (a KL penalty in the reward is not part of it).
+      const at::Tensor scores = batch
+                                    .tensor(batch.has_tensor("token_level_scores")
+                                                ? "token_level_scores"
+                                                : "token_level_rewards")
+                                    .sum(1)
+                                    .to(at::kDouble)
+                                    .contiguous();
+      dump_generations(*s.rollout_data_dir, st.global_step,
+                       generation_records(
+                           batch, std::vector<double>(scores.data_ptr<double>(),
+                                                      scores.data_ptr<double>() + scores.numel()),
+                           *st.tokenizer));
+    }
 
     validate_if_due(st, result, m, timing, [this] { return validate(); });
     log_step(st, result, batch, m, timing, progress);

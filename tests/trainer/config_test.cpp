@@ -197,6 +197,16 @@ TEST(Config, UnknownKeyFailsNamingTheClosestKnownKey) {
                   "unknown config key 'data.train_batch'");
 }
 
+// verl's scripts pass one path where the config has a list:
+// data.train_files=$HOME/data/gsm8k/train.parquet is a list of one.
+TEST(Config, AStringWhereAListOfStringsStandsIsAListOfOne) {
+  Config c = Config::load(kBase);
+  c.apply_overrides({"data.train_files=/data/gsm8k/train.parquet", "trainer.logger=console"});
+  EXPECT_EQ(c.get<std::vector<std::string>>("data.train_files"),
+            std::vector<std::string>{"/data/gsm8k/train.parquet"});
+  EXPECT_EQ(c.get<std::vector<std::string>>("trainer.logger"), std::vector<std::string>{"console"});
+}
+
 TEST(Config, WrongTypeFailsNamingKeyExpectedAndGivenType) {
   Config c = Config::load(kBase);
   EXPECT_CONTAINS(error_of([&] { c.apply_override("data.train_batch_size=abc"); }),
@@ -207,8 +217,8 @@ TEST(Config, WrongTypeFailsNamingKeyExpectedAndGivenType) {
   EXPECT_CONTAINS(error_of([&] { c.apply_override("actor_rollout_ref.actor.use_kl_loss=yes"); }),
                   "config key 'actor_rollout_ref.actor.use_kl_loss' expects a bool, got a string "
                   "('yes')");
-  EXPECT_CONTAINS(error_of([&] { c.apply_override("trainer.logger=console"); }),
-                  "config key 'trainer.logger' expects a list, got a string ('console')");
+  EXPECT_CONTAINS(error_of([&] { c.apply_override("trainer.logger={a: 1}"); }),
+                  "config key 'trainer.logger' expects a list, got a mapping");
   EXPECT_CONTAINS(error_of([&] { c.apply_override("actor_rollout_ref.rollout=3"); }),
                   "config key 'actor_rollout_ref.rollout' expects a mapping, got an int ('3')");
   EXPECT_CONTAINS(error_of([&] { c.apply_override("data.shuffle=[true]"); }),

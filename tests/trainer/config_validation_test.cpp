@@ -196,7 +196,9 @@ TEST(ConfigValidation, ChoicesAreChecked) {
                   "actor_rollout_ref.actor.loss_agg_mode = 'token_mean' is not one of: "
                   "token-mean, token-sum");
   EXPECT_CONTAINS(message, "algorithm.kl_penalty = 'full' is not one of");
-  EXPECT_CONTAINS(message, "trainer.logger has 'wandb'; the loggers are console and file");
+  EXPECT_CONTAINS(message,
+                  "trainer.logger has 'wandb'; the loggers are console, file and tensorboard");
+  EXPECT_EQ(problems_with(small_with({"trainer.logger=[console,tensorboard]"})), "");
   EXPECT_CONTAINS(message,
                   "trainer.resume_mode = 'always' is not one of: auto, disable, resume_path");
   EXPECT_CONTAINS(message, "actor_rollout_ref.actor.clip_ratio_c = 1 must be > 1");

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <cmath>
@@ -187,6 +188,45 @@ TEST_F(PpoTrainerTest, Bf16ParametersTrainActorReferenceAndCriticAndExportBf16) 
   const engine::HfModel hf = engine::load_hf_model(r.hf_dir);
   ASSERT_FALSE(hf.weights.empty());
   for (const auto& [name, w] : hf.weights) EXPECT_EQ(w.scalar_type(), at::kBFloat16) << name;
+}
+
+// verl's dumps: trainer.rollout_data_dir gets <step>.jsonl per training step,
+// a line per sample whose scores average to critic/score/mean;
+// trainer.validation_data_dir gets one per validation (step 0 before
+// training, then at test_freq), a line per val sample.
+TEST_F(PpoTrainerTest, RolloutAndValidationDumpsHoldEachSampleAndItsScore) {
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  c.apply_overrides({"trainer.rollout_data_dir=" + (out / "rollouts").string(),
+                     "trainer.validation_data_dir=" + (out / "val").string(),
+                     "trainer.log_val_generations=2"});
+  const FitResult r = PpoTrainer(c).fit();
+  const auto lines_of = [](const fs::path& file) {
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(file);
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  };
+  for (int step : {1, 2}) {
+    const auto lines = lines_of(out / "rollouts" / (std::to_string(step) + ".jsonl"));
+    ASSERT_EQ(lines.size(), 8u) << "4 prompts x 2 samples";
+    double total = 0;
+    for (const auto& l : lines) {
+      EXPECT_EQ(l["step"], step);
+      EXPECT_TRUE(l["input"].is_string() && !l["input"].get<std::string>().empty()) << l;
+      EXPECT_NE(l["input"].get<std::string>().find('+'), std::string::npos) << "an a+b= prompt";
+      EXPECT_TRUE(l["output"].is_string()) << l;
+      EXPECT_TRUE(l["gts"].is_string() && !l["gts"].get<std::string>().empty()) << l;
+      EXPECT_TRUE(l.contains("acc")) << "the reward's per-row values: " << l;
+      total += l["score"].get<double>();
+    }
+    if (step == 2) {
+      EXPECT_DOUBLE_EQ(total / 8, r.last_metrics.at("critic/score/mean"));
+    }
+  }
+  const size_t val_rows = lines_of(out / "val" / "0.jsonl").size();
+  EXPECT_GT(val_rows, 0u);
+  EXPECT_EQ(lines_of(out / "val" / "2.jsonl").size(), val_rows);
 }
 
 TEST_F(PpoTrainerTest, AValueModelRewardReplacesTheRuleRewardInTrainingAndValidation) {

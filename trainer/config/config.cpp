@@ -362,7 +362,19 @@ void assign(ConfigNode& root, ConfigNode& dst, const ConfigNode& value, const st
     return;
   }
   const Kind expected = expected_kind(root, dst, key);
-  dst = checked_value(value, expected, &dst, key);
+  // A string where a list of strings stands is a list of one (verl's scripts
+  // pass data.train_files=$HOME/data/gsm8k/train.parquet).
+  const bool strings = std::all_of(dst.children.begin(), dst.children.end(),
+                                   [](const ConfigNode& c) { return c.kind == Kind::kString; });
+  if (expected == Kind::kList && value.kind == Kind::kString && strings) {
+    ConfigNode list;
+    list.kind = Kind::kList;
+    list.origin = value.origin;
+    list.children.push_back(value);
+    dst = checked_value(list, expected, &dst, key);
+  } else {
+    dst = checked_value(value, expected, &dst, key);
+  }
   strip_add_markers(dst);
 }
 
@@ -841,7 +853,11 @@ std::vector<double> Config::get<std::vector<double>>(std::string_view key) const
 template <>
 std::vector<std::string> Config::get<std::vector<std::string>>(std::string_view key) const {
   note_read(key);
-  return read_list<std::string>(resolve_key(*root_, key), std::string(key), read_string);
+  // A single string is a list of one, as verl's scripts pass
+  // data.train_files=$HOME/data/gsm8k/train.parquet.
+  const ConfigNode value = resolve_key(*root_, key);
+  if (value.kind == Kind::kString) return {value.text};
+  return read_list<std::string>(value, std::string(key), read_string);
 }
 
 Config Config::section(std::string_view key) const {

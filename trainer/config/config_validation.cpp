@@ -354,6 +354,10 @@ void check_run(Problems& p, const TrainerSettings& s) {
   p.at_least("trainer.log_backup_count", s.log_backup_count, 0);
   p.at_least("trainer.collective_timeout_s", s.collective_timeout_s, 1);
   p.at_least("trainer.max_restarts", s.max_restarts, 0);
+  p.at_least("trainer.log_val_generations", s.log_val_generations, 0);
+  if (s.rollout_data_dir && s.async.enable)
+    p.add("trainer.rollout_data_dir with async_training.enable: the fully-async trainer does not "
+          "dump its rollouts yet (trainer.validation_data_dir works)");
   if (s.resume_mode == "resume_path" && !s.resume_from_path)
     p.add("trainer.resume_mode = resume_path needs trainer.resume_from_path");
 }

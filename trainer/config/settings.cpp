@@ -439,8 +439,13 @@ void read_run(Reader& r, TrainerSettings& s) {
   s.max_restarts = r.get<int64_t>("trainer.max_restarts");
   s.loggers = r.get<std::vector<std::string>>("trainer.logger");
   for (const std::string& logger : s.loggers)
-    if (logger != "console" && logger != "file")
-      r.problem("trainer.logger has '" + logger + "'; the loggers are console and file");
+    if (logger != "console" && logger != "file" && logger != "tensorboard")
+      r.problem("trainer.logger has '" + logger +
+                "'; the loggers are console, file and tensorboard (wandb, swanlab, mlflow: "
+                "not in baton; tensorboard's event files are written without TensorFlow)");
+  s.rollout_data_dir = r.get_optional<std::string>("trainer.rollout_data_dir");
+  s.validation_data_dir = r.get_optional<std::string>("trainer.validation_data_dir");
+  s.log_val_generations = r.get<int64_t>("trainer.log_val_generations");
   s.log_max_bytes = r.get<int64_t>("trainer.log_max_bytes");
   s.log_backup_count = r.get<int64_t>("trainer.log_backup_count");
   s.collective_timeout_s = r.get<int64_t>("trainer.collective_timeout_s");

@@ -119,6 +119,10 @@ struct TrainerSettings {
   std::optional<std::string> resume_from_path;
   int64_t max_restarts = 0;  // a dead worker: respawn every group and resume, this often
   std::vector<std::string> loggers;
+  // verl's dumps of what was generated (trainer/generation_dump.h): a JSONL
+  // file per training step / validation, and validation samples printed.
+  std::optional<std::string> rollout_data_dir, validation_data_dir;
+  int64_t log_val_generations = 0;
   int64_t log_max_bytes = 16 << 20, log_backup_count = 3;  // baton.log's rotation
   int64_t collective_timeout_s = 600;  // every role's ModelOptions::collective_timeout_ms
 
