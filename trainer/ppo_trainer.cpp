@@ -245,6 +245,7 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   ropts.reward_fn_name = s.custom_reward_fn;
   ropts.reward_fn_key = s.reward_fn_key;
   ropts.zero_on_error = s.zero_on_reward_error;
+  if (s.python_reward) ropts.python = std::make_shared<rewards::PythonRewardPool>(*s.python_reward);
   st.reward = std::make_unique<rewards::RewardManager>(*st.tokenizer, ropts);
   st.kl_ctrl = algos::make_kl_controller(s.kl_ctrl);
 

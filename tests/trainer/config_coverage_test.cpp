@@ -32,7 +32,8 @@ Config everything_on() {
        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "algorithm.adv_estimator=gae",
        "reward_model.enable=true", "reward_model.model.path=models/rm",
-       "trainer.resume_mode=resume_path", "trainer.resume_from_path=ckpt/global_step_1"});
+       "trainer.resume_mode=resume_path", "trainer.resume_from_path=ckpt/global_step_1",
+       "custom_reward_function.path=my_reward.py"});
   return c;
 }
 
@@ -43,6 +44,35 @@ TEST(ConfigCoverage, EveryKeyOfTheBaseConfigIsRead) {
   EXPECT_TRUE(s.use_critic && s.use_rm);
   const std::vector<std::string> unread = c.unread_keys();
   EXPECT_TRUE(unread.empty()) << "keys of " << kBase << " that nothing reads:" << joined(unread);
+}
+
+// verl's custom_reward_function.path: a Python file, its function (name,
+// else compute_score), reward_kwargs as JSON values, the pool's size.
+TEST(ConfigCoverage, APythonRewardFileIsVerlsKeys) {
+  Config c = everything_on();
+  c.apply_overrides({"+custom_reward_function.reward_kwargs.bonus=2",
+                     "+custom_reward_function.reward_kwargs.mode=strict",
+                     "custom_reward_function.processes=3"});
+  const TrainerSettings s = read_trainer_settings(c.resolved());
+  ASSERT_TRUE(s.python_reward.has_value());
+  EXPECT_EQ(s.python_reward->path, "my_reward.py");
+  EXPECT_EQ(s.python_reward->function, "compute_score");
+  EXPECT_EQ(s.python_reward->processes, 3);
+  EXPECT_EQ(s.python_reward->kwargs, nlohmann::json({{"bonus", 2}, {"mode", "strict"}}));
+  EXPECT_FALSE(s.custom_reward_fn.has_value()) << "name is the Python function's, not a C++ one";
+  Config named = everything_on();
+  named.apply_overrides({"custom_reward_function.name=score_it"});
+  EXPECT_EQ(read_trainer_settings(named.resolved()).python_reward->function, "score_it");
+  Config not_python = everything_on();
+  not_python.apply_overrides({"custom_reward_function.path=reward.so"});
+  try {
+    read_trainer_settings(not_python.resolved());
+    ADD_FAILURE() << "a .so reward path was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("baton runs Python reward files (.py)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ConfigCoverage, AnAddedKeyThatNothingReadsIsFound) {

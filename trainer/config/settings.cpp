@@ -389,6 +389,31 @@ void read_data(Reader& r, TrainerSettings& s) {
   s.val_batch_size = r.get_optional<int64_t>("data.val_batch_size");
   s.reward_fn_key = r.get<std::string>("data.reward_fn_key");
   s.custom_reward_fn = r.get_optional<std::string>("custom_reward_function.name");
+  if (auto path = r.get_optional<std::string>("custom_reward_function.path")) {
+    rewards::PythonRewardOptions py;
+    py.path = *path;
+    py.function = s.custom_reward_fn.value_or("compute_score");
+    s.custom_reward_fn.reset();
+    py.python = r.get<std::string>("custom_reward_function.python");
+    py.processes = r.get<int64_t>("custom_reward_function.processes");
+    py.timeout_s = r.get<double>("custom_reward_function.timeout_s");
+    // reward_kwargs: each value as JSON when it reads as a JSON scalar, else text.
+    const std::string kw = "custom_reward_function.reward_kwargs";
+    // is_null records the (maybe empty) mapping as read.
+    if (!r.config().is_null(kw)) {
+      for (const std::string& key : r.config().keys(kw)) {
+        const std::string text = r.get<std::string>(kw + "." + key);
+        const nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
+        py.kwargs[key] =
+            value.is_discarded() || value.is_structured() ? nlohmann::json(text) : value;
+      }
+    }
+    if (py.path.size() < 3 || py.path.compare(py.path.size() - 3, 3, ".py") != 0)
+      r.problem("custom_reward_function.path = '" + py.path +
+                "': baton runs Python reward files (.py); a C++ function is registered "
+                "(BATON_REWARD_FUNCTION) and named by custom_reward_function.name");
+    s.python_reward = std::move(py);
+  }
   s.zero_on_reward_error = r.get<bool>("reward_model.zero_on_error");
   r.one_of("reward_model.reward_manager", {"naive"});
 }

@@ -26,6 +26,7 @@
 #include "trainer/step_profiler.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/kl.h"
+#include "workers/rewards/python_reward.h"
 #include "workers/roles/role_options.h"
 
 namespace baton::trainer {
@@ -83,7 +84,9 @@ struct TrainerSettings {
   // sequence a packed micro-batch must hold.
   int64_t max_response_length = 1;
   std::string reward_fn_key;
-  std::optional<std::string> custom_reward_fn;
+  std::optional<std::string> custom_reward_fn;  // a C++ registered name (no path)
+  // custom_reward_function.path: a Python reward file, its function and pool.
+  std::optional<rewards::PythonRewardOptions> python_reward;
   bool zero_on_reward_error = false;  // reward_model.zero_on_error
 
   // Workers and the step.

@@ -165,57 +165,97 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
     overlong_flags = &result.extra["overlong"];
   }
 
+  // Row i as the reward function sees it, and where its score goes.
+  struct Row {
+    std::vector<int32_t> valid;  // its valid response tokens
+    int64_t last = -1;           // the last valid response position
+    std::string response, ground_truth, data_source, extra_info;
+  };
+  const auto row_of = [&](int64_t i) {
+    Row r;
+    const int32_t* ids = response_data + i * response_length;
+    const int64_t* mask = response_mask_data + i * response_length;
+    r.valid = masked_ids(ids, mask, response_length);
+    for (int64_t j = response_length - 1; j >= 0; --j)
+      if (mask[j] != 0) {
+        r.last = j;
+        break;
+      }
+    r.response = tokenizer_->decode(r.valid, /*skip_special_tokens=*/true);
+    r.ground_truth = column_text(ground_truths, "ground_truth", i, false);
+    r.data_source = data_sources ? column_text(*data_sources, options_.reward_fn_key, i, false) : "";
+    r.extra_info = extra_infos ? column_text(*extra_infos, "extra_info", i, true) : "";
+    if (rollout_scores || turns.defined())
+      r.extra_info = with_rollout_fields(
+          r.extra_info,
+          rollout_scores ? column_text(*rollout_scores, "rollout_reward_scores", i, true) : "",
+          turns.defined() ? std::optional<double>(turns.data_ptr<double>()[i]) : std::nullopt);
+    return r;
+  };
+  const auto input_of = [](const Row& r) {
+    return RewardInput{.data_source = r.data_source,
+                       .response = r.response,
+                       .ground_truth = r.ground_truth,
+                       .extra_info = r.extra_info};
+  };
+  // A Python reward file scores the whole batch at once, in its pool.
+  std::vector<Row> rows;
+  std::vector<PythonRewardResult> python_results;
+  if (options_.python) {
+    rows.reserve(static_cast<size_t>(n));
+    std::vector<RewardInput> inputs;
+    for (int64_t i = 0; i < n; ++i) rows.push_back(row_of(i));
+    for (const Row& r : rows) inputs.push_back(input_of(r));
+    python_results = options_.python->score(inputs);
+  }
+
   std::map<std::string, RewardFunction, std::less<>> functions;  // by data source, this batch
   std::map<std::string, int64_t, std::less<>> examined;           // rows printed by data source
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t* ids = response_data + i * response_length;
-    const int64_t* mask = response_mask_data + i * response_length;
-    const std::vector<int32_t> valid = masked_ids(ids, mask, response_length);
-    int64_t last = -1;
-    for (int64_t j = response_length - 1; j >= 0; --j)
-      if (mask[j] != 0) {
-        last = j;
-        break;
-      }
-    const std::string response = tokenizer_->decode(valid, /*skip_special_tokens=*/true);
-    const std::string ground_truth = column_text(ground_truths, "ground_truth", i, false);
-    const std::string data_source =
-        data_sources ? column_text(*data_sources, options_.reward_fn_key, i, false) : "";
-    std::string extra_info = extra_infos ? column_text(*extra_infos, "extra_info", i, true) : "";
-    if (rollout_scores || turns.defined())
-      extra_info = with_rollout_fields(
-          extra_info,
-          rollout_scores ? column_text(*rollout_scores, "rollout_reward_scores", i, true) : "",
-          turns.defined() ? std::optional<double>(turns.data_ptr<double>()[i]) : std::nullopt);
+    const Row row = options_.python ? std::move(rows[static_cast<size_t>(i)]) : row_of(i);
+    const std::vector<int32_t>& valid = row.valid;
+    const int64_t last = row.last;
+    const std::string& response = row.response;
+    const std::string& ground_truth = row.ground_truth;
+    const std::string& data_source = row.data_source;
 
-    const RewardFunction* fn = &named_function_;
-    if (!named_function_) {
-      auto it = functions.find(data_source);
-      if (it == functions.end()) {
-        try {
-          it = functions.emplace(data_source, find_reward_function_for(data_source)).first;
-        } catch (const baton::InvalidArgument& e) {
-          fail("row " + std::to_string(i) + " (column '" + options_.reward_fn_key +
-               "'): " + e.what());
-        }
-      }
-      fn = &it->second;
-    }
     double score = 0;
-    try {
-      score = (*fn)({.data_source = data_source,
-                     .response = response,
-                     .ground_truth = ground_truth,
-                     .extra_info = extra_info});
-    } catch (const std::exception& e) {
-      if (!options_.zero_on_error) {
-        const std::string name = options_.reward_fn_name ? *options_.reward_fn_name
-                                                          : reward_function_name_for(data_source);
-        fail("row " + std::to_string(i) + " (data_source '" + data_source +
-             "'): the reward function '" + name + "' threw: " + e.what() +
+    if (options_.python) {
+      const PythonRewardResult& pr = python_results[static_cast<size_t>(i)];
+      if (pr.score) {
+        score = *pr.score;
+      } else if (!options_.zero_on_error) {
+        fail("row " + std::to_string(i) + " (data_source '" + data_source + "'): " + pr.error +
              " (reward_model.zero_on_error=true scores such rows 0 and counts them)");
+      } else {
+        ++result.errors;
       }
-      ++result.errors;
+    } else {
+      const RewardFunction* fn = &named_function_;
+      if (!named_function_) {
+        auto it = functions.find(data_source);
+        if (it == functions.end()) {
+          try {
+            it = functions.emplace(data_source, find_reward_function_for(data_source)).first;
+          } catch (const baton::InvalidArgument& e) {
+            fail("row " + std::to_string(i) + " (column '" + options_.reward_fn_key +
+                 "'): " + e.what());
+          }
+        }
+        fn = &it->second;
+      }
+      try {
+        score = (*fn)(input_of(row));
+      } catch (const std::exception& e) {
+        if (!options_.zero_on_error) {
+          const std::string name = options_.reward_fn_name ? *options_.reward_fn_name
+                                                            : reward_function_name_for(data_source);
+          fail("row " + std::to_string(i) + " (data_source '" + data_source +
+               "'): the reward function '" + name + "' threw: " + e.what() +
+               " (reward_model.zero_on_error=true scores such rows 0 and counts them)");
+        }
+        ++result.errors;
+      }
     }
     double reward = score;
     if (overlong.enable) {

@@ -44,6 +44,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,6 +52,7 @@
 #include "base/errors.h"
 #include "dispatch/data_proto.h"
 #include "text/tokenizer/tokenizer.h"
+#include "workers/rewards/python_reward.h"
 #include "workers/rewards/reward_registry.h"
 
 namespace baton::rewards {
@@ -83,6 +85,12 @@ struct RewardManagerOptions {
   // that row 0 and counts it in RewardResult::errors.
   bool zero_on_error = false;
   OverlongBufferOptions overlong_buffer;
+  // custom_reward_function.path: a Python file's function scores every row
+  // (the whole batch at once, in the pool's subprocesses); reward_fn_name
+  // and the data sources are not consulted. A row it fails (raised, returned
+  // no number, hung, killed its interpreter) fails the batch naming the row,
+  // or with zero_on_error scores 0 and counts.
+  std::shared_ptr<PythonRewardPool> python;
 
   RewardManagerOptions& set_reward_fn_name(std::optional<std::string> v) {
     reward_fn_name = std::move(v);
@@ -98,6 +106,10 @@ struct RewardManagerOptions {
   }
   RewardManagerOptions& set_zero_on_error(bool v) {
     zero_on_error = v;
+    return *this;
+  }
+  RewardManagerOptions& set_python(std::shared_ptr<PythonRewardPool> v) {
+    python = std::move(v);
     return *this;
   }
   RewardManagerOptions& set_overlong_buffer(OverlongBufferOptions v) {
