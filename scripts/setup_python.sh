@@ -33,6 +33,9 @@ pip_pins=(
   accelerate==1.15.0
   # TensorBoard's reader: the test that the trainer's event files load in it.
   tensorboard==2.21.0
+  # trainer.logger: wandb runs this package (offline by default) in a subprocess; the
+  # tests read its offline runs back with it (~10 s to install).
+  wandb==0.31.0
 )
 
 sudo_cmd=()

@@ -130,9 +130,18 @@ MetricsLogger::MetricsLogger(MetricsLoggerOptions options) : options_(std::move(
                         options_.experiment_name;
       }
       tensorboard_ = std::make_unique<TensorBoardWriter>(dir);
+    } else if (l == "wandb") {
+      WandbOptions w = options_.wandb;
+      if (w.project.empty() && w.name.empty())
+        w.set_names(options_.project_name, options_.experiment_name);
+      if (w.dir.empty()) {
+        const char* env = std::getenv("WANDB_DIR");
+        w.dir = env != nullptr && *env != '\0' ? std::filesystem::path(env) : options_.dir;
+      }
+      wandb_ = std::make_unique<WandbWriter>(std::move(w));
     } else {
       throw Error("MetricsLogger: unknown logger '" + l +
-                  "'; the loggers are console, file and tensorboard");
+                  "'; loggers baton has: console, file, tensorboard, wandb");
     }
   }
   if (options_.header_every < 1) options_.header_every = 1;
@@ -201,6 +210,7 @@ void MetricsLogger::log(int64_t step, const Metrics& metrics) {
     tensorboard_->add(step, metrics);
     tensorboard_->flush();
   }
+  if (wandb_) wandb_->log(step, metrics);
   if (console_) log_console(step, metrics);
 }
 

@@ -1,5 +1,6 @@
 // MetricsLogger: where a training run's per-step metrics go (verl's
-// trainer.logger: "console" and "file"), and the curves drawn from them.
+// trainer.logger: "console", "file", "tensorboard" and "wandb"), and the
+// curves drawn from them.
 //
 //   console  one table row per step to stdout (header every header_every
 //            rows): step, critic/score/mean, a validation score, actor/pg_loss,
@@ -11,6 +12,10 @@
 //            to the OS after each step, so a crashed process loses nothing it
 //            logged. NaN and ±inf are written as null (JSON has no such
 //            numbers).
+//   tensorboard  TensorBoard event files (trainer/tensorboard_writer.h).
+//   wandb    a Weights & Biases run, offline unless $WANDB_MODE says
+//            otherwise, written by the wandb package in a Python subprocess
+//            (trainer/wandb_writer.h).
 //
 // Resuming into a directory that has a metrics.jsonl: the lines already there
 // are kept up to the first step this logger logs. When log(S) is first
@@ -45,6 +50,8 @@
 #include <utility>
 #include <vector>
 
+#include "trainer/wandb_writer.h"
+
 namespace baton::trainer {
 
 class TensorBoardWriter;
@@ -53,7 +60,7 @@ struct MetricsLoggerOptions {
   // The run directory: metrics.jsonl goes there (created if missing). Needed
   // by "file".
   std::filesystem::path dir;
-  // A subset of {"console", "file", "tensorboard"}; other names are an error.
+  // A subset of {"console", "file", "tensorboard", "wandb"}; other names are an error.
   std::vector<std::string> loggers = {"console"};
   // Shown in the console's first header ("project/experiment").
   std::string project_name;
@@ -72,6 +79,10 @@ struct MetricsLoggerOptions {
   // Empty: verl's choice, $TENSORBOARD_DIR if set, else
   // tensorboard_log/<project_name>/<experiment_name>.
   std::filesystem::path tensorboard_dir;
+  // "wandb": its subprocess's python, the run's config, where its files go
+  // (trainer/wandb_writer.h). An empty project and name are project_name and
+  // experiment_name; an empty dir is $WANDB_DIR if set, else `dir`.
+  WandbOptions wandb;
   // The gnuplot executable plot() runs (looked up on PATH).
   std::string gnuplot = "gnuplot";
 
@@ -141,6 +152,7 @@ class MetricsLogger {
   bool console_ = false;
   bool file_ = false;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<WandbWriter> wandb_;
   int64_t rows_printed_ = 0;
   bool first_log_done_ = false;
   // Lines of an existing metrics.jsonl: (step, the line as it was).

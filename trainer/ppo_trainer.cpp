@@ -24,6 +24,7 @@
 #include "text/tokenizer/tokenizer.h"
 #include "trainer/async/async_trainer.h"
 #include "trainer/config/settings.h"
+#include "trainer/dynamic_sampling.h"
 #include "trainer/generation_dump.h"
 #include "trainer/metric_utils.h"
 #include "trainer/metrics.h"
@@ -81,11 +82,12 @@ DataProto generate(WorkerGroup& actor, const DataProto& prompts, const engine::S
 
 namespace {
 
-// The training prompts' loader at its start.
+// The training prompts' loader at its start: batches of data.gen_batch_size
+// (data.train_batch_size unless algorithm.filter_groups is on).
 std::unique_ptr<data::PromptLoader> make_loader(const PpoTrainer::State& st) {
   const Settings& s = st.s;
   return std::make_unique<data::PromptLoader>(*st.train_data, data::PromptLoaderOptions()
-                                                                  .set_batch_size(s.train_batch)
+                                                                  .set_batch_size(s.gen_batch)
                                                                   .set_shuffle(s.data_shuffle)
                                                                   .set_seed(s.data_seed));
 }
@@ -210,6 +212,97 @@ void restart_workers(PpoTrainer::State& st) {
 
 }  // namespace
 
+namespace {
+
+// Generation batch `gen` (1, 2, ... within the step) of step st.global_step:
+// data.gen_batch_size prompts from the loader and their n responses each (a
+// prompt's rows together, sharing its uid), with meta temperature and
+// global_steps; for remax, `reward_baselines` gets each row's baseline. A
+// later batch of a step (dynamic sampling) has uids and seeds of its own.
+DataProto generate_batch(PpoTrainer::State& st, StepTimer& timed, int64_t gen,
+                         at::Tensor& reward_baselines) {
+  const Settings& s = st.s;
+  WorkerGroup& actor = *st.actor;
+  const int64_t replicas = s.world / s.actor.rollout.tp;
+  const std::string uid_prefix =
+      std::to_string(st.global_step) + "-" + (gen > 1 ? std::to_string(gen) + "-" : "");
+  DataProto prompts = workers::prompt_batch_proto(st.loader->next(), uid_prefix);
+  DataProto out;
+  timed("gen", [&] {
+    // Mixed through SplitMix64 (the sampler's own request seeding): a
+    // step's seed from (rollout.seed, step), each prompt's from that and
+    // its position among the step's prompts; no linear formula whose values
+    // repeat across steps.
+    const uint64_t step_seed = engine::SequenceRng::request_seed(s.rollout_seed, st.global_step);
+    const int64_t first = (gen - 1) * s.gen_batch;
+    out = generate(actor, prompts, s.sampling, replicas, st.train_data->pad_id(), [&](int64_t i) {
+      return static_cast<int64_t>(engine::SequenceRng::request_seed(step_seed, first + i));
+    });
+  });
+  if (s.adv_estimator == "remax") {
+    timed("gen_max", [&] {
+      // ReMax's baseline (verl's gen_max): each prompt's greedy response,
+      // scored by the same reward, for each of its n samples.
+      engine::SamplingParams greedy_sampling;
+      greedy_sampling.temperature = 0;
+      greedy_sampling.n = 1;
+      const DataProto greedy =
+          generate(actor, prompts, greedy_sampling, replicas, st.train_data->pad_id());
+      DataProto rows = prompts.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
+                           .union_with(greedy);
+      const std::vector<double> scores = st.reward->compute(rows).scores;
+      reward_baselines = at::tensor(scores, at::kDouble).to(at::kFloat).repeat_interleave(s.n);
+    });
+  }
+  DataProto batch = prompts.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
+                        .repeat(s.n, true)
+                        .union_with(out);
+  batch.set_meta("temperature", Value(s.logprob_temperature));
+  batch.set_meta("global_steps", Value(st.global_step));
+  return batch;
+}
+
+// DAPO's dynamic sampling (algorithm.filter_groups, trainer/dynamic_sampling.h):
+// generation batches, each scored (after the old and reference log-prob
+// passes and the KL penalty when the reward has one, as verl's DAPO trainer:
+// seq_final_reward reads it), their varied groups kept until
+// data.train_batch_size groups are. Returns exactly those groups' rows and
+// sets `reward_baselines` to theirs; metric train/num_gen_batches.
+DataProto sample_varied_groups(PpoTrainer::State& st, StepTimer& timed, Metrics& m,
+                               at::Tensor& reward_baselines) {
+  const Settings& s = st.s;
+  DynamicSampler sampler(s.train_batch, s.filter_groups);
+  do {
+    at::Tensor baselines;
+    DataProto gen = generate_batch(st, timed, sampler.gen_batches() + 1, baselines);
+    if (s.use_kl_in_reward) {
+      timed("old_log_prob", [&] {
+        old_log_prob_pass(*st.actor, gen, s.loss_agg_mode, m, s.calculate_sum_pi_squared);
+      });
+      timed("ref", [&] { ref_log_prob_pass(*st.actor, gen); });
+    }
+    RewardModelScores rm = start_reward_model(st, gen, m);
+    timed("reward", [&] {
+      reward_phase(st, gen, rm, m);
+      if (rm.pending()) rm.collect(gen);  // the filter reads the scores now
+      kl_in_reward(gen, s, *st.kl_ctrl, m);
+    });
+    sampler.add(std::move(gen), baselines);
+    if (!sampler.full())
+      log(LogLevel::kInfo,
+          "step " + std::to_string(st.global_step) + ": " + std::to_string(sampler.kept_groups()) +
+              " of " + std::to_string(s.train_batch) + " groups with a varied " +
+              s.filter_groups.metric + " after " + std::to_string(sampler.gen_batches()) +
+              " generation batches; generating another");
+  } while (!sampler.full());
+  m["train/num_gen_batches"] = static_cast<double>(sampler.gen_batches());
+  auto [batch, baselines] = sampler.take();
+  reward_baselines = std::move(baselines);
+  return batch;
+}
+
+}  // namespace
+
 PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   State& st = *s_;
   st.config = config.resolved();
@@ -221,6 +314,9 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
   algos::find_advantage_estimator(s.adv_estimator);
   algos::find_policy_loss(s.actor.policy.loss_mode);
   if (s.custom_reward_fn) rewards::find_reward_function(*s.custom_reward_fn);
+  // The wandb logger's python must have wandb: known before workers start.
+  if (std::find(s.loggers.begin(), s.loggers.end(), "wandb") != s.loggers.end())
+    check_wandb_importable(s.logger_python);
   fs::create_directories(s.out_dir);
   c.save(fs::path(s.out_dir) / "config.yaml");
   // Every process's lines from here on (the workers' through the driver).
@@ -228,6 +324,7 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
                static_cast<int>(s.log_backup_count));
   log(LogLevel::kInfo,
       "run " + s.project_name + "/" + s.experiment_name + ": log file " + log_file_path());
+  for (const std::string& note : s.notes) log(LogLevel::kInfo, note);
 
   st.tokenizer.emplace(data::Tokenizer::load(s.tokenizer_path));
   st.train_data = data::PromptDataset::load(s.train_files, *st.tokenizer, s.dataset);
@@ -235,13 +332,16 @@ PpoTrainer::PpoTrainer(Config config) : s_(std::make_unique<State>()) {
     st.val_data = data::PromptDataset::load(s.val_files, *st.tokenizer, s.dataset);
   st.loader = make_loader(st);
   if (st.loader->batches_per_epoch() < 1) {
-    throw ConfigError("data.train_batch_size = " + std::to_string(s.train_batch) +
-                      " is more than the " + std::to_string(st.train_data->size()) +
-                      " prompts of data.train_files");
+    throw ConfigError(
+        (s.gen_batch == s.train_batch ? "data.train_batch_size = " : "data.gen_batch_size = ") +
+        std::to_string(s.gen_batch) + " is more than the " + std::to_string(st.train_data->size()) +
+        " prompts of data.train_files");
   }
   set_total_steps(s, st.loader->batches_per_epoch());
 
   rewards::RewardManagerOptions ropts;
+  ropts.kind = s.reward_manager;
+  ropts.overlong_buffer = s.overlong_buffer;
   ropts.reward_fn_name = s.custom_reward_fn;
   ropts.reward_fn_key = s.reward_fn_key;
   ropts.zero_on_error = s.zero_on_reward_error;
@@ -263,7 +363,9 @@ std::map<std::string, double> PpoTrainer::validate() {
   const int64_t replicas = st.s.world / st.s.actor.rollout.tp;
   const int64_t batch_size =
       st.s.val_batch_size.value_or(static_cast<int64_t>(st.val_data->size()));
-  std::map<std::string, std::vector<double>> by_source;
+  // Per data source, per value: "reward", and a dapo manager's per-row
+  // values (acc, ...), which verl's validation reports too.
+  std::map<std::string, std::map<std::string, std::vector<double>>> by_source;
   std::vector<GenerationRecord> records;  // validation_data_dir, log_val_generations
   for (size_t start = 0; start < st.val_data->size(); start += static_cast<size_t>(batch_size)) {
     std::vector<size_t> idx;
@@ -278,6 +380,7 @@ std::map<std::string, double> PpoTrainer::validate() {
                          .repeat(n, true)
                          .union_with(out);
     std::vector<double> scores;
+    std::map<std::string, std::vector<double>> extra;
     if (st.s.use_rm) {
       // Rows padded to the reward model's DP size for its dispatch, then dropped.
       const int64_t rm_dp = st.s.world / (st.s.rm.model.tp * st.s.rm.model.pp);
@@ -293,11 +396,16 @@ std::map<std::string, double> PpoTrainer::validate() {
                                 .sum(1);
       for (int64_t i = 0; i < rm.size(0); ++i) scores.push_back(rm[i].item<double>());
     } else {
-      scores = st.reward->compute(rows).scores;
+      rewards::RewardResult r = st.reward->compute(rows);
+      scores = std::move(r.scores);
+      if (st.s.reward_manager == rewards::RewardManagerKind::kDapo) extra = std::move(r.extra);
     }
     const List& sources = rows.column("data_source");
-    for (size_t i = 0; i < scores.size(); ++i)
-      by_source[sources[i].as_string()].push_back(scores[i]);
+    for (size_t i = 0; i < scores.size(); ++i) {
+      std::map<std::string, std::vector<double>>& values = by_source[sources[i].as_string()];
+      values["reward"].push_back(scores[i]);
+      for (const auto& [name, v] : extra) values[name].push_back(v[i]);
+    }
     if (st.s.validation_data_dir || st.s.log_val_generations > 0) {
       std::vector<GenerationRecord> r = generation_records(rows, scores, *st.tokenizer);
       records.insert(records.end(), std::make_move_iterator(r.begin()),
@@ -310,23 +418,29 @@ std::map<std::string, double> PpoTrainer::validate() {
               << format_generations(records, st.s.log_val_generations) << std::flush;
   // Each prompt's n samples are consecutive: mean@n over every sample; with
   // n > 1 also the mean over prompts of the best and the worst of their n
-  // (verl's best@n; worst@n).
+  // (verl's best@n; worst@n). As verl's, the core value is acc where there
+  // is one (a dapo manager's), else reward; the others go under val-aux.
   Metrics m;
   const std::string at_n = "@" + std::to_string(n);
-  for (const auto& [source, scores] : by_source) {
-    double total = 0, best = 0, worst = 0;
-    for (size_t g = 0; g < scores.size(); g += static_cast<size_t>(n)) {
-      const auto first = scores.begin() + static_cast<std::ptrdiff_t>(g);
-      const auto last = first + n;
-      for (auto it = first; it != last; ++it) total += *it;
-      best += *std::max_element(first, last);
-      worst += *std::min_element(first, last);
-    }
-    const double prompts = static_cast<double>(scores.size()) / static_cast<double>(n);
-    m["val-core/" + source + "/reward/mean" + at_n] = total / static_cast<double>(scores.size());
-    if (n > 1) {
-      m["val-core/" + source + "/reward/best" + at_n] = best / prompts;
-      m["val-aux/" + source + "/reward/worst" + at_n] = worst / prompts;
+  for (const auto& [source, values] : by_source) {
+    const std::string core = values.count("acc") ? "acc" : "reward";
+    for (const auto& [name, scores] : values) {
+      const std::string section = name == core ? "val-core/" : "val-aux/";
+      const std::string prefix = source + "/" + name + "/";
+      double total = 0, best = 0, worst = 0;
+      for (size_t g = 0; g < scores.size(); g += static_cast<size_t>(n)) {
+        const auto first = scores.begin() + static_cast<std::ptrdiff_t>(g);
+        const auto last = first + n;
+        for (auto it = first; it != last; ++it) total += *it;
+        best += *std::max_element(first, last);
+        worst += *std::min_element(first, last);
+      }
+      const double prompts = static_cast<double>(scores.size()) / static_cast<double>(n);
+      m[section + prefix + "mean" + at_n] = total / static_cast<double>(scores.size());
+      if (n > 1) {
+        m[section + prefix + "best" + at_n] = best / prompts;
+        m["val-aux/" + prefix + "worst" + at_n] = worst / prompts;
+      }
     }
   }
   return m;
@@ -365,8 +479,6 @@ FitResult PpoTrainer::fit_once() {
 
   begin_run(st, result, [this] { return validate(); });
   ProgressLine progress("training", s.total_steps);
-  const int64_t replicas = s.world / s.actor.rollout.tp;
-  const double temperature = s.logprob_temperature;
   while (st.global_step < s.total_steps) {
     ++st.global_step;
     st.profiler->begin_step(st.global_step);
@@ -375,53 +487,37 @@ FitResult PpoTrainer::fit_once() {
     StepTimer timed{progress, st.global_step, {}};
     Metrics& timing = timed.timing;
 
-    DataProto batch =
-        workers::prompt_batch_proto(st.loader->next(), std::to_string(st.global_step) + "-");
-    DataProto out;
-    timed("gen", [&] {
-      // Mixed through SplitMix64 (the sampler's own request seeding): a
-      // step's seed from (rollout.seed, step), each prompt's from that and
-      // its position; no linear formula whose values repeat across steps.
-      const uint64_t step_seed = engine::SequenceRng::request_seed(s.rollout_seed, st.global_step);
-      out = generate(actor, batch, s.sampling, replicas, st.train_data->pad_id(), [&](int64_t i) {
-        return static_cast<int64_t>(engine::SequenceRng::request_seed(step_seed, i));
-      });
-    });
     at::Tensor reward_baselines;  // remax: [prompts x n]
-    if (s.adv_estimator == "remax") {
-      timed("gen_max", [&] {
-        // ReMax's baseline (verl's gen_max): each prompt's greedy response,
-        // scored by the same reward, for each of its n samples.
-        engine::SamplingParams greedy_sampling;
-        greedy_sampling.temperature = 0;
-        greedy_sampling.n = 1;
-        const DataProto greedy =
-            generate(actor, batch, greedy_sampling, replicas, st.train_data->pad_id());
-        DataProto rows = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
-                             .union_with(greedy);
-        const std::vector<double> scores = st.reward->compute(rows).scores;
-        reward_baselines = at::tensor(scores, at::kDouble).to(at::kFloat).repeat_interleave(s.n);
-      });
-    }
-    batch = batch.select({}, {"data_source", "ground_truth", "extra_info", "uid"})
-                .repeat(s.n, true)
-                .union_with(out);
+    DataProto batch = s.filter_groups.enable ? sample_varied_groups(st, timed, m, reward_baselines)
+                                             : generate_batch(st, timed, 1, reward_baselines);
+    // Under dynamic sampling with a KL penalty in the reward, the log-prob
+    // passes and the penalty ran on each generation batch before the filter.
+    const bool scored_with_kl = s.filter_groups.enable && s.use_kl_in_reward;
     if (s.balance_batch) {
       const std::vector<int64_t> order = balance_batch(batch, actor_dp(s), m);
       if (!order.empty() && reward_baselines.defined())
         reward_baselines = reward_baselines.index_select(0, at::tensor(order, at::kLong));
     }
-    batch.set_meta("temperature", Value(temperature));
-    batch.set_meta("global_steps", Value(st.global_step));
-
-    RewardModelScores rm = start_reward_model(st, batch, m);
-    timed("reward", [&] { reward_phase(st, batch, rm, m); });
-    if (!s.old_log_prob_from_update)
-      timed("old_log_prob", [&] { old_log_prob_pass(actor, batch, s.loss_agg_mode, m); });
-    if (s.use_ref) timed("ref", [&] { ref_log_prob_pass(actor, batch); });
+    RewardModelScores rm;  // dynamic sampling scored each generation batch
+    if (!s.filter_groups.enable) {
+      rm = start_reward_model(st, batch, m);
+      timed("reward", [&] { reward_phase(st, batch, rm, m); });
+    }
+    if (!s.old_log_prob_from_update && !scored_with_kl)
+      timed("old_log_prob", [&] {
+        old_log_prob_pass(actor, batch, s.loss_agg_mode, m, s.calculate_sum_pi_squared);
+      });
+    if (s.use_ref && !scored_with_kl) timed("ref", [&] { ref_log_prob_pass(actor, batch); });
     if (s.use_critic) timed("values", [&] { values_pass(*critic, batch); });
     if (rm.pending()) timed("reward_wait", [&] { rm.collect(batch); });
-    timed("adv", [&] { rewards_and_advantages(batch, s, *st.kl_ctrl, m, reward_baselines); });
+    timed("adv", [&] {
+      if (s.filter_groups.enable) {  // token_level_rewards are set
+        rollout_correction(batch, s, m);
+        advantages(batch, s, reward_baselines);
+      } else {
+        rewards_and_advantages(batch, s, *st.kl_ctrl, m, reward_baselines);
+      }
+    });
     if (s.use_critic) {
       timed("update_critic", [&] {
         merge_metrics(m, critic->call("update_critic", {batch}).get().as<DataProto>());
@@ -492,6 +588,7 @@ int run_trainer_main(int argc, char** argv, const std::string& default_config) {
                 << "' (expected --config FILE and key=value overrides)\n";
       return 2;
     }
+    for (const std::string& note : cl.notes) log(LogLevel::kInfo, note);
     PpoTrainer trainer(cl.config);
     const FitResult r = trainer.fit();
     std::cout << "\nsteps: " << r.steps << "\n"

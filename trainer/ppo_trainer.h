@@ -14,6 +14,11 @@
 // end the actor exported in HF format to default_local_dir/actor_hf and a PNG
 // of the curves.
 //
+// With algorithm.filter_groups (DAPO's dynamic sampling), generate → reward
+// repeats on batches of data.gen_batch_size prompts until
+// data.train_batch_size groups whose metric varies are kept
+// (trainer/dynamic_sampling.h); the rest of the step runs on those.
+//
 // The workers run on trainer.nnodes × trainer.n_gpus_per_node slots (CPU
 // processes when trainer.device is cpu): the actor/rollout/ref roles in one
 // group laid out as actor_rollout_ref.actor.megatron.*; the critic colocated
@@ -66,7 +71,9 @@ class PpoTrainer {
   // new fit() would; past that (or for any other error) it throws.
   FitResult fit();
   // One validation pass over data.val_files with actor_rollout_ref.rollout.val_kwargs:
-  // val-core/<data_source>/reward/mean@<n> (and val-aux/... for more).
+  // val-core/<data_source>/reward/mean@<n> (and val-aux/... for more); with
+  // the dapo reward manager its per-row values too, acc as the core one
+  // (val-core/<data_source>/acc/mean@<n>) and the reward under val-aux.
   std::map<std::string, double> validate();
 
   struct State;  // the implementation's (ppo_trainer.cpp)

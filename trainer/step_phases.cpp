@@ -12,6 +12,7 @@
 #include "trainer/trainer_state.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/masked_reductions.h"
+#include "workers/algos/rollout_correction.h"
 #include "workers/rewards/reward_manager.h"
 
 namespace baton::trainer {
@@ -73,12 +74,14 @@ void reward_phase(PpoTrainer::State& st, DataProto& batch, RewardModelScores& rm
     return;
   }
   batch = st.reward->with_token_level_scores(batch);
-  if (s.zero_on_reward_error) m["reward/errors"] = batch.meta_value("reward_errors")->as_float();
+  if (s.zero_on_reward_error) m["reward/errors"] += batch.meta_value("reward_errors")->as_float();
 }
 
 void old_log_prob_pass(WorkerGroup& actor, DataProto& batch, const std::string& loss_agg_mode,
-                       Metrics& m) {
+                       Metrics& m, bool sum_pi_squared) {
+  if (sum_pi_squared) batch.set_meta("calculate_sum_pi_squared", Value(true));
   DataProto lp = actor.call("compute_log_prob", {batch}).get().as<DataProto>();
+  if (sum_pi_squared) batch.set_tensor("sum_pi_squared", lp.tensor("sum_pi_squared"));
   const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
   m["actor/entropy"] =
       algos::agg_loss(lp.tensor("entropys"), mask, algos::parse_loss_agg_mode(loss_agg_mode))
@@ -96,8 +99,7 @@ void values_pass(WorkerGroup& critic, DataProto& batch) {
   batch.set_tensor("values", v.tensor("values"));
 }
 
-void rewards_and_advantages(DataProto& batch, const TrainerSettings& s, algos::KLController& kl,
-                            Metrics& m, const at::Tensor& reward_baselines) {
+void kl_in_reward(DataProto& batch, const TrainerSettings& s, algos::KLController& kl, Metrics& m) {
   const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
   const at::Tensor scores = batch.tensor("token_level_scores");
   if (s.use_kl_in_reward) {
@@ -114,15 +116,39 @@ void rewards_and_advantages(DataProto& batch, const TrainerSettings& s, algos::K
   } else {
     batch.set_tensor("token_level_rewards", scores);
   }
+}
+
+void advantages(DataProto& batch, const TrainerSettings& s, const at::Tensor& reward_baselines) {
   algos::AdvantageInputs in;
   in.token_level_rewards = batch.tensor("token_level_rewards");
-  in.response_mask = mask;
+  in.response_mask = batch.tensor("response_mask").to(at::kFloat);
   for (const Value& v : batch.column("uid")) in.uids.push_back(v.as_string());
   if (batch.has_tensor("values")) in.values = batch.tensor("values");
   if (reward_baselines.defined()) in.reward_baselines = reward_baselines;
+  for (auto [key, field] : {std::pair{"old_log_probs", &in.old_log_probs},
+                            std::pair{"sum_pi_squared", &in.sum_pi_squared},
+                            std::pair{"rollout_is_weights", &in.rollout_is_weights}})
+    if (batch.has_tensor(key)) *field = batch.tensor(key);
   algos::AdvantageResult adv = algos::compute_advantage(s.adv_estimator, in, s.adv);
   batch.set_tensor("advantages", adv.advantages);
   batch.set_tensor("returns", adv.returns);
+}
+
+void rollout_correction(DataProto& batch, const TrainerSettings& s, Metrics& m) {
+  if (!s.rollout_correction.enabled()) return;
+  algos::RolloutCorrection c = algos::compute_rollout_correction(
+      batch.tensor("old_log_probs"), batch.tensor("rollout_log_probs"),
+      batch.tensor("response_mask"), s.rollout_correction);
+  batch.set_tensor("response_mask", c.response_mask);
+  if (c.rollout_is_weights.defined()) batch.set_tensor("rollout_is_weights", c.rollout_is_weights);
+  m.merge(c.metrics);
+}
+
+void rewards_and_advantages(DataProto& batch, const TrainerSettings& s, algos::KLController& kl,
+                            Metrics& m, const at::Tensor& reward_baselines) {
+  kl_in_reward(batch, s, kl, m);
+  rollout_correction(batch, s, m);
+  advantages(batch, s, reward_baselines);
 }
 
 void begin_run(PpoTrainer::State& st, FitResult& result, const std::function<Metrics()>& validate) {
@@ -132,6 +158,8 @@ void begin_run(PpoTrainer::State& st, FitResult& result, const std::function<Met
   lopts.dir = s.out_dir;
   lopts.loggers = s.loggers;
   lopts.set_names(s.project_name, s.experiment_name);
+  lopts.wandb.set_python(s.logger_python).set_config_yaml(st.config.to_yaml());
+  lopts.wandb.https_proxy = s.wandb_proxy;
   if (resumed) lopts.set_resume_step(st.global_step);
   st.logger = std::make_unique<MetricsLogger>(lopts);
   if (s.val_before_train && st.val_data) {

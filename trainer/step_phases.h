@@ -29,8 +29,9 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0);
 
-// A step's phases: timed(name, fn) runs fn, records its seconds as
-// timing[name] (timing_s/<name>), records the phase's span when the step is
+// A step's phases: timed(name, fn) runs fn, adds its seconds to
+// timing[name] (timing_s/<name>; a phase run once per generation batch
+// sums, as verl's timers do), records the phase's span when the step is
 // profiled (base/profiler.h), and shows it on the progress line.
 struct StepTimer {
   ProgressLine& progress;
@@ -43,7 +44,7 @@ struct StepTimer {
     profiler::Span span(name, "trainer");
     const auto t0 = Clock::now();
     fn();
-    timing[name] = seconds_since(t0);
+    timing[name] += seconds_since(t0);
   }
 };
 
@@ -83,15 +84,18 @@ class RewardModelScores {
 RewardModelScores start_reward_model(PpoTrainer::State& st, const DataProto& batch, Metrics& m);
 
 // The step's "reward" phase: the rule reward (token_level_scores, and
-// reward/errors with zero_on_error), or the reward model's scores collected
-// now unless reward_model.prefetch leaves them to a later reward_wait phase.
+// reward/errors with zero_on_error, summed over the step's generation
+// batches), or the reward model's scores collected now unless
+// reward_model.prefetch leaves them to a later reward_wait phase.
 void reward_phase(PpoTrainer::State& st, DataProto& batch, RewardModelScores& rm, Metrics& m);
 
 // The actor's log-probs of the batch's responses under the current weights:
 // sets "old_log_probs" and the metric actor/entropy (verl's, aggregated with
 // `loss_agg_mode`).
+// With `sum_pi_squared` also Σπ² per token (sum_pi_squared, for the
+// optimal-token-baseline estimators; the actor must not fuse its LM head).
 void old_log_prob_pass(WorkerGroup& actor, DataProto& batch, const std::string& loss_agg_mode,
-                       Metrics& m);
+                       Metrics& m, bool sum_pi_squared = false);
 
 // The reference policy's log-probs of the responses (ref_log_prob).
 void ref_log_prob_pass(WorkerGroup& actor, DataProto& batch);
@@ -99,12 +103,27 @@ void ref_log_prob_pass(WorkerGroup& actor, DataProto& batch);
 // The critic's values of the responses (values).
 void values_pass(WorkerGroup& critic, DataProto& batch);
 
-// verl's apply_kl_penalty (with use_kl_in_reward: token_level_rewards =
-// token_level_scores − β·KL(old ‖ ref), β from `kl` which then adapts;
-// metrics critic/kl, critic/kl_coef) and compute_advantage (s.adv_estimator
-// over token_level_rewards, the batch's uids, its values with a critic and
-// `reward_baselines` for remax): sets token_level_rewards, advantages and
-// returns.
+// verl's apply_kl_penalty: with use_kl_in_reward, token_level_rewards =
+// token_level_scores − β·KL(old ‖ ref), β from `kl` which then adapts
+// (metrics critic/kl, critic/kl_coef); without, token_level_rewards =
+// token_level_scores.
+void kl_in_reward(DataProto& batch, const TrainerSettings& s, algos::KLController& kl, Metrics& m);
+
+// verl's compute_advantage: s.adv_estimator over token_level_rewards, the
+// batch's uids, its values with a critic and `reward_baselines` for remax;
+// sets advantages and returns.
+void advantages(DataProto& batch, const TrainerSettings& s,
+                const at::Tensor& reward_baselines = {});
+
+// verl's compute_rollout_correction_and_add_to_batch, when
+// algorithm.rollout_correction has rollout_is or rollout_rs: from
+// old_log_probs against rollout_log_probs, rollout_is_weights (which the
+// update multiplies the policy loss by) and the rejected tokens taken out of
+// response_mask; metrics rollout_corr/* (workers/algos/rollout_correction.h).
+// Nothing otherwise.
+void rollout_correction(DataProto& batch, const TrainerSettings& s, Metrics& m);
+
+// kl_in_reward, rollout_correction, then advantages.
 void rewards_and_advantages(DataProto& batch, const TrainerSettings& s, algos::KLController& kl,
                             Metrics& m, const at::Tensor& reward_baselines = {});
 

@@ -1,5 +1,6 @@
 #include "engine/parallel/vocab_parallel.h"
 
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
@@ -164,6 +165,17 @@ LogProbsEntropy vocab_parallel_log_probs_entropy(const at::Tensor& logits_shard,
   auto out = VocabParallelSoftmax::apply(logits_shard, c10::optional<at::Tensor>(targets), tp,
                                          Want::kBoth);
   return {out[0], out[1]};
+}
+
+at::Tensor vocab_parallel_sum_pi_squared(const at::Tensor& logits_shard, const Group& tp) {
+  check_logits(logits_shard, tp, "vocab_parallel_sum_pi_squared");
+  c10::NoGradGuard no_grad;
+  const at::Tensor x = logits_shard.detach().to(compute_type(logits_shard));
+  const at::Tensor max = collective::all_reduce(x.amax(-1), tp, c10d::ReduceOp::MAX);
+  const at::Tensor exp = (x - max.unsqueeze(-1)).exp();
+  const at::Tensor sums =
+      collective::all_reduce(at::stack({exp.sum(-1), exp.square().sum(-1)}), tp);
+  return sums[1] / sums[0].square();
 }
 
 }  // namespace baton::engine

@@ -54,4 +54,12 @@ struct LogProbsEntropy {
 LogProbsEntropy vocab_parallel_log_probs_entropy(const at::Tensor& logits_shard,
                                                  const at::Tensor& targets, const Group& tp);
 
+// Σ_v softmax(logits)_v² per position (verl's sum_pi_squared, the input of
+// the optimal-token-baseline estimators): exp(logsumexp(2l) − 2·logsumexp(l)),
+// computed as Σ e^{2(l − max)} / (Σ e^{l − max})² after the global max, so it
+// neither overflows nor underflows to 0 (the sum holds a 1). A -inf column
+// adds 0. Forward only: the result carries no gradient. One all-reduce MAX
+// and one SUM.
+at::Tensor vocab_parallel_sum_pi_squared(const at::Tensor& logits_shard, const Group& tp);
+
 }  // namespace baton::engine

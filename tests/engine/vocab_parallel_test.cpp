@@ -131,6 +131,50 @@ TEST(VocabParallel, MatchesFullSoftmaxAtTp1) {
   check_against_reference(huge_logits(), ps->tp());
 }
 
+// Σ softmax² against exp(logsumexp(2l) − 2·logsumexp(l)) of the full logits
+// in double (verl's calculate_sum_pi_squared_from_logits). The two sums of V
+// terms (each ≤ 1) and a division: Tolerance::fp32(2V + 3, 1), relative.
+void check_sum_pi_squared(const at::Tensor& logits, const Group& tp) {
+  const at::Tensor x = logits.to(at::kDouble);
+  const at::Tensor expected = (at::logsumexp(2 * x, -1) - 2 * at::logsumexp(x, -1)).exp();
+  const int64_t v = V / tp.size;
+  const at::Tensor shard = logits.narrow(-1, tp.rank * v, v).clone().requires_grad_(true);
+  const at::Tensor got = vocab_parallel_sum_pi_squared(shard, tp);
+  EXPECT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_FALSE(got.requires_grad());
+  expect_close(got, expected, Tolerance::fp32(2 * V + 3, 1), "sum_pi_squared");
+}
+
+// A -inf column (vocabulary padding) adds nothing.
+at::Tensor padded_logits() {
+  at::Tensor padded = ordinary_logits();
+  padded.select(-1, V - 1).fill_(-INFINITY);
+  return padded;
+}
+
+TEST(VocabParallel, SumPiSquaredMatchesTheFullSoftmaxAtTp2) {
+  run_world(2, [](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto ps = tp_state(2, rank, store);
+    check_sum_pi_squared(ordinary_logits(), ps->tp());
+    check_sum_pi_squared(huge_logits(), ps->tp());
+    check_sum_pi_squared(padded_logits(), ps->tp());
+  });
+}
+
+TEST(VocabParallel, SumPiSquaredMatchesTheFullSoftmaxAtTp1) {
+  auto ps = ParallelState::single();
+  check_sum_pi_squared(ordinary_logits(), ps->tp());
+  check_sum_pi_squared(huge_logits(), ps->tp());
+  check_sum_pi_squared(padded_logits(), ps->tp());
+  // Uniform logits: Σ (1/V)² = 1/V; one-hot: 1.
+  expect_close(vocab_parallel_sum_pi_squared(at::zeros({1, V}), ps->tp()),
+               at::full({1}, 1.0 / V, at::kDouble), Tolerance::fp32(2 * V + 3, 1), "uniform");
+  at::Tensor peaked = at::full({1, V}, -INFINITY);
+  peaked[0][2] = 0.0f;
+  expect_close(vocab_parallel_sum_pi_squared(peaked, ps->tp()), at::ones({1}, at::kDouble),
+               Tolerance::exact(), "one-hot");
+}
+
 TEST(VocabParallel, LowPrecisionLogitsGiveFloatResultsAndGradsInTheirDtype) {
   auto ps = ParallelState::single();
   at::Tensor x = ordinary_logits().to(at::kBFloat16).requires_grad_(true);

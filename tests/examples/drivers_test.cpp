@@ -103,6 +103,8 @@ struct Family {
   std::string toy_flags;
   std::string sft_config;
   std::string grpo_config;
+  // The validation accuracy's key (the dapo reward manager's core value is acc).
+  std::string val_key = "val-core/openai/gsm8k/reward/mean@1";
 };
 
 class LearningTest : public ::testing::TestWithParam<Family> {};
@@ -110,7 +112,9 @@ class LearningTest : public ::testing::TestWithParam<Family> {};
 // The main job, shortened: toy data, the SFT base, then GRPO. Fails unless the
 // greedy validation accuracy rises and the sampled reward rises with it (and,
 // for the MoE, the router's load-balancing loss is reported; for the tool
-// task, the share of trajectories that call the calculator rises too). The margins are
+// task, the share of trajectories that call the calculator rises too; for
+// DAPO, whose score is over the groups dynamic sampling kept, the batches it
+// generated are reported instead). The margins are
 // a fraction of what a run gives (Qwen2: 72 % → 90 % by step 30 on the
 // development machine), so that other CPUs' kernels and summation orders
 // cannot flip the verdict.
@@ -138,17 +142,18 @@ TEST_P(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
   ASSERT_EQ(r.status, 0) << r.output;
 
   std::ifstream jsonl(toy / "grpo" / "metrics.jsonl");
-  std::vector<double> val, score, aux, calls;
+  std::vector<double> val, score, aux, calls, gen_batches;
   for (std::string line; std::getline(jsonl, line);) {
     const auto number_after = [&](const std::string& key) -> std::optional<double> {
       const size_t at = line.find("\"" + key + "\":");
       if (at == std::string::npos) return std::nullopt;
       return std::stod(line.substr(at + key.size() + 3));
     };
-    if (auto v = number_after("val-core/openai/gsm8k/reward/mean@1")) val.push_back(*v);
+    if (auto v = number_after(family.val_key)) val.push_back(*v);
     if (auto s = number_after("critic/score/mean")) score.push_back(*s);
     if (auto a = number_after("actor/router_aux_loss")) aux.push_back(*a);
     if (auto c = number_after("multi_turn/tool_calls/mean")) calls.push_back(*c);
+    if (auto g = number_after("train/num_gen_batches")) gen_batches.push_back(*g);
   }
   ASSERT_EQ(val.size(), 2u) << r.output;  // before training and after step 30
   ASSERT_EQ(score.size(), 30u);
@@ -158,8 +163,14 @@ TEST_P(LearningTest, GrpoRaisesTheToyTasksValidationAccuracy) {
     for (auto it = begin; it != end; ++it) total += *it;
     return total / static_cast<double>(end - begin);
   };
-  EXPECT_GT(mean(score.end() - 10, score.end()), mean(score.begin(), score.begin() + 10))
-      << "the sampled reward did not rise";
+  if (family.name == "dapo") {
+    ASSERT_EQ(gen_batches.size(), 30u) << "no train/num_gen_batches in every step";
+    for (double g : gen_batches) EXPECT_GE(g, 1.0);
+  } else {
+    EXPECT_TRUE(gen_batches.empty()) << "a run without dynamic sampling reported it";
+    EXPECT_GT(mean(score.end() - 10, score.end()), mean(score.begin(), score.begin() + 10))
+        << "the sampled reward did not rise";
+  }
   if (family.name == "tool") {
     ASSERT_EQ(calls.size(), 30u) << "no multi_turn/tool_calls/mean in every step";
     EXPECT_GT(mean(calls.end() - 10, calls.end()), mean(calls.begin(), calls.begin() + 10))
@@ -246,7 +257,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Family{"tool",
                              "--op mul --max-operand 1000 --train-size 20000 --val-size 64 "
                              "--tool-share 0.3",
-                             "configs/sft_tool_toy.yaml", "configs/grpo_tool_toy.yaml"}),
+                             "configs/sft_tool_toy.yaml", "configs/grpo_tool_toy.yaml"},
+                      // DAPO on the Qwen2 base: clip-higher, dynamic sampling,
+                      // overlong shaping; validation's core value is acc.
+                      Family{"dapo", "", "configs/sft_toy.yaml", "configs/dapo_toy.yaml",
+                             "val-core/openai/gsm8k/acc/mean@1"}),
     [](const ::testing::TestParamInfo<Family>& info) { return info.param.name; });
 
 }  // namespace

@@ -153,6 +153,26 @@ TEST_F(AsyncTrainerTest, DropPolicyTrainsEveryStepWithoutStaleBatches) {
   for (const auto& [k, v] : r.last_metrics) EXPECT_TRUE(std::isfinite(v)) << k << " = " << v;
 }
 
+// algorithm.rollout_correction in the async loop (its TIS off): sequence-
+// level IS weights of stale batches, with verl's metrics.
+TEST_F(AsyncTrainerTest, RolloutCorrectionReplacesTheAsyncTis) {
+  TempDir out;
+  Config c = config(out.path());
+  c.apply_overrides({"trainer.total_training_steps=2", "trainer.test_freq=-1",
+                     "async_training.tis_cap=null",
+                     "algorithm.rollout_correction.rollout_is=sequence",
+                     "algorithm.rollout_correction.rollout_is_threshold=5.0"});
+  PpoTrainer trainer(c);
+  const FitResult r = trainer.fit();
+  EXPECT_EQ(r.steps, 2);
+  EXPECT_EQ(r.last_metrics.count("async/tis_weight_mean"), 0u);
+  for (const char* key : {"rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_seq_max",
+                          "rollout_corr/chi2_seq", "rollout_corr/kl"})
+    EXPECT_EQ(r.last_metrics.count(key), 1u) << "missing metric " << key;
+  EXPECT_LE(r.last_metrics.at("rollout_corr/rollout_is_seq_max"), 5.0);
+  for (const auto& [k, v] : r.last_metrics) EXPECT_TRUE(std::isfinite(v)) << k << " = " << v;
+}
+
 // A reward model (centralized, its scoring overlapping the log-prob pass)
 // scores the async trainer's batches as it does the synchronous loop's: its
 // scores replace the rule reward's (the test reward gives multiples of 0.1).

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace baton::trainer {
@@ -73,6 +74,69 @@ TEST(ConfigCoverage, APythonRewardFileIsVerlsKeys) {
               std::string::npos)
         << e.what();
   }
+}
+
+// custom_reward_function.path naming one of verl's own reward_score files:
+// its built-in, no Python; another of verl's functions is refused, naming
+// what baton maps.
+TEST(ConfigCoverage, VerlsOwnRewardScoreFilesAreTheBuiltIns) {
+  const auto with = [](const std::vector<std::string>& overrides) {
+    Config c = everything_on();
+    c.apply_overrides(overrides);
+    return read_trainer_settings(c.resolved());
+  };
+  const std::string dir = "/opt/verl/verl/utils/reward_score/";
+  for (const auto& [file, builtin] :
+       std::vector<std::pair<std::string, std::string>>{{"gsm8k.py", "gsm8k"},
+                                                        {"math_reward.py", "math"},
+                                                        {"math.py", "math"},
+                                                        {"math_dapo.py", "math_dapo"},
+                                                        {"search_r1_like_qa_em.py", "exact_match"}}) {
+    const TrainerSettings s = with({"custom_reward_function.path=" + dir + file});
+    EXPECT_FALSE(s.python_reward.has_value()) << file;
+    EXPECT_EQ(s.custom_reward_fn.value_or("(none)"), builtin) << file;
+  }
+  const TrainerSettings by_source = with({"custom_reward_function.path=" + dir + "__init__.py",
+                                          "custom_reward_function.name=default_compute_score"});
+  EXPECT_FALSE(by_source.python_reward.has_value());
+  EXPECT_FALSE(by_source.custom_reward_fn.has_value()) << "each sample by its data source";
+  // Another file named gsm8k.py is the user's own.
+  EXPECT_TRUE(with({"custom_reward_function.path=rewards/gsm8k.py"}).python_reward.has_value());
+  for (const auto& [overrides, part] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"custom_reward_function.path=" + dir + "prime_math/__init__.py"}, ""},
+           {{"custom_reward_function.path=" + dir + "geo3k.py"}, "module 'geo3k'"},
+           {{"custom_reward_function.path=" + dir + "gsm8k.py",
+             "custom_reward_function.name=extract_solution"},
+            "asked for extract_solution"},
+           {{"custom_reward_function.path=" + dir + "gsm8k.py",
+             "+custom_reward_function.reward_kwargs.method=flexible"},
+            "reward_kwargs: not applied"}}) {
+    if (part.empty()) {  // not a file of reward_score itself: the user's Python
+      EXPECT_TRUE(with(overrides).python_reward.has_value());
+      continue;
+    }
+    try {
+      with(overrides);
+      ADD_FAILURE() << "accepted " << overrides[0];
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("custom_reward_function."), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// trainer.logger: wandb, its python (trainer.logger_python) and verl's
+// +trainer.wandb_proxy.
+TEST(ConfigCoverage, TheWandbLoggerIsVerlsKeys) {
+  Config c = everything_on();
+  c.apply_overrides({"trainer.logger=[console,wandb]", "trainer.logger_python=/venv/bin/python",
+                     "+trainer.wandb_proxy=http://proxy:3128"});
+  const TrainerSettings s = read_trainer_settings(c.resolved());
+  EXPECT_EQ(s.loggers, (std::vector<std::string>{"console", "wandb"}));
+  EXPECT_EQ(s.logger_python, "/venv/bin/python");
+  EXPECT_EQ(s.wandb_proxy, "http://proxy:3128");
+  EXPECT_EQ(read_trainer_settings(everything_on().resolved()).wandb_proxy, "");
 }
 
 TEST(ConfigCoverage, AnAddedKeyThatNothingReadsIsFound) {

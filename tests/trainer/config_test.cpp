@@ -207,6 +207,22 @@ TEST(Config, AStringWhereAListOfStringsStandsIsAListOfOne) {
   EXPECT_EQ(c.get<std::vector<std::string>>("trainer.logger"), std::vector<std::string>{"console"});
 }
 
+// A key that was null has no type (Hydra's Any): verl's scripts set
+// data.train_files to one path and, later on the same line, to a list.
+TEST(Config, AKeyThatWasNullTakesAnyValueEachTime) {
+  Config c = Config::load(kBase);
+  c.apply_overrides({"data.train_files=/data/a.parquet", "data.train_files=[/b.jsonl, /c.jsonl]"});
+  EXPECT_EQ(c.get<std::vector<std::string>>("data.train_files"),
+            (std::vector<std::string>{"/b.jsonl", "/c.jsonl"}));
+  c.apply_overrides({"data.train_files=/d.parquet"});
+  EXPECT_EQ(c.get<std::vector<std::string>>("data.train_files"),
+            std::vector<std::string>{"/d.parquet"});
+  // A typed key stays typed.
+  c.apply_override("data.train_batch_size=8");
+  EXPECT_CONTAINS(error_of([&] { c.apply_override("data.train_batch_size=[8]"); }),
+                  "expects an int, got a list");
+}
+
 TEST(Config, WrongTypeFailsNamingKeyExpectedAndGivenType) {
   Config c = Config::load(kBase);
   EXPECT_CONTAINS(error_of([&] { c.apply_override("data.train_batch_size=abc"); }),

@@ -189,7 +189,7 @@ TEST(ConfigValidation, CountsMustBePositive) {
 TEST(ConfigValidation, ChoicesAreChecked) {
   const std::string message = problems_with(small_with(
       {"data.truncation=centre", "actor_rollout_ref.actor.loss_agg_mode=token_mean",
-       "algorithm.kl_penalty=full", "trainer.logger=[console,wandb]", "trainer.resume_mode=always",
+       "algorithm.kl_penalty=full", "trainer.logger=[console,mlflow]", "trainer.resume_mode=always",
        "actor_rollout_ref.actor.clip_ratio_c=1.0", "actor_rollout_ref.rollout.top_p=0"}));
   EXPECT_CONTAINS(message, "data.truncation = 'centre' is not one of: error, left, right, middle");
   EXPECT_CONTAINS(message,
@@ -197,8 +197,10 @@ TEST(ConfigValidation, ChoicesAreChecked) {
                   "token-mean, token-sum");
   EXPECT_CONTAINS(message, "algorithm.kl_penalty = 'full' is not one of");
   EXPECT_CONTAINS(message,
-                  "trainer.logger has 'wandb'; the loggers are console, file and tensorboard");
+                  "trainer.logger has 'mlflow'; loggers baton has: console, file, "
+                  "tensorboard, wandb");
   EXPECT_EQ(problems_with(small_with({"trainer.logger=[console,tensorboard]"})), "");
+  EXPECT_EQ(problems_with(small_with({"trainer.logger=[console,wandb]"})), "");
   EXPECT_CONTAINS(message,
                   "trainer.resume_mode = 'always' is not one of: auto, disable, resume_path");
   EXPECT_CONTAINS(message, "actor_rollout_ref.actor.clip_ratio_c = 1 must be > 1");
@@ -399,6 +401,150 @@ TEST(ConfigValidation, DynamicBatchBudgetsMustHoldTheLongestSequence) {
   EXPECT_CONTAINS(problems_with(small_with({"critic.ppo_max_token_len_per_gpu=0",
                                             "algorithm.adv_estimator=gae", "critic.enable=true"})),
                   "critic.ppo_max_token_len_per_gpu = 0 must be >= 1");
+}
+
+// DAPO's keys: algorithm.filter_groups with data.gen_batch_size, and
+// reward_model.reward_manager = dapo with its overlong buffer, each refused
+// where it cannot work, naming the keys.
+TEST(ConfigValidation, DynamicSamplingAndTheDapoManagerKeysAreCheckedAndRead) {
+  const std::vector<std::string> dapo = {"algorithm.filter_groups.enable=true",
+                                         "algorithm.filter_groups.metric=acc",
+                                         "algorithm.filter_groups.max_num_gen_batches=5",
+                                         "data.gen_batch_size=16",
+                                         "reward_model.reward_manager=dapo",
+                                         "reward_model.overlong_buffer.enable=true",
+                                         "reward_model.overlong_buffer.len=64",
+                                         "reward_model.overlong_buffer.penalty_factor=0.5",
+                                         "reward_model.overlong_buffer.log=true"};
+  const TrainerSettings s = settings_with(small_with(dapo));
+  EXPECT_TRUE(s.filter_groups.enable);
+  EXPECT_EQ(s.filter_groups.metric, "acc");
+  EXPECT_EQ(s.filter_groups.max_num_gen_batches, 5);
+  EXPECT_EQ(s.gen_batch, 16);
+  EXPECT_EQ(s.train_batch, 8);
+  EXPECT_EQ(s.reward_manager, rewards::RewardManagerKind::kDapo);
+  EXPECT_TRUE(s.overlong_buffer.enable && s.overlong_buffer.log);
+  EXPECT_EQ(s.overlong_buffer.len, 64);
+  EXPECT_EQ(s.overlong_buffer.penalty_factor, 0.5);
+  EXPECT_EQ(s.overlong_buffer.max_resp_len, 512) << "data.max_response_length, as verl's DAPO";
+  // gen_batch_size follows train_batch_size unless set.
+  EXPECT_EQ(settings_with(small_with({"data.train_batch_size=4"})).gen_batch, 4);
+
+  EXPECT_CONTAINS(problems_with(small_with({"data.gen_batch_size=16"})),
+                  "data.gen_batch_size = 16 differs from data.train_batch_size = 8: only "
+                  "algorithm.filter_groups.enable = true");
+  EXPECT_CONTAINS(
+      problems_with(small_with({"data.gen_batch_size=0", "algorithm.filter_groups.enable=true",
+                                "algorithm.filter_groups.metric=acc"})),
+      "data.gen_batch_size = 0 must be >= 1");
+  EXPECT_CONTAINS(problems_with(small_with({"algorithm.filter_groups.enable=true"})),
+                  "algorithm.filter_groups.metric is null");
+  EXPECT_CONTAINS(problems_with(small_with({"algorithm.filter_groups.enable=true",
+                                            "algorithm.filter_groups.metric=accuracy"})),
+                  "algorithm.filter_groups.metric = 'accuracy' is not one of: acc, score, "
+                  "seq_reward, seq_final_reward");
+  EXPECT_CONTAINS(problems_with(small_with({"algorithm.filter_groups.enable=true",
+                                            "algorithm.filter_groups.metric=acc",
+                                            "async_training.enable=true"})),
+                  "algorithm.filter_groups.enable = true with async_training.enable = true");
+  const std::vector<std::string> rm = {"reward_model.enable=true",
+                                       "reward_model.model.path=models/rm",
+                                       "algorithm.filter_groups.enable=true"};
+  std::vector<std::string> rm_acc = rm, rm_seq = rm;
+  rm_acc.push_back("algorithm.filter_groups.metric=score");
+  rm_seq.push_back("algorithm.filter_groups.metric=seq_reward");
+  EXPECT_CONTAINS(problems_with(small_with(rm_acc)),
+                  "algorithm.filter_groups.metric = score is the rule reward's");
+  EXPECT_EQ(problems_with(small_with(rm_seq)), "");
+
+  EXPECT_CONTAINS(problems_with(small_with({"reward_model.reward_manager=prime"})),
+                  "reward_model.reward_manager = 'prime' is not one of: naive, dapo");
+  const std::string naive = problems_with(small_with(
+      {"reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4"}));
+  EXPECT_CONTAINS(naive,
+                  "reward_model.overlong_buffer.enable = true needs "
+                  "reward_model.reward_manager = dapo");
+  EXPECT_CONTAINS(problems_with(small_with({"reward_model.reward_manager=dapo",
+                                            "reward_model.overlong_buffer.enable=true"})),
+                  "reward_model.overlong_buffer.len = 0 must be >= 1");
+  EXPECT_CONTAINS(problems_with(small_with({"reward_model.reward_manager=dapo",
+                                            "reward_model.overlong_buffer.enable=true",
+                                            "reward_model.overlong_buffer.len=600"})),
+                  "reward_model.overlong_buffer.len = 600 is more than data.max_response_length "
+                  "= 512");
+  std::vector<std::string> rm_overlong = {
+      "reward_model.enable=true", "reward_model.model.path=models/rm",
+      "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
+      "reward_model.overlong_buffer.len=4"};
+  EXPECT_CONTAINS(problems_with(small_with(rm_overlong)),
+                  "reward_model.overlong_buffer.enable = true with reward_model.enable = true");
+}
+
+TEST(ConfigValidation, RolloutCorrectionKeysAreVerlsAndBadValuesNamed) {
+  const std::string k = "algorithm.rollout_correction.";
+  // Off by default; on, the old-log-prob pass always runs.
+  const std::string one_mini_batch = "actor_rollout_ref.actor.ppo_mini_batch_size=8";
+  const TrainerSettings off = settings_with(small_with({one_mini_batch}));
+  EXPECT_FALSE(off.rollout_correction.enabled());
+  EXPECT_TRUE(off.old_log_prob_from_update);
+  const TrainerSettings on = settings_with(
+      small_with({one_mini_batch, k + "rollout_is=sequence", k + "rollout_is_threshold=0.5_5.0",
+                  k + "rollout_is_batch_normalize=true", k + "rollout_rs=token_k1,seq_max_k3",
+                  k + "rollout_rs_threshold='0.8_1.2,3.0'"}));
+  const algos::RolloutCorrectionOptions& o = on.rollout_correction;
+  ASSERT_TRUE(o.rollout_is.has_value());
+  EXPECT_EQ(*o.rollout_is, algos::RolloutIsLevel::Sequence);
+  EXPECT_DOUBLE_EQ(o.is_threshold.upper, 5.0);
+  EXPECT_DOUBLE_EQ(o.is_threshold.lower.value_or(0), 0.5);
+  EXPECT_TRUE(o.batch_normalize);
+  ASSERT_EQ(o.rejection.size(), 2u);
+  EXPECT_EQ(o.rejection[1].option, "seq_max_k3");
+  EXPECT_DOUBLE_EQ(o.rejection[1].upper, 3.0);
+  EXPECT_FALSE(on.old_log_prob_from_update);
+  // A number as rollout_rs_threshold, as verl's YAML writes it.
+  EXPECT_EQ(
+      settings_with(small_with({k + "rollout_rs=seq_mean_k3", k + "rollout_rs_threshold=0.01"}))
+          .rollout_correction.rejection.at(0)
+          .upper,
+      0.01);
+
+  EXPECT_CONTAINS(problems_with({k + "bypass_mode=true"}), k + "bypass_mode = true");
+  EXPECT_CONTAINS(problems_with({k + "loss_type=ppo"}), k + "loss_type = 'ppo' is not one of");
+  EXPECT_CONTAINS(problems_with({k + "rollout_is=geometric"}),
+                  k + "rollout_is = 'geometric' is not one of: token, sequence");
+  EXPECT_CONTAINS(problems_with({k + "rollout_is=token", k + "rollout_is_threshold=5_0.5"}),
+                  k + "rollout_is_threshold = '5_0.5'");
+  EXPECT_CONTAINS(problems_with({k + "rollout_is=token", k + "rollout_is_threshold=null"}),
+                  k + "rollout_is_threshold is null with rollout_is = token");
+  EXPECT_CONTAINS(problems_with({k + "rollout_rs=geometric", k + "rollout_rs_threshold=2"}),
+                  k + "rollout_rs option 'geometric' is not one of: token_k1");
+  EXPECT_CONTAINS(problems_with({k + "rollout_rs=token_k2"}),
+                  k + "rollout_rs_threshold must be given with rollout_rs = 'token_k2'");
+  // Both IS sources of the async trainer at once.
+  EXPECT_CONTAINS(problems_with({"async_training.enable=true", k + "rollout_is=token"}),
+                  "algorithm.rollout_correction.rollout_is with async_training.tis_cap = 2");
+  EXPECT_EQ(problems_with({"async_training.enable=true", "async_training.tis_cap=null",
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                           k + "rollout_is=token"}),
+            "");
+}
+
+TEST(ConfigValidation, OptimalTokenBaselinesNeedSumPiSquaredAndUnfusedLogits) {
+  for (const char* estimator : {"optimal_token_baseline", "tir_optimal_token_baseline"}) {
+    const std::string adv = std::string("algorithm.adv_estimator=") + estimator;
+    EXPECT_CONTAINS(problems_with(small_with({adv})),
+                    std::string("actor_rollout_ref.model.use_fused_kernels = true, but "
+                                "algorithm.adv_estimator = ") +
+                        estimator);
+    const TrainerSettings s =
+        settings_with(small_with({adv, "actor_rollout_ref.model.use_fused_kernels=false",
+                                  "actor_rollout_ref.actor.ppo_mini_batch_size=8"}));
+    EXPECT_TRUE(s.calculate_sum_pi_squared);
+    EXPECT_FALSE(s.old_log_prob_from_update);  // the pass gives Σπ²
+  }
+  EXPECT_CONTAINS(problems_with({"actor_rollout_ref.actor.calculate_sum_pi_squared=true"}),
+                  "actor_rollout_ref.actor.calculate_sum_pi_squared = true needs");
+  EXPECT_FALSE(settings_with({}).calculate_sum_pi_squared);
 }
 
 TEST(ConfigValidation, NullWhereAValueIsNeededIsNamed) {

@@ -55,6 +55,14 @@ BATON_REWARD_FUNCTION("test_counted_gsm8k", [](const rewards::RewardInput& in) {
   ++g_reward_calls;
   return rewards::find_reward_function("gsm8k")(in);
 });
+// For dynamic sampling: a prompt a+b with an even a scores 0 whatever the
+// response (its group never varies); an odd a scores the parity of the
+// response's length, which the untrained model varies.
+BATON_REWARD_FUNCTION("test_odd_a_varies", [](const rewards::RewardInput& in) {
+  if (nlohmann::json::parse(in.extra_info).at("a").get<int64_t>() % 2 == 0) return 0.0;
+  return static_cast<double>(in.response.size() % 2);
+});
+BATON_REWARD_FUNCTION("test_always_zero", [](const rewards::RewardInput&) { return 0.0; });
 
 namespace fs = std::filesystem;
 using engine::testing::TempDir;
@@ -472,6 +480,101 @@ TEST_F(PpoTrainerTest, UnknownNamesFailBeforeAnyWorkerStarts) {
   }
 }
 
+// DAPO (algorithm.filter_groups, reward_manager dapo with its overlong
+// buffer): the groups trained on are exactly data.train_batch_size, each
+// with a varied acc; the even-a prompts, whose acc never varies, are dropped
+// wherever they were generated. Validation reports acc as the core value.
+TEST_F(PpoTrainerTest, DynamicSamplingTrainsOnlyOnGroupsWhoseAccVaries) {
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  c.apply_overrides(
+      {"custom_reward_function.name=test_odd_a_varies", "algorithm.filter_groups.enable=true",
+       "algorithm.filter_groups.metric=acc", "data.gen_batch_size=8",
+       "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
+       "reward_model.overlong_buffer.len=2", "reward_model.overlong_buffer.penalty_factor=0.5",
+       "reward_model.overlong_buffer.log=true", "trainer.test_freq=-1",
+       "trainer.rollout_data_dir=" + (out / "rollouts").string()});
+  const FitResult r = PpoTrainer(c).fit();
+  ASSERT_EQ(r.steps, 2);
+  std::vector<std::string> keys = kActorMetrics;
+  std::erase(keys, "val-core/openai/gsm8k/reward/mean@1");
+  keys.push_back("train/num_gen_batches");
+  expect_finite_metrics(r, keys);
+  EXPECT_GE(r.last_metrics.at("train/num_gen_batches"), 1.0);
+  for (const char* k :
+       {"val-core/openai/gsm8k/acc/mean@1", "val-aux/openai/gsm8k/reward/mean@1",
+        "val-aux/openai/gsm8k/overlong_reward/mean@1", "val-aux/openai/gsm8k/overlong/mean@1"})
+    EXPECT_EQ(r.first_validation.count(k), 1u) << k;
+  EXPECT_EQ(r.first_validation.count("val-core/openai/gsm8k/reward/mean@1"), 0u);
+  for (int step : {1, 2}) {
+    std::map<std::string, std::vector<double>> acc_by_prompt;
+    std::ifstream in(out / "rollouts" / (std::to_string(step) + ".jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json l = nlohmann::json::parse(line);
+      acc_by_prompt[l["input"].get<std::string>()].push_back(l["acc"].get<double>());
+      // The overlong penalty is in the score, not in acc.
+      EXPECT_DOUBLE_EQ(l["score"].get<double>(),
+                       l["acc"].get<double>() + l["overlong_reward"].get<double>())
+          << line;
+    }
+    ASSERT_EQ(acc_by_prompt.size(), 4u) << "step " << step << ": data.train_batch_size groups";
+    for (const auto& [prompt, acc] : acc_by_prompt) {
+      EXPECT_EQ(std::stoi(prompt.substr(0, prompt.find('+'))) % 2, 1) << prompt;
+      ASSERT_EQ(acc.size(), 2u) << prompt;
+      EXPECT_NE(acc[0], acc[1]) << prompt << ": a group whose acc does not vary was trained on";
+    }
+  }
+}
+
+// Every generation batch's groups have the same reward: after
+// max_num_gen_batches batches the run stops naming the key, before any step
+// is logged.
+TEST_F(PpoTrainerTest, DynamicSamplingStopsAfterMaxNumGenBatchesNamingTheKey) {
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  c.apply_overrides(
+      {"custom_reward_function.name=test_always_zero", "algorithm.filter_groups.enable=true",
+       "algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.max_num_gen_batches=2",
+       "trainer.val_before_train=false"});
+  PpoTrainer trainer(c);
+  try {
+    trainer.fit();
+    ADD_FAILURE() << "a run without a varied group trained";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("after algorithm.filter_groups.max_num_gen_batches = 2 "
+                                         "generation batches, 0 groups have a varied seq_reward"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(logged_steps(out.path()), 0u);
+}
+
+// Dynamic sampling with a critic, a reward model and a KL penalty in the
+// reward, on seq_final_reward: the log-prob passes and the penalty run on the
+// generation batch before the filter (verl's DAPO trainer), the reward
+// model's scores are collected for it at once, and the step trains.
+TEST_F(PpoTrainerTest, DynamicSamplingRunsWithACriticARewardModelAndKlInTheReward) {
+  TempDir out;
+  Config c = config("ppo_toy", out.path());
+  c.apply_overrides(
+      {"reward_model.enable=true", "reward_model.model.path=" + toy_->path().string() + "/model",
+       "reward_model.centralized=true", "algorithm.use_kl_in_reward=true",
+       "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward",
+       "algorithm.filter_groups.max_num_gen_batches=3", "trainer.test_freq=-1",
+       "trainer.val_before_train=false"});
+  const FitResult r = PpoTrainer(c).fit();
+  ASSERT_EQ(r.steps, 2);
+  std::vector<std::string> keys = kActorMetrics;
+  std::erase(keys, "val-core/openai/gsm8k/reward/mean@1");
+  for (const char* k : {"critic/values/mean", "critic/vf_loss", "critic/kl", "timing_s/ref",
+                        "timing_s/values", "train/num_gen_batches"})
+    keys.push_back(k);
+  expect_finite_metrics(r, keys);
+  // The reward model's continuous scores vary in every group: one batch a step.
+  EXPECT_EQ(r.last_metrics.at("train/num_gen_batches"), 1.0);
+  EXPECT_EQ(r.last_metrics.count("timing_s/reward_wait"), 0u);
+}
+
 TEST_F(PpoTrainerTest, RemaxScoresEachPromptsGreedyResponseAsItsBaseline) {
   TempDir out;
   Config c = config("grpo_toy", out.path());
@@ -484,6 +587,57 @@ TEST_F(PpoTrainerTest, RemaxScoresEachPromptsGreedyResponseAsItsBaseline) {
   // The greedy pass ran (verl's gen_max phase); its baselines reach the
   // estimator, which would throw without them.
   EXPECT_EQ(r.last_metrics.count("timing_s/gen_max"), 1u);
+}
+
+// algorithm.rollout_correction in the synchronous loop (verl's decoupled
+// mode): the rollout's log-probs against the old-log-prob pass's (which runs
+// although the step is on-policy), token TIS weights into the update and a
+// token_k1 rejection mask, with verl's rollout_corr/* metrics.
+TEST_F(PpoTrainerTest, RolloutCorrectionWeighsAndRejectsWithVerlsMetrics) {
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  const std::string k = "algorithm.rollout_correction.";
+  c.apply_overrides({"trainer.total_training_steps=1", "trainer.val_before_train=false",
+                     "trainer.test_freq=-1", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                     k + "rollout_is=token", k + "rollout_is_threshold=2.0",
+                     k + "rollout_rs=token_k1", k + "rollout_rs_threshold=0.5_2.0"});
+  PpoTrainer trainer(c);
+  const FitResult r = trainer.fit();
+  EXPECT_EQ(r.steps, 1);
+  std::vector<std::string> keys = {"timing_s/old_log_prob", "actor/pg_loss"};
+  for (const char* name : {"rollout_is_mean", "rollout_is_max", "rollout_is_eff_sample_size",
+                           "rollout_is_ratio_fraction_high", "rollout_rs_token_k1_mean",
+                           "rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction",
+                           "training_ppl", "rollout_ppl", "kl", "k3_kl", "chi2_token", "chi2_seq"})
+    keys.push_back(std::string("rollout_corr/") + name);
+  expect_finite_metrics(r, keys);
+  const auto& m = r.last_metrics;
+  // The rollout engine and the actor compute one policy's log-probs (fp32 on
+  // the CPU, in another kernel order): ratios near 1, none truncated or
+  // rejected at these loose bounds.
+  EXPECT_LE(m.at("rollout_corr/rollout_is_max"), 2.0);
+  EXPECT_NEAR(m.at("rollout_corr/rollout_is_mean"), 1.0, 1e-2);
+  EXPECT_EQ(m.at("rollout_corr/rollout_rs_masked_fraction"), 0.0);
+  EXPECT_NEAR(m.at("rollout_corr/kl"), 0.0, 1e-2);
+}
+
+// The optimal-token-baseline estimators in the synchronous loop: the
+// old-log-prob pass returns Σπ² (unfused LM head) and the advantages are the
+// OTB's (they would throw without it).
+TEST_F(PpoTrainerTest, OptimalTokenBaselinesTrainOnTheActorsSumPiSquared) {
+  for (const char* estimator : {"optimal_token_baseline", "tir_optimal_token_baseline"}) {
+    SCOPED_TRACE(estimator);
+    TempDir out;
+    Config c = config("grpo_toy", out.path());
+    c.apply_overrides({"trainer.total_training_steps=1", "trainer.val_before_train=false",
+                       "trainer.test_freq=-1", std::string("algorithm.adv_estimator=") + estimator,
+                       "actor_rollout_ref.model.use_fused_kernels=false"});
+    PpoTrainer trainer(c);
+    const FitResult r = trainer.fit();
+    EXPECT_EQ(r.steps, 1);
+    expect_finite_metrics(r, {"critic/advantages/mean", "critic/returns/mean", "actor/pg_loss",
+                              "timing_s/old_log_prob"});
+  }
 }
 
 }  // namespace

@@ -274,5 +274,149 @@ TEST(Gpg, ScalesTheGroupCentredScoreByBatchOverNonzeroScores) {
                at::zeros({2, 2}), Tolerance::exact(), "all zero");
 }
 
+// --- Optimal token baseline ----------------------------------------------------
+// verl has no test vectors for these estimators; the expected values are
+// worked out by hand from verl's definition (core_algos.py): G = reward-to-go
+// of the masked rewards, w = 1 − 2π + Σπ² (times ρ̄²), W = cumsum(w·mask),
+// B_t = Σ_i G·W·mask / (Σ_i W·mask + 1e-8) per group. The inputs give w
+// directly: π and Σπ² are chosen so that w is a short binary fraction.
+
+// log π for the given π, in fp32 (exp of it is π to one rounding).
+at::Tensor log_of(std::initializer_list<std::initializer_list<double>> pi) {
+  return rows(pi, at::kDouble).log().to(at::kFloat);
+}
+
+// Group a = rows 0, 1; row 2 is a singleton. Row 1's reward 9 sits at a masked
+// position (ignored).
+struct TokenBaselineBatch {
+  at::Tensor rewards = rows({{0, 0, 1}, {0, 2, 9}, {3, 0, 0}});
+  at::Tensor mask = rows({{1, 1, 1}, {1, 1, 0}, {1, 0, 0}}, at::kLong);
+  Uids uids = {"a", "a", "b"};
+  // w: row 0 (0.5, 0.25, 1), row 1 (1, 0.25, ·), row 2 (1, ·, ·).
+  TokenBaselineInputs policy{log_of({{0.5, 0.5, 0.5}, {0.25, 0.75, 0.5}, {0.5, 0.5, 0.5}}),
+                             rows({{0.5, 0.25, 1.0}, {0.5, 0.75, 0.5}, {1.0, 0.5, 0.5}}),
+                             at::Tensor()};
+};
+
+// Baselines ~ 2, a chain of a few terms each.
+const Tolerance kOtbTol = Tolerance::fp32(8, 4);
+
+TEST(OptimalTokenBaseline, WeighsTheGroupsReturnsByTheirRealizedEnergyPerColumn) {
+  const TokenBaselineBatch b;
+  // G: row 0 (1, 1, 1), row 1 (2, 2, 0), row 2 (3, 0, 0).
+  // W: row 0 (0.5, 0.75, 1.75), row 1 (1, 1.25, 1.25).
+  // B: t0 (1·0.5 + 2·1)/1.5 = 5/3; t1 (0.75 + 2·1.25)/2 = 1.625;
+  //    t2 (1.75 + 0)/1.75 = 1 (row 1 is masked there).
+  const at::Tensor returns = rows({{1, 1, 1}, {2, 2, 0}, {3, 0, 0}}, at::kDouble);
+  TokenBaselineOptions no_tail;
+  no_tail.handle_zero_tail = false;
+  const AdvantageResult plain =
+      compute_optimal_token_baseline(b.rewards, b.mask, b.uids, b.policy, no_tail);
+  expect_close(
+      plain.advantages,
+      rows({{1 - 5.0 / 3, 1 - 1.625, 0}, {2 - 5.0 / 3, 2 - 1.625, 0}, {3, 0, 0}}, at::kDouble),
+      kOtbTol, "advantages");
+  expect_close(plain.returns, returns, Tolerance::exact(), "returns");
+  // Zero tail (the default): row 0 is the only longest (3 > 2), so its
+  // baseline is 0 from column 2 on and its advantage there is G = 1.
+  const AdvantageResult tail = compute_optimal_token_baseline(b.rewards, b.mask, b.uids, b.policy);
+  expect_close(
+      tail.advantages,
+      rows({{1 - 5.0 / 3, 1 - 1.625, 1}, {2 - 5.0 / 3, 2 - 1.625, 0}, {3, 0, 0}}, at::kDouble),
+      kOtbTol, "advantages with zero tail");
+  expect_close(tail.returns, returns, Tolerance::exact(), "returns with zero tail");
+}
+
+TEST(OptimalTokenBaseline, RolloutIsWeightsScaleTheEnergyByTheirSquare) {
+  TokenBaselineBatch b;
+  b.policy.rollout_is_weights = rows({{1, 1, 1}, {2, 1, 1}, {1, 1, 1}});
+  // Row 1's w becomes (4, 0.25): W (4, 4.25). B: t0 (0.5 + 2·4)/4.5 = 17/9;
+  // t1 (0.75 + 2·4.25)/5 = 1.85; t2 1 (row 0 is the longest: 0 there).
+  expect_close(
+      compute_optimal_token_baseline(b.rewards, b.mask, b.uids, b.policy).advantages,
+      rows({{1 - 17.0 / 9, 1 - 1.85, 1}, {2 - 17.0 / 9, 2 - 1.85, 0}, {3, 0, 0}}, at::kDouble),
+      kOtbTol, "advantages");
+}
+
+TEST(OptimalTokenBaseline, EqualLengthsKeepTheWholeBaselineAndGroupsInterleave) {
+  // Rows 0 and 2 form a group (lengths 2 and 2: no zero tail), row 1 is a
+  // singleton between them. w = 1 − 2·0.5 + 0.5 = 0.5 everywhere: W (0.5, 1).
+  const at::Tensor r = rows({{0, 1}, {0, 4}, {0, 3}});
+  const at::Tensor m = at::ones({3, 2}, at::kLong);
+  const TokenBaselineInputs policy{log_of({{0.5, 0.5}, {0.5, 0.5}, {0.5, 0.5}}),
+                                   at::full({3, 2}, 0.5f), at::Tensor()};
+  // B: t0 (1·0.5 + 3·0.5)/1 = 2, t1 (1 + 3)/2 = 2.
+  expect_close(compute_optimal_token_baseline(r, m, {"x", "y", "x"}, policy).advantages,
+               rows({{-1, -1}, {4, 4}, {1, 1}}, at::kDouble), kOtbTol, "advantages");
+}
+
+TEST(TirOptimalTokenBaseline, PacksEachRowsValidTokensSoHolesDoNotShiftTheBaseline) {
+  // Row 0 has a hole at t = 1 (a tool's output: its reward 5 is ignored),
+  // row 1 trailing padding. w: row 0 (0.5, ·, 0.25, 1), row 1 (1, 0.25, 0.5, ·).
+  const at::Tensor r = rows({{0, 5, 0, 1}, {0, 0, 2, 0}});
+  const at::Tensor m = rows({{1, 0, 1, 1}, {1, 1, 1, 0}}, at::kLong);
+  const Uids uids = {"a", "a"};
+  const TokenBaselineInputs policy{log_of({{0.5, 0.5, 0.5, 0.5}, {0.25, 0.75, 0.5, 0.5}}),
+                                   rows({{0.5, 0.5, 0.25, 1.0}, {0.5, 0.75, 0.5, 0.5}}),
+                                   at::Tensor()};
+  // G: row 0 (1, 1, 1, 1), row 1 (2, 2, 2, 0). W (carried over the hole):
+  // row 0 (0.5, 0.5, 0.75, 1.75), row 1 (1, 1.25, 1.75, 1.75).
+  // Packed: row 0 W (0.5, 0.75, 1.75), row 1 W (1, 1.25, 1.75), G 1s and 2s;
+  // b*: (0.5 + 2)/1.5 = 5/3, (0.75 + 2.5)/2 = 1.625, (1.75 + 3.5)/3.5 = 1.5.
+  // Equal lengths (3, 3): no zero tail. Row 0's packed advantages go back to
+  // t = 0, 2, 3.
+  const AdvantageResult tir = compute_tir_optimal_token_baseline(r, m, uids, policy);
+  expect_close(tir.advantages,
+               rows({{1 - 5.0 / 3, 0, 1 - 1.625, 1 - 1.5}, {2 - 5.0 / 3, 2 - 1.625, 2 - 1.5, 0}},
+                    at::kDouble),
+               kOtbTol, "tir advantages");
+  expect_close(tir.returns, rows({{1, 1, 1, 1}, {2, 2, 2, 0}}, at::kDouble), Tolerance::exact(),
+               "tir returns");
+  // The column-wise estimator pairs row 0's third token with row 1's second:
+  // B t1 = 2·1.25/1.25 = 2, t2 = (0.75 + 3.5)/2.5 = 1.7, t3 = 1.75/1.75 = 1.
+  expect_close(compute_optimal_token_baseline(r, m, uids, policy).advantages,
+               rows({{1 - 5.0 / 3, 0, 1 - 1.7, 0}, {2 - 5.0 / 3, 0, 2 - 1.7, 0}}, at::kDouble),
+               kOtbTol, "column-wise advantages");
+}
+
+TEST(TirOptimalTokenBaseline, ZeroesTheLongestRowsTailAndLeavesEmptyRowsOut) {
+  // Group a: row 0 (length 3), row 1 (length 1) and row 2 (empty: no part in
+  // the baseline, advantage 0). w: row 0 (0.5, 0.25, 1), row 1 (1, ·, ·).
+  const at::Tensor r = rows({{0, 0, 1}, {2, 0, 0}, {7, 0, 0}});
+  const at::Tensor m = rows({{1, 1, 1}, {1, 0, 0}, {0, 0, 0}}, at::kLong);
+  const TokenBaselineInputs policy{log_of({{0.5, 0.5, 0.5}, {0.25, 0.5, 0.5}, {0.5, 0.5, 0.5}}),
+                                   rows({{0.5, 0.25, 1.0}, {0.5, 0.5, 0.5}, {0.5, 0.5, 0.5}}),
+                                   at::Tensor()};
+  // Packed W: row 0 (0.5, 0.75, 1.75), row 1 (1, 0, 0); G row 0 1s, row 1 (2, 0, 0).
+  // b*: 2.5/1.5 = 5/3, 0.75/0.75 = 1, 1.75/1.75 = 1; row 0 is the only
+  // longest (3 > 1): its baseline is 0 from packed column 1 on.
+  const AdvantageResult out = compute_tir_optimal_token_baseline(r, m, {"a", "a", "a"}, policy);
+  expect_close(out.advantages,
+               rows({{1 - 5.0 / 3, 1, 1}, {2 - 5.0 / 3, 0, 0}, {0, 0, 0}}, at::kDouble), kOtbTol,
+               "advantages");
+  // Alone in its group after the empty row leaves, a row keeps its return.
+  const AdvantageResult single = compute_tir_optimal_token_baseline(r, m, {"a", "b", "b"}, policy);
+  expect_close(single.advantages.narrow(0, 1, 1), rows({{2, 0, 0}}, at::kDouble), kOtbTol,
+               "singleton after the empty row");
+}
+
+TEST(OptimalTokenBaseline, RefusesMissingOrMisshapenPolicyInputs) {
+  const TokenBaselineBatch b;
+  TokenBaselineInputs no_sum = b.policy;
+  no_sum.sum_pi_squared = at::Tensor();
+  EXPECT_THROW(compute_optimal_token_baseline(b.rewards, b.mask, b.uids, no_sum),
+               baton::InvalidArgument);
+  TokenBaselineInputs narrow = b.policy;
+  narrow.old_log_probs = narrow.old_log_probs.narrow(1, 0, 2);
+  EXPECT_THROW(compute_tir_optimal_token_baseline(b.rewards, b.mask, b.uids, narrow),
+               baton::InvalidArgument);
+  TokenBaselineInputs bad_weights = b.policy;
+  bad_weights.rollout_is_weights = at::ones({1, 3});
+  EXPECT_THROW(compute_optimal_token_baseline(b.rewards, b.mask, b.uids, bad_weights),
+               baton::InvalidArgument);
+  EXPECT_THROW(compute_optimal_token_baseline(b.rewards, b.mask, {"a"}, b.policy),
+               baton::InvalidArgument);
+}
+
 }  // namespace
 }  // namespace baton::algos

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,6 +41,9 @@ AdvantageInputs inputs() {
   in.uids = {"a", "b", "a"};
   in.values = at::full({3, 2}, 0.5f);
   in.reward_baselines = at::tensor({0.5f, 0.5f, 0.5f});
+  in.old_log_probs = at::full({3, 2}, std::log(0.5f));
+  in.sum_pi_squared = at::full({3, 2}, 0.375f);
+  in.rollout_is_weights = at::tensor({1.0f, 2.0f, 1.0f, 1.0f, 0.5f, 1.0f}).reshape({3, 2});
   return in;
 }
 
@@ -47,7 +51,8 @@ TEST(AlgoRegistry, ListsEveryBuiltInEstimatorAndLoss) {
   const std::vector<std::string> estimators = advantage_estimator_names();
   for (const char* name :
        {"gae", "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized",
-        "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "gpg"})
+        "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "gpg",
+        "optimal_token_baseline", "tir_optimal_token_baseline"})
     EXPECT_EQ(std::count(estimators.begin(), estimators.end(), name), 1) << name;
   EXPECT_TRUE(std::is_sorted(estimators.begin(), estimators.end()));
   const std::vector<std::string> losses = policy_loss_names();
@@ -80,6 +85,9 @@ TEST(AlgoRegistry, EstimatorsByNameGiveWhatTheirFunctionsGive) {
   same("remax", compute_remax(r, in.reward_baselines, m));
   same("opo", compute_opo(r, m, in.uids));
   same("gpg", compute_gpg(r, m, in.uids, 2));
+  const TokenBaselineInputs policy{in.old_log_probs, in.sum_pi_squared, in.rollout_is_weights};
+  same("optimal_token_baseline", compute_optimal_token_baseline(r, m, in.uids, policy));
+  same("tir_optimal_token_baseline", compute_tir_optimal_token_baseline(r, m, in.uids, policy));
   AdvantageInputs pairs = in;  // pass@k needs groups of 2 or more rows
   pairs.uids = {"a", "a", "a"};
   expect_close(compute_advantage("grpo_passk", pairs, o).advantages,
@@ -95,6 +103,14 @@ TEST(AlgoRegistry, EstimatorsNameTheInputTheyMiss) {
   EXPECT_TRUE(contains(error_of([&] { compute_advantage("grpo", in); }), "uids"));
   in.reward_baselines = at::Tensor();
   EXPECT_TRUE(contains(error_of([&] { compute_advantage("remax", in); }), "reward_baselines"));
+  in = inputs();
+  in.sum_pi_squared = at::Tensor();
+  EXPECT_TRUE(contains(error_of([&] { compute_advantage("optimal_token_baseline", in); }),
+                       "sum_pi_squared"));
+  in = inputs();
+  in.old_log_probs = at::Tensor();
+  EXPECT_TRUE(contains(error_of([&] { compute_advantage("tir_optimal_token_baseline", in); }),
+                       "old_log_probs"));
 }
 
 TEST(AlgoRegistry, UnknownNamesFailNamingTheClosestAndAllKnown) {

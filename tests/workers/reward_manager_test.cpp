@@ -66,6 +66,13 @@ void register_test_functions() {
         for (double v : extra.at("rollout_reward_scores").at(key)) sum += v;
       return sum + (extra.contains("index") ? 1000.0 : 0.0);
     });
+    // What extra_info carries beyond the row's own: 1 for rollout_reward_scores,
+    // 10 for num_turns.
+    register_reward_function("rm_test_rollout_keys", [](const RewardInput& in) {
+      const nlohmann::json extra = nlohmann::json::parse(in.extra_info);
+      return (extra.contains("rollout_reward_scores") ? 1.0 : 0.0) +
+             (extra.contains("num_turns") ? 10.0 : 0.0);
+    });
     return true;
   }();
   (void)done;
@@ -269,15 +276,41 @@ TEST(RewardManager, AMultiTurnRolloutsScoresAndTurnsReachTheFunction) {
   EXPECT_EQ(rm.compute(batch).scores, (std::vector<double>{1301.5, 200.25}));
 }
 
+// verl's dapo manager passes a multi-turn rollout's rollout_reward_scores but
+// not its num_turns; the naive manager passes both.
+TEST(RewardManager, TheDapoManagerPassesRolloutScoresButNotTurns) {
+  register_test_functions();
+  DataProto batch = make_batch({{"Q", ids("a"), "s", "x"}});
+  batch.set_column("rollout_reward_scores",
+                   List{Value(R"({"tool_rewards": [0.5], "turn_scores": []})")});
+  batch.set_tensor("multi_turn_turns", at::tensor({2.0f}));
+  const auto options = RewardManagerOptions().set_reward_fn_name("rm_test_rollout_keys");
+  EXPECT_EQ(RewardManager(tok(), options).compute(batch).scores, (std::vector<double>{11.0}));
+  const RewardManager dapo(tok(), RewardManagerOptions(options).set_kind(RewardManagerKind::kDapo));
+  EXPECT_EQ(dapo.compute(batch).scores, (std::vector<double>{1.0}));
+}
+
+TEST(RewardManager, KindsAreNaiveAndDapo) {
+  EXPECT_EQ(parse_reward_manager_kind("naive"), RewardManagerKind::kNaive);
+  EXPECT_EQ(parse_reward_manager_kind("dapo"), RewardManagerKind::kDapo);
+  try {
+    parse_reward_manager_kind("prime");
+    ADD_FAILURE() << "prime was accepted";
+  } catch (const baton::InvalidArgument& e) {
+    EXPECT_CONTAINS(e.what(), "'prime' is not one of: naive, dapo");
+  }
+}
+
 TEST(RewardManager, OverlongBufferPenalisesLinearlyPastTheExpectedLength) {
   register_test_functions();
   // max_resp_len 8, buffer 4: no penalty up to 4 tokens, -0.25 per token after.
-  const RewardManager rm(tok(), RewardManagerOptions().set_reward_fn_name("rm_test_one").set_overlong_buffer(
-                                    {.enable = true,
-                                     .len = 4,
-                                     .penalty_factor = 1.0,
-                                     .max_resp_len = 8,
-                                     .log = true}));
+  const RewardManager rm(
+      tok(),
+      RewardManagerOptions()
+          .set_kind(RewardManagerKind::kDapo)
+          .set_reward_fn_name("rm_test_one")
+          .set_overlong_buffer(
+              {.enable = true, .len = 4, .penalty_factor = 1.0, .max_resp_len = 8, .log = true}));
   const int32_t a = single_id("a");
   const DataProto batch = make_batch({{"Q", std::vector<int32_t>(3, a), "s", "x"},
                                       {"Q", std::vector<int32_t>(4, a), "s", "x"},
@@ -410,12 +443,24 @@ TEST(RewardManager, MissingOrMalformedInputsAreNamed) {
 TEST(RewardManager, ConstructorRejectsBadOptions) {
   EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_reward_fn_name("no_such_fn")),
                baton::InvalidArgument);
-  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_num_examine(-1)), baton::InvalidArgument);
-  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_overlong_buffer({.enable = true})),
+  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_num_examine(-1)),
                baton::InvalidArgument);
-  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions().set_overlong_buffer(
+  const auto dapo = RewardManagerOptions().set_kind(RewardManagerKind::kDapo);
+  EXPECT_THROW(
+      RewardManager(tok(), RewardManagerOptions(dapo).set_overlong_buffer({.enable = true})),
+      baton::InvalidArgument);
+  EXPECT_THROW(RewardManager(tok(), RewardManagerOptions(dapo).set_overlong_buffer(
                                         {.enable = true, .len = 9, .max_resp_len = 8})),
                baton::InvalidArgument);
+  // The overlong buffer is the dapo manager's: the naive one refuses it.
+  const OverlongBufferOptions valid{.enable = true, .len = 4, .max_resp_len = 8};
+  EXPECT_NO_THROW(RewardManager(tok(), RewardManagerOptions(dapo).set_overlong_buffer(valid)));
+  try {
+    RewardManager(tok(), RewardManagerOptions().set_overlong_buffer(valid));
+    ADD_FAILURE() << "a naive manager took an overlong buffer";
+  } catch (const baton::InvalidArgument& e) {
+    EXPECT_CONTAINS(e.what(), "reward_model.reward_manager = dapo");
+  }
 }
 
 }  // namespace

@@ -160,6 +160,72 @@ TEST(ActorRolloutRefWorker, TrainingLogProbsMatchTheRolloutsAndAgreeAcrossLayout
   }
 }
 
+// Σ_v π(v)² of every response position of `batch` under logits /
+// `temperature`, from the fixture's full logits in one process (verl's
+// exp(logsumexp(2l) − 2·logsumexp(l)), in double); 0 past a response's end.
+at::Tensor reference_sum_pi_squared(const DataProto& batch, double temperature) {
+  engine::HfModel hf = engine::load_hf_model(kModel);
+  engine::Transformer model(hf.config, engine::ParallelState::single());
+  model.load_state_dict(engine::hf_to_shard(hf.weights, hf.config, model.shard_spec()));
+  at::NoGradGuard no_grad;
+  const at::Tensor ids = batch.tensor("input_ids"), mask = batch.tensor("attention_mask");
+  const int64_t R = batch.tensor("responses").size(1), P = ids.size(1) - R;
+  at::Tensor out = at::zeros({ids.size(0), R}, at::kDouble);
+  for (int64_t r = 0; r < ids.size(0); ++r) {
+    const at::Tensor seq = ids[r].masked_select(mask[r].ne(0)).view({1, -1});
+    const int64_t n = seq.size(1);
+    const int64_t prompt = mask[r].slice(0, 0, P).ne(0).sum().item<int64_t>();
+    const at::Tensor x =
+        model.forward(seq, at::arange(n, at::kLong).view({1, n}), at::ones({1, n}, at::kLong))[0]
+            .to(at::kDouble) /
+        temperature;
+    for (int64_t t = 0; prompt + t < n; ++t) {
+      const at::Tensor l = x[prompt - 1 + t];
+      out[r][t] = (at::logsumexp(2 * l, 0) - 2 * at::logsumexp(l, 0)).exp();
+    }
+  }
+  return out;
+}
+
+TEST(ActorRolloutRefWorker, SumPiSquaredIsTheSoftmaxSquareSumInEveryLayout) {
+  DataProto batch;
+  {
+    WorkerGroup g = spawn(actor_rollout_ref_worker_class(), actor_options(1, 1, 1).to_json(), 1, 1);
+    batch = g.call("generate_sequences", {prompts()}).get().as<DataProto>();
+  }
+  // The distribution of the log-probs: logits / temperature.
+  batch.set_meta("temperature", Value(0.7));
+  const at::Tensor expected = reference_sum_pi_squared(batch, 0.7);
+  const at::Tensor mask = batch.tensor("response_mask").to(at::kDouble);
+  // A logit error δ (the log-prob tolerance's absolute part, / 0.7 here)
+  // moves log Σe^{2l} by up to 2δ and 2·log Σe^l by 2δ: Σπ² ≤ 1 moves by at
+  // most 4δ.
+  const Tolerance tol{4 * log_prob_tolerance(batch).atol / 0.7, 0};
+  DataProto asked = batch;
+  asked.set_meta("calculate_sum_pi_squared", Value(true));
+  for (auto [tp, pp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+    const std::string layout = "tp" + std::to_string(tp) + " pp" + std::to_string(pp);
+    WorkerGroup g =
+        spawn(actor_rollout_ref_worker_class(), actor_options(tp, pp, tp).to_json(), tp, pp);
+    EXPECT_FALSE(
+        g.call("compute_log_prob", {batch}).get().as<DataProto>().has_tensor("sum_pi_squared"))
+        << layout << ": only when asked";
+    const DataProto out = g.call("compute_log_prob", {asked}).get().as<DataProto>();
+    test::expect_close(out.tensor("sum_pi_squared").to(at::kDouble) * mask, expected * mask, tol,
+                       "sum_pi_squared " + layout);
+  }
+  // The fused LM head forms no logits: the call fails naming the key to change.
+  ActorRolloutRefOptions fused = actor_options(1, 1, 1);
+  fused.model.fused_lm_head = true;
+  WorkerGroup g = spawn(actor_rollout_ref_worker_class(), fused.to_json(), 1, 1);
+  try {
+    g.call("compute_log_prob", {asked}).get();
+    ADD_FAILURE() << "a fused LM head returned sum_pi_squared";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use_fused_kernels=false"), std::string::npos) << e.what();
+  }
+}
+
 DataProto with_advantages(DataProto batch) {
   const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
   // Rows alternate +1 / -1: half the samples are reinforced.

@@ -29,6 +29,7 @@
 #include "trainer/trainer_state.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/kl.h"
+#include "workers/algos/rollout_correction.h"
 #include "workers/roles/prompt_batch.h"
 #include "workers/roles/rollout_worker.h"
 
@@ -216,20 +217,22 @@ std::string error_text(const std::exception_ptr& e) {
   }
 }
 
-// Truncated IS (verl's rollout_is with a token-level cap, slime's TIS):
-// w = min(exp(old − rollout), cap), data, not differentiated; zero on
-// padding. A batch without response tokens gives no metric, never a NaN.
+// Truncated IS (verl's rollout_is = token with a cap, slime's TIS; the
+// kernel of algorithm.rollout_correction): w = min(exp(old − rollout), cap),
+// data, not differentiated; zero on padding. A batch without response
+// tokens gets zero weights and no metric, never a NaN.
 void set_tis_weights(DataProto& batch, double cap, Metrics& m) {
-  const at::Tensor mask = batch.tensor("response_mask").to(at::kFloat);
-  const at::Tensor ratio =
-      (batch.tensor("old_log_probs") - batch.tensor("rollout_log_probs")).exp();
-  const at::Tensor w = ratio.clamp_max(cap) * mask;
-  batch.set_tensor("rollout_is_weights", w);
-  const double tokens = mask.sum().item<double>();
-  if (tokens > 0) {
-    m["async/tis_weight_mean"] = w.sum().item<double>() / tokens;
-    m["async/tis_clip_frac"] = ((ratio > cap).to(at::kFloat) * mask).sum().item<double>() / tokens;
+  const at::Tensor mask = batch.tensor("response_mask");
+  const at::Tensor log_ratio = batch.tensor("old_log_probs") - batch.tensor("rollout_log_probs");
+  if (!mask.ne(0).any().item<bool>()) {
+    batch.set_tensor("rollout_is_weights", at::zeros_like(log_ratio));
+    return;
   }
+  algos::RolloutIsWeights w =
+      algos::compute_rollout_is_weights(log_ratio, mask, algos::RolloutIsLevel::Token, {cap, {}});
+  batch.set_tensor("rollout_is_weights", w.weights);
+  m["async/tis_weight_mean"] = w.metrics.at("rollout_is_mean");
+  m["async/tis_clip_frac"] = w.metrics.at("rollout_is_ratio_fraction_high");
 }
 
 // The trainer loop of fit_async, one step() per training step, with the
@@ -355,7 +358,9 @@ void AsyncFitLoop::train(DataProto& batch, StepTimer& timed, Metrics& m) {
   timed("reward", [&] { reward_phase(st_, batch, rm, m); });
   // Always computed: the proximal policy of the update (decoupled PPO) and
   // the numerator of the IS weights.
-  timed("old_log_prob", [&] { old_log_prob_pass(actor_, batch, s_.loss_agg_mode, m); });
+  timed("old_log_prob", [&] {
+    old_log_prob_pass(actor_, batch, s_.loss_agg_mode, m, s_.calculate_sum_pi_squared);
+  });
   if (as_.tis_cap) set_tis_weights(batch, *as_.tis_cap, m);
   if (s_.use_ref) timed("ref", [&] { ref_log_prob_pass(actor_, batch); });
   WorkerGroup* critic = s_.use_critic ? &st_.critic_role() : nullptr;

@@ -1,4 +1,5 @@
 #include "trainer/config/config.h"
+#include "trainer/config/verl_keys.h"
 
 #include "base/did_you_mean.h"
 
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -26,6 +28,9 @@ struct ConfigNode {
   std::vector<std::string> names;    // kMap: the keys of `children`
   std::vector<ConfigNode> children;  // kMap and kList
   std::string origin;                // where the value came from, for errors
+  // Set on a value assigned where null stood: the key has no type (Hydra's
+  // Any), so a later assignment may change it again (a string, then a list).
+  bool untyped = false;
 
   ConfigNode* child(std::string_view name) {
     for (size_t i = 0; i < names.size(); ++i)
@@ -359,6 +364,12 @@ void merge_map(const ConfigNode& root_for_errors, ConfigNode& root, ConfigNode& 
 void assign(ConfigNode& root, ConfigNode& dst, const ConfigNode& value, const std::string& key) {
   if (dst.kind == Kind::kMap && value.kind == Kind::kMap) {
     merge_map(root, root, dst, value, key);
+    return;
+  }
+  if (dst.kind == Kind::kNull || dst.untyped) {
+    dst = value;
+    dst.untyped = true;
+    strip_add_markers(dst);
     return;
   }
   const Kind expected = expected_kind(root, dst, key);
@@ -895,7 +906,19 @@ void Config::save(const std::filesystem::path& path) const {
 CommandLineConfig config_from_command_line(int argc, const char* const* argv,
                                            const std::filesystem::path& default_config) {
   std::filesystem::path file = default_config;
-  std::vector<std::string> overrides, others;
+  std::vector<std::string> overrides, others, notes;
+  // Hydra's pair (verl's command lines): a folder and a file in it.
+  std::optional<std::filesystem::path> hydra_dir;
+  std::optional<std::string> hydra_name;
+  const auto value_of = [&](int& i, std::string_view arg, std::string_view flag) {
+    if (arg.size() > flag.size() && arg[flag.size()] == '=')
+      return std::string(arg.substr(flag.size() + 1));
+    if (i + 1 >= argc) throw ConfigError(std::string(flag) + " needs a value");
+    return std::string(argv[++i]);
+  };
+  const auto is_flag = [](std::string_view arg, std::string_view flag) {
+    return arg.rfind(flag, 0) == 0 && (arg.size() == flag.size() || arg[flag.size()] == '=');
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--config") {
@@ -903,17 +926,38 @@ CommandLineConfig config_from_command_line(int argc, const char* const* argv,
       file = argv[++i];
     } else if (arg.rfind("--config=", 0) == 0) {
       file = arg.substr(std::string_view("--config=").size());
+    } else if (is_flag(arg, "--config-path")) {
+      hydra_dir = value_of(i, arg, "--config-path");
+    } else if (is_flag(arg, "--config-name")) {
+      hydra_name = value_of(i, arg, "--config-name");
     } else if (!arg.empty() && arg[0] != '-' && arg.find('=') != std::string_view::npos) {
       overrides.emplace_back(arg);
     } else {
       others.emplace_back(arg);
     }
   }
+  if (hydra_name) {
+    // A file of that name (".yaml" optional) in --config-path, else verl's
+    // own config names, which baton's configs/ppo_trainer.yaml stands for.
+    std::filesystem::path named = hydra_dir.value_or(".") / *hydra_name;
+    if (named.extension() != ".yaml") named += ".yaml";
+    const std::string stem = named.stem().string();
+    if (std::filesystem::exists(named)) {
+      file = named;
+    } else if (stem == "ppo_trainer" || stem == "ppo_megatron_trainer") {
+      if (file.empty()) file = "configs/ppo_trainer.yaml";
+      notes.push_back("--config-name=" + *hydra_name + ": verl's config; baton's " +
+                      file.string() + " has its keys (one config for both strategies)");
+    } else {
+      throw ConfigError("--config-name=" + *hydra_name + ": no such file " + named.string());
+    }
+  }
   if (file.empty())
     throw ConfigError(
         "no config file: pass --config path/to/config.yaml (e.g. configs/ppo_trainer.yaml)");
-  CommandLineConfig result{Config::load(file), std::move(others)};
-  result.config.apply_overrides(overrides);
+  CommandLineConfig result{Config::load(file), std::move(others), {}};
+  for (const std::string& o : overrides) apply_verl_override(result.config, o, notes);
+  result.notes = std::move(notes);
   return result;
 }
 

@@ -18,10 +18,11 @@
 // list or mapping (the base config's defaults fix them). A new value must be of
 // that type, except that an int is accepted for a float, any scalar for a
 // string (kept as its text), and null (which disables a setting) for anything.
-// A key whose value is null takes any value. Lists whose elements share one
-// scalar type take new elements of that type. Violations throw ConfigError
-// naming the key, the expected and the given type, and where the value came
-// from (the file or the override).
+// A key whose value is null takes any value, and goes on taking any value
+// (it has no type, as Hydra's Any: a path, then a list of paths). Lists whose
+// elements share one scalar type take new elements of that type. Violations
+// throw ConfigError naming the key, the expected and the given type, and
+// where the value came from (the file or the override).
 //
 // Unknown keys throw ConfigError naming the key and the closest known key (by
 // edit distance over full dotted paths).
@@ -179,9 +180,18 @@ std::vector<std::string> Config::get<std::vector<std::string>>(std::string_view 
 // argument (`+key=`, `++key=` too) applied as an override, in order. Arguments
 // that start with '-' or have no '=' are the driver's own: they are returned
 // in `other_args`, in order. argv[0] is skipped.
+//
+// verl's command lines run as they are: `--config-path DIR --config-name
+// NAME` (Hydra's, `=` or a space) loads DIR/NAME[.yaml], and verl's own
+// `ppo_trainer` / `ppo_megatron_trainer` (not a file there) stand for
+// `default_config` (configs/ppo_trainer.yaml when there is none); an
+// override of a verl key baton lacks is decided by its verl entry
+// (trainer/config/verl_keys.h). What either did is in `notes`, one line each,
+// for the driver to log.
 struct CommandLineConfig {
   Config config;
   std::vector<std::string> other_args;
+  std::vector<std::string> notes;
 };
 // Throws ConfigError when there is no config file (no --config and no
 // default), `--config` has no value, or the file or an override fails.

@@ -342,6 +342,73 @@ void check_critic_reward_and_algorithm(Problems& p, const TrainerSettings& s) {
     if (s.kl_ctrl.target_kl <= 0)
       p.add("algorithm.kl_ctrl.target_kl must be > 0 with algorithm.kl_ctrl.type = adaptive");
   }
+  // Σπ² needs the logits, which a fused LM head never forms (verl's rule too).
+  if (s.calculate_sum_pi_squared && s.actor.model.fused_lm_head)
+    p.add(cat("actor_rollout_ref.model.use_fused_kernels = true, but ",
+              s.adv_estimator.find("optimal_token_baseline") != std::string::npos
+                  ? "algorithm.adv_estimator = " + s.adv_estimator
+                  : std::string("actor_rollout_ref.actor.calculate_sum_pi_squared = true"),
+              " needs Σπ² of every response token, which the fused LM head does not compute: "
+              "set actor_rollout_ref.model.use_fused_kernels = false"));
+  if (s.async.enable && s.async.tis_cap && s.rollout_correction.rollout_is)
+    p.add(cat(
+        "algorithm.rollout_correction.rollout_is with async_training.tis_cap = ", *s.async.tis_cap,
+        ": both set the update's rollout_is_weights; set async_training.tis_cap = null to "
+        "use rollout_correction's, or rollout_is = null to keep the async TIS"));
+}
+
+// reward_model.reward_manager's keys: the overlong buffer is the dapo
+// manager's, shapes the rule reward only, and fits in the response.
+void check_reward_manager(Problems& p, const TrainerSettings& s) {
+  const rewards::OverlongBufferOptions& o = s.overlong_buffer;
+  if (!o.enable) return;
+  const std::string k = "reward_model.overlong_buffer";
+  if (s.reward_manager != rewards::RewardManagerKind::kDapo)
+    p.add(k +
+          ".enable = true needs reward_model.reward_manager = dapo (the naive manager has "
+          "no overlong buffer)");
+  if (s.use_rm)
+    p.add(k +
+          ".enable = true with reward_model.enable = true: the reward model's scores "
+          "replace the rule reward, and its overlong penalty with it");
+  if (o.len < 1)
+    p.add(cat(k, ".len = ", o.len, " must be >= 1 with ", k, ".enable = true"));
+  else if (o.len > s.max_response_length)
+    p.add(cat(k, ".len = ", o.len, " is more than data.max_response_length = ",
+              s.max_response_length, " (the buffer is the last len tokens of a response)"));
+}
+
+// algorithm.filter_groups (DAPO's dynamic sampling, trainer/dynamic_sampling.h)
+// and data.gen_batch_size, which only it lets differ from train_batch_size.
+void check_dynamic_sampling(Problems& p, const TrainerSettings& s) {
+  p.at_least("data.gen_batch_size", s.gen_batch, 1);
+  const FilterGroupsOptions& f = s.filter_groups;
+  const std::string k = "algorithm.filter_groups";
+  if (!f.enable) {
+    if (s.gen_batch != s.train_batch)
+      p.add(cat("data.gen_batch_size = ", s.gen_batch,
+                " differs from data.train_batch_size = ", s.train_batch, ": only ", k,
+                ".enable = true generates batches of another size than it trains on"));
+    return;
+  }
+  const std::vector<std::string> metrics = {"acc", "score", "seq_reward", "seq_final_reward"};
+  if (f.metric.empty()) {
+    p.add(k + ".metric is null; " + k +
+          ".enable = true needs the value whose groups must vary: acc, score, seq_reward or "
+          "seq_final_reward");
+  } else if (std::find(metrics.begin(), metrics.end(), f.metric) == metrics.end()) {
+    p.add(cat(k, ".metric = '", f.metric,
+              "' is not one of: acc, score, seq_reward, seq_final_reward"));
+  } else if (s.use_rm && (f.metric == "acc" || f.metric == "score")) {
+    p.add(cat(k, ".metric = ", f.metric,
+              " is the rule reward's; with reward_model.enable = true the reward model scores, "
+              "which gives no per-row ",
+              f.metric, " (use seq_reward or seq_final_reward)"));
+  }
+  if (s.async.enable)
+    p.add(k +
+          ".enable = true with async_training.enable = true: dynamic sampling runs in the "
+          "synchronous trainer only");
 }
 
 // The run: files, epochs, steps, logging, restarts, resume.
@@ -400,6 +467,8 @@ std::vector<std::string> settings_problems(const TrainerSettings& s) {
   check_batches(p, s, layouts);
   check_actor(p, s);
   check_critic_reward_and_algorithm(p, s);
+  check_reward_manager(p, s);
+  check_dynamic_sampling(p, s);
   check_run(p, s);
   check_async_training(p, s);
   return p.take();

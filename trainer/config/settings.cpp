@@ -10,6 +10,7 @@
 #include "trainer/async/staleness_policy.h"
 #include "trainer/config/config_validation.h"
 #include "trainer/step_profiler.h"
+#include "workers/rewards/verl_reward_score.h"
 #include "workers/tools/tool_config.h"
 
 namespace baton::trainer {
@@ -168,12 +169,24 @@ void read_lora_adapter(Reader& r, workers::ModelOptions& m) {
   }
 }
 
+// <role>.strategy: megatron, or verl's fsdp / fsdp2 run as data parallel with
+// a sharded optimizer state (a note says so).
+void read_strategy(Reader& r, TrainerSettings& s, const std::string& key, bool distributed) {
+  const std::string strategy = r.one_of(key, {"megatron", "fsdp", "fsdp2"});
+  if (strategy != "fsdp" && strategy != "fsdp2") return;
+  s.notes.push_back(
+      key + "=" + strategy + ": baton's engine trains data parallel over the megatron.* layout " +
+      (distributed ? "with the optimizer state sharded over the data-parallel ranks (ZeRO-1); "
+                     "parameters and gradients stay whole on each rank"
+                   : "with whole parameters, gradients and optimizer state on each rank "
+                     "(use_distributed_optimizer is false)"));
+}
+
 void read_actor(Reader& r, TrainerSettings& s) {
   const std::string a = "actor_rollout_ref.actor";
   workers::ActorRolloutRefOptions& o = s.actor;
   TrainedRoleSettings& t = s.actor_train;
   o.model.path = s.model_path;
-  r.one_of(a + ".strategy", {"megatron"});
   o.model.tp = r.get<int64_t>(a + ".megatron.tensor_model_parallel_size");
   o.model.pp = r.get<int64_t>(a + ".megatron.pipeline_model_parallel_size");
   o.model.seed = static_cast<uint64_t>(r.get<int64_t>(a + ".megatron.seed"));
@@ -198,15 +211,22 @@ void read_actor(Reader& r, TrainerSettings& s) {
   t.budget = {r.get<bool>(a + ".use_dynamic_bsz"),
               r.get<int64_t>(a + ".ppo_max_token_len_per_gpu")};
   o.update.epochs = r.get<int64_t>(a + ".ppo_epochs");
+  s.calculate_sum_pi_squared = r.get<bool>(a + ".calculate_sum_pi_squared") ||
+                               s.adv_estimator == "optimal_token_baseline" ||
+                               s.adv_estimator == "tir_optimal_token_baseline";
+  // Rollout correction and Σπ² need the old-log-prob pass before the advantages.
   s.old_log_prob_from_update =
       r.get<bool>(a + ".skip_old_log_prob_on_policy") && o.update.epochs == 1 &&
-      t.mini_prompts(s.train_batch) == s.train_batch && !s.use_kl_in_reward;
+      t.mini_prompts(s.train_batch) == s.train_batch && !s.use_kl_in_reward &&
+      !s.rollout_correction.enabled() && !s.calculate_sum_pi_squared;
   o.update.shuffle = r.get<bool>(a + ".shuffle");
   o.update.loss_agg_mode = s.loss_agg_mode;
   o.update.loss_scale_factor = r.get_optional<double>(a + ".loss_scale_factor");
   o.update.seed = s.data_seed;
   o.optim = optim_from(r, a + ".optim", r.get<double>(a + ".grad_clip"), t);
   o.optim.distributed = r.get<bool>(a + ".megatron.use_distributed_optimizer");
+  read_strategy(r, s, a + ".strategy", o.optim.distributed);
+  s.remove_padding = r.get<bool>("actor_rollout_ref.model.use_remove_padding");
   o.optim.overlap_grad_reduce = r.get<bool>(a + ".megatron.overlap_grad_reduce");
   o.optim.bucket_bytes = r.get<int64_t>(a + ".megatron.grad_reduce_bucket_bytes");
   o.model.offload = offload_from(r, a + ".megatron");
@@ -277,7 +297,6 @@ void read_actor(Reader& r, TrainerSettings& s) {
 void read_critic(Reader& r, TrainerSettings& s) {
   workers::CriticOptions& k = s.critic;
   TrainedRoleSettings& t = s.critic_train;
-  r.one_of("critic.strategy", {"megatron"});
   k.model.path = r.get<std::string>("critic.model.path");
   k.model.value_model = true;
   k.model.tp = r.get<int64_t>("critic.megatron.tensor_model_parallel_size");
@@ -295,6 +314,7 @@ void read_critic(Reader& r, TrainerSettings& s) {
   k.update.seed = s.data_seed;
   k.optim = optim_from(r, "critic.optim", r.get<double>("critic.grad_clip"), t);
   k.optim.distributed = r.get<bool>("critic.megatron.use_distributed_optimizer");
+  read_strategy(r, s, "critic.strategy", k.optim.distributed);
   k.optim.overlap_grad_reduce = r.get<bool>("critic.megatron.overlap_grad_reduce");
   k.optim.bucket_bytes = r.get<int64_t>("critic.megatron.grad_reduce_bucket_bytes");
   k.model.offload = offload_from(r, "critic.megatron");
@@ -354,6 +374,16 @@ void derive_worker_options(TrainerSettings& s) {
   update(a.update, a.optim, s.actor_train, a.model);
   a.rollout.log_prob_max_token_len = s.rollout_log_prob_budget.for_workers();
   a.ref_log_prob_max_token_len = s.ref_log_prob_budget.for_workers();
+  if (s.remove_padding) {
+    // The padded micro-batch's tokens, packed: as many whole sequences as fit.
+    const int64_t longest = s.dataset.max_prompt_length + s.max_response_length;
+    constexpr int64_t kUnset = int64_t{1} << 30;  // a log-prob micro-batch size left null
+    if (!s.actor_train.budget.on) a.update.max_token_len = a.update.micro_batch_size * longest;
+    if (!s.rollout_log_prob_budget.on && a.rollout.log_prob_micro_batch_size < kUnset)
+      a.rollout.log_prob_max_token_len = a.rollout.log_prob_micro_batch_size * longest;
+    if (!s.ref_log_prob_budget.on && a.ref_log_prob_micro_batch_size < kUnset)
+      a.ref_log_prob_max_token_len = a.ref_log_prob_micro_batch_size * longest;
+  }
   if (s.use_critic) {
     workers::CriticOptions& k = s.critic;
     update(k.update, k.optim, s.critic_train, k.model);
@@ -412,10 +442,66 @@ void read_data(Reader& r, TrainerSettings& s) {
       r.problem("custom_reward_function.path = '" + py.path +
                 "': baton runs Python reward files (.py); a C++ function is registered "
                 "(BATON_REWARD_FUNCTION) and named by custom_reward_function.name");
-    s.python_reward = std::move(py);
+    // One of verl's own reward_score files: its built-in, no Python
+    // (workers/rewards/verl_reward_score.h).
+    std::optional<std::string> builtin;
+    try {
+      builtin = rewards::builtin_for_verl_reward_file(py.path, py.function);
+    } catch (const Error& e) {
+      r.problem(std::string("custom_reward_function.path: ") + e.what());
+    }
+    if (builtin && !py.kwargs.empty())
+      r.problem("custom_reward_function.reward_kwargs: not applied to verl's own reward_score "
+                "file " + py.path + ", which baton scores with " +
+                (builtin->empty() ? std::string("its built-ins by data source")
+                                  : "its built-in '" + *builtin + "'"));
+    if (builtin && !builtin->empty()) s.custom_reward_fn = *builtin;
+    if (!builtin) s.python_reward = std::move(py);
   }
   s.zero_on_reward_error = r.get<bool>("reward_model.zero_on_error");
-  r.one_of("reward_model.reward_manager", {"naive"});
+  if (const std::string kind = r.one_of("reward_model.reward_manager", {"naive", "dapo"});
+      !kind.empty())
+    s.reward_manager = rewards::parse_reward_manager_kind(kind);
+  const std::string ob = "reward_model.overlong_buffer";
+  s.overlong_buffer.enable = r.get<bool>(ob + ".enable");
+  s.overlong_buffer.len = r.get<int64_t>(ob + ".len");
+  s.overlong_buffer.penalty_factor = r.get<double>(ob + ".penalty_factor");
+  s.overlong_buffer.log = r.get<bool>(ob + ".log");
+  s.overlong_buffer.max_resp_len = s.max_response_length;
+}
+
+// algorithm.rollout_correction: verl's keys, each spec parsed here so that a
+// bad one fails naming its key. Only the decoupled mode runs.
+void read_rollout_correction(Reader& r, TrainerSettings& s) {
+  const std::string k = "algorithm.rollout_correction";
+  algos::RolloutCorrectionOptions& o = s.rollout_correction;
+  const auto is = r.get_optional<std::string>(k + ".rollout_is");
+  const auto is_threshold = r.get_optional<std::string>(k + ".rollout_is_threshold");
+  o.batch_normalize = r.get<bool>(k + ".rollout_is_batch_normalize");
+  const auto rs = r.get_optional<std::string>(k + ".rollout_rs");
+  const auto rs_threshold = r.get_optional<std::string>(k + ".rollout_rs_threshold");
+  const bool bypass = r.get<bool>(k + ".bypass_mode");
+  r.one_of(k + ".loss_type", {"ppo_clip", "reinforce"});
+  const std::string decoupled_only =
+      ": baton runs rollout correction in verl's decoupled mode only (old log-probs recomputed "
+      "by the actor, rollout_is weights and rollout_rs rejection applied before the "
+      "advantages); set it to false (loss_type is then unused)";
+  if (bypass) r.problem(k + ".bypass_mode = true" + decoupled_only);
+  // The parsers' messages start with the key's last part.
+  auto parse = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const InvalidArgument& e) {
+      r.problem(k + "." + e.what());
+    }
+  };
+  if (is) parse([&] { o.rollout_is = algos::parse_rollout_is_level(*is); });
+  if (is && !is_threshold)
+    r.problem(k + ".rollout_is_threshold is null with rollout_is = " + *is +
+              ": give the truncation bound (2.0) or IcePop's \"lower_upper\"");
+  if (is && is_threshold)
+    parse([&] { o.is_threshold = algos::parse_rollout_is_threshold(*is_threshold); });
+  if (rs) parse([&] { o.rejection = algos::parse_rollout_rs(*rs, rs_threshold.value_or("")); });
 }
 
 // The workers, the step's sizes and sampling, the algorithm.
@@ -426,6 +512,11 @@ void read_step(Reader& r, TrainerSettings& s) {
   s.cluster_listen = r.get_optional<std::string>("trainer.cluster_listen").value_or("");
   s.use_gpu = r.one_of("trainer.device", {"cpu", "cuda"}) == "cuda";
   s.train_batch = r.get<int64_t>("data.train_batch_size");
+  s.gen_batch = r.get<int64_t>("data.gen_batch_size");
+  const std::string fg = "algorithm.filter_groups";
+  s.filter_groups.enable = r.get<bool>(fg + ".enable");
+  s.filter_groups.metric = r.get_optional<std::string>(fg + ".metric").value_or("");
+  s.filter_groups.max_num_gen_batches = r.get<int64_t>(fg + ".max_num_gen_batches");
   // The rollout's own key (verl's; data.max_response_length unless set).
   s.response_length = r.get<int64_t>("actor_rollout_ref.rollout.response_length");
   const std::string ro = "actor_rollout_ref.rollout";
@@ -448,6 +539,7 @@ void read_step(Reader& r, TrainerSettings& s) {
   s.kl_ctrl.kl_coef = r.get<double>("algorithm.kl_ctrl.kl_coef");
   s.kl_ctrl.target_kl = r.get<double>("algorithm.kl_ctrl.target_kl");
   s.kl_ctrl.horizon = r.get<double>("algorithm.kl_ctrl.horizon");
+  read_rollout_correction(r, s);
 }
 
 // trainer.*: the run's length, checkpoints, logs, restarts.
@@ -464,10 +556,13 @@ void read_run(Reader& r, TrainerSettings& s) {
   s.max_restarts = r.get<int64_t>("trainer.max_restarts");
   s.loggers = r.get<std::vector<std::string>>("trainer.logger");
   for (const std::string& logger : s.loggers)
-    if (logger != "console" && logger != "file" && logger != "tensorboard")
+    if (logger != "console" && logger != "file" && logger != "tensorboard" && logger != "wandb")
       r.problem("trainer.logger has '" + logger +
-                "'; the loggers are console, file and tensorboard (wandb, swanlab, mlflow: "
-                "not in baton; tensorboard's event files are written without TensorFlow)");
+                "'; loggers baton has: console, file, tensorboard, wandb (swanlab, mlflow, "
+                "clearml, trackio: not in baton)");
+  s.logger_python = r.get<std::string>("trainer.logger_python");
+  if (r.config().has("trainer.wandb_proxy"))
+    s.wandb_proxy = r.get_optional<std::string>("trainer.wandb_proxy").value_or("");
   s.rollout_data_dir = r.get_optional<std::string>("trainer.rollout_data_dir");
   s.validation_data_dir = r.get_optional<std::string>("trainer.validation_data_dir");
   s.log_val_generations = r.get<int64_t>("trainer.log_val_generations");

@@ -23,10 +23,13 @@
 #include "engine/rollout/sampling.h"
 #include "trainer/async/staleness_policy.h"
 #include "trainer/config/config.h"
+#include "trainer/dynamic_sampling.h"
 #include "trainer/step_profiler.h"
 #include "workers/algos/algo_registry.h"
 #include "workers/algos/kl.h"
+#include "workers/algos/rollout_correction.h"
 #include "workers/rewards/python_reward.h"
+#include "workers/rewards/reward_manager.h"
 #include "workers/roles/role_options.h"
 
 namespace baton::trainer {
@@ -88,6 +91,10 @@ struct TrainerSettings {
   // custom_reward_function.path: a Python reward file, its function and pool.
   std::optional<rewards::PythonRewardOptions> python_reward;
   bool zero_on_reward_error = false;  // reward_model.zero_on_error
+  // reward_model.reward_manager and reward_model.overlong_buffer.* (its
+  // max_resp_len is data.max_response_length, as verl's DAPO sets it).
+  rewards::RewardManagerKind reward_manager = rewards::RewardManagerKind::kNaive;
+  rewards::OverlongBufferOptions overlong_buffer;
 
   // Workers and the step.
   int64_t world = 1;  // nnodes x per_node
@@ -96,7 +103,17 @@ struct TrainerSettings {
   // (runtime/cluster/cluster.h); empty: every worker on this machine.
   std::string cluster_listen;
   bool use_gpu = false;  // trainer.device: cpu | cuda
+  // actor_rollout_ref.model.use_remove_padding: the actor's fixed-size
+  // micro-batches are packed (derive_worker_options).
+  bool remove_padding = false;
+  // What a reader of the run's log should know about how a setting was taken
+  // (strategy: fsdp run as ZeRO-1 data parallel), one line each.
+  std::vector<std::string> notes;
   int64_t train_batch = 1, n = 1, response_length = 1;
+  // data.gen_batch_size: prompts per generation batch (the loader's batches);
+  // train_batch unless algorithm.filter_groups is on.
+  int64_t gen_batch = 1;
+  FilterGroupsOptions filter_groups;  // algorithm.filter_groups (DAPO's dynamic sampling)
   bool use_critic = false, use_kl_in_reward = false, use_kl_loss = false, use_ref = false;
   // The update's own forward pass gives the old log-probs (see ppo_trainer.yaml).
   bool old_log_prob_from_update = false;
@@ -122,6 +139,9 @@ struct TrainerSettings {
   std::optional<std::string> resume_from_path;
   int64_t max_restarts = 0;  // a dead worker: respawn every group and resume, this often
   std::vector<std::string> loggers;
+  // trainer.logger_python: the interpreter with the wandb package ("wandb");
+  // +trainer.wandb_proxy (verl's, optional): wandb's https proxy ("" if none).
+  std::string logger_python, wandb_proxy;
   // verl's dumps of what was generated (trainer/generation_dump.h): a JSONL
   // file per training step / validation, and validation samples printed.
   std::optional<std::string> rollout_data_dir, validation_data_dir;
@@ -142,6 +162,15 @@ struct TrainerSettings {
   bool rm_prefetch = false;
   algos::AdvantageOptions adv;
   algos::KLControlOptions kl_ctrl;
+  // algorithm.rollout_correction (verl's decoupled mode): IS weights and
+  // rejection from rollout_log_probs against old_log_probs, applied before
+  // the advantages (workers/algos/rollout_correction.h); off unless
+  // rollout_is or rollout_rs is set.
+  algos::RolloutCorrectionOptions rollout_correction;
+  // The old-log-prob pass also returns Σπ² per token: the
+  // optimal-token-baseline estimators need it
+  // (actor_rollout_ref.actor.calculate_sum_pi_squared or adv_estimator).
+  bool calculate_sum_pi_squared = false;
 
   AsyncTrainingSettings async;
   ProfilerSettings profiler;  // global_profiler.*

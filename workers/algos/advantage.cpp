@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <unordered_map>
@@ -289,6 +290,134 @@ AdvantageResult compute_gpg(const at::Tensor& rewards, const at::Tensor& mask, c
     for (int64_t r : rows) a[r] = alpha * (s[r] - mean) / f_norm;
   }
   return same(broadcast_rows(a, rewards, mask));
+}
+
+namespace {
+
+// The reward-to-go G and the realized energy W of the OTB estimators.
+struct ReturnsAndEnergy {
+  at::Tensor returns, energy, mask;  // [B, L]; mask in the rewards' dtype
+};
+
+ReturnsAndEnergy returns_and_energy(std::string_view fn, const at::Tensor& rewards,
+                                    const at::Tensor& mask, const TokenBaselineInputs& policy) {
+  auto check = [&](const at::Tensor& t, const char* name, bool required) {
+    if (!t.defined()) {
+      if (!required) return;
+      throw baton::InvalidArgument(std::string(fn) + ": needs " + name + " [B, L]");
+    }
+    if (t.sizes() != rewards.sizes())
+      throw baton::InvalidArgument(std::string(fn) + ": " + name + " must be [B, L] like rewards " +
+                                   c10::str(rewards.sizes()) + "; got " + c10::str(t.sizes()));
+  };
+  check(policy.old_log_probs, "old_log_probs", true);
+  check(policy.sum_pi_squared, "sum_pi_squared", true);
+  check(policy.rollout_is_weights, "rollout_is_weights", false);
+  ReturnsAndEnergy out;
+  out.mask = float_mask(mask, rewards);
+  out.returns = (rewards * out.mask).flip({-1}).cumsum(-1).flip({-1});
+  // ||s_t||² ≈ 1 − 2π_t + Σπ² (the logit-gradient proxy), scaled by ρ̄² under
+  // truncated IS, accumulated from the response's start.
+  at::Tensor w = 1.0 - 2.0 * policy.old_log_probs.to(rewards.scalar_type()).exp() +
+                 policy.sum_pi_squared.to(rewards.scalar_type());
+  if (policy.rollout_is_weights.defined())
+    w = w * policy.rollout_is_weights.to(rewards.scalar_type()).square();
+  out.energy = (w * out.mask).cumsum(-1);
+  return out;
+}
+
+std::vector<int64_t> row_lengths(const at::Tensor& mask) {
+  const at::Tensor len = mask.ne(0).sum(-1).to(at::kLong).cpu().contiguous();
+  return std::vector<int64_t>(len.data_ptr<int64_t>(), len.data_ptr<int64_t>() + len.numel());
+}
+
+// handle_zero_tail: the group's row (an index into `rows`) that is strictly
+// the longest and the second-longest length, or nothing.
+std::optional<std::pair<int64_t, int64_t>> zero_tail(const std::vector<int64_t>& rows,
+                                                     const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> sorted;
+  for (int64_t r : rows) sorted.push_back(lengths[r]);
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t longest = sorted.back(), second = sorted[sorted.size() - 2];
+  if (longest == second) return std::nullopt;  // also: no row is the unique longest
+  for (int64_t r : rows)
+    if (lengths[r] == longest) return std::pair{r, second};
+  return std::nullopt;
+}
+
+at::Tensor index_of(const std::vector<int64_t>& rows, at::Device device) {
+  return at::tensor(rows, at::kLong).to(device);
+}
+
+}  // namespace
+
+AdvantageResult compute_optimal_token_baseline(const at::Tensor& rewards, const at::Tensor& mask,
+                                               const Uids& uids, const TokenBaselineInputs& policy,
+                                               const TokenBaselineOptions& options) {
+  check_batch("compute_optimal_token_baseline", rewards, mask);
+  check_uids("compute_optimal_token_baseline", rewards, uids);
+  c10::NoGradGuard no_grad;
+  const ReturnsAndEnergy g =
+      returns_and_energy("compute_optimal_token_baseline", rewards, mask, policy);
+  const std::vector<int64_t> lengths = row_lengths(mask);
+  at::Tensor baselines = at::zeros_like(g.returns);
+  for (const std::vector<int64_t>& rows : group_rows(uids)) {
+    if (rows.size() == 1) continue;  // no baseline: the advantage is the return
+    const at::Tensor idx = index_of(rows, rewards.device());
+    const at::Tensor returns = g.returns.index_select(0, idx);
+    const at::Tensor energy = g.energy.index_select(0, idx) * g.mask.index_select(0, idx);
+    const at::Tensor b = (returns * energy).sum(0) / (energy.sum(0) + options.epsilon);
+    baselines.index_copy_(0, idx, b.unsqueeze(0).expand({idx.size(0), b.size(0)}).contiguous());
+    if (options.handle_zero_tail)
+      if (auto tail = zero_tail(rows, lengths))
+        baselines[tail->first].narrow(0, tail->second, baselines.size(1) - tail->second).zero_();
+  }
+  return {(g.returns - baselines) * g.mask, g.returns};
+}
+
+AdvantageResult compute_tir_optimal_token_baseline(const at::Tensor& rewards,
+                                                   const at::Tensor& mask, const Uids& uids,
+                                                   const TokenBaselineInputs& policy,
+                                                   const TokenBaselineOptions& options) {
+  check_batch("compute_tir_optimal_token_baseline", rewards, mask);
+  check_uids("compute_tir_optimal_token_baseline", rewards, uids);
+  c10::NoGradGuard no_grad;
+  const ReturnsAndEnergy g =
+      returns_and_energy("compute_tir_optimal_token_baseline", rewards, mask, policy);
+  const int64_t batch = rewards.size(0);
+  const std::vector<int64_t> lengths = row_lengths(mask);
+  const int64_t width = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  // Each row's valid tokens packed to the left: column k is its k-th token.
+  std::vector<at::Tensor> positions(static_cast<size_t>(batch));
+  at::Tensor packed_energy = at::zeros({batch, width}, g.energy.options());
+  at::Tensor packed_returns = at::zeros({batch, width}, g.returns.options());
+  for (int64_t i = 0; i < batch; ++i) {
+    if (lengths[i] == 0) continue;
+    positions[i] = mask[i].ne(0).nonzero().squeeze(-1);
+    packed_energy[i].narrow(0, 0, lengths[i]).copy_(g.energy[i].index_select(0, positions[i]));
+    packed_returns[i].narrow(0, 0, lengths[i]).copy_(g.returns[i].index_select(0, positions[i]));
+  }
+  at::Tensor baselines = at::zeros_like(packed_returns);
+  for (const std::vector<int64_t>& all_rows : group_rows(uids)) {
+    std::vector<int64_t> rows;  // rows without a valid token take no part
+    for (int64_t r : all_rows)
+      if (lengths[r] > 0) rows.push_back(r);
+    if (rows.size() < 2) continue;  // a singleton keeps its return
+    const at::Tensor idx = index_of(rows, rewards.device());
+    const at::Tensor energy = packed_energy.index_select(0, idx);
+    const at::Tensor b =
+        (packed_returns.index_select(0, idx) * energy).sum(0) / (energy.sum(0) + options.epsilon);
+    baselines.index_copy_(0, idx, b.unsqueeze(0).expand({idx.size(0), width}).contiguous());
+    if (options.handle_zero_tail)
+      if (auto tail = zero_tail(rows, lengths))
+        baselines[tail->first].narrow(0, tail->second, width - tail->second).zero_();
+  }
+  const at::Tensor packed_advantages = packed_returns - baselines;
+  at::Tensor advantages = at::zeros_like(g.returns);
+  for (int64_t i = 0; i < batch; ++i)
+    if (lengths[i] > 0)
+      advantages[i].index_copy_(0, positions[i], packed_advantages[i].narrow(0, 0, lengths[i]));
+  return {advantages * g.mask, g.returns};
 }
 
 }  // namespace baton::algos

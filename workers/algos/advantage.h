@@ -107,4 +107,43 @@ AdvantageResult compute_opo(const at::Tensor& rewards, const at::Tensor& mask, c
 AdvantageResult compute_gpg(const at::Tensor& rewards, const at::Tensor& mask, const Uids& uids,
                             double f_norm = 1.0);
 
+// The policy-side inputs of the optimal-token-baseline estimators, [B, L]
+// like the rewards.
+struct TokenBaselineInputs {
+  at::Tensor old_log_probs;       // log π(y_t) of the sampled tokens
+  at::Tensor sum_pi_squared;      // Σ_v π(v)² of each position's distribution
+  at::Tensor rollout_is_weights;  // ρ̄ of rollout correction; undefined: none
+};
+
+struct TokenBaselineOptions {
+  // In a group whose longest row is strictly longer than every other, that
+  // row's baseline is 0 from the second-longest length on (verl's default,
+  // true for both estimators).
+  bool handle_zero_tail = true;
+  double epsilon = 1e-8;  // added to the baseline's denominator
+};
+
+// Optimal token baseline (OTB, verl's compute_optimal_token_baseline_advantage).
+// G = Σ_{t' ≥ t} rewards·mask (reward-to-go; also at masked positions),
+// w_t = (1 − 2·exp(old_log_probs) + sum_pi_squared)·ρ̄_t², W_t = Σ_{j ≤ t} w_j·mask_j
+// (the realized energy, carried across holes). Per group and column t, the
+// baseline is B_t = Σ_i G·W·mask / (Σ_i W·mask + ε), the same for every row
+// of the group (a singleton's is 0); with handle_zero_tail the longest row's
+// B is 0 from column `second-longest length` on (lengths are Σ_t mask).
+// advantages = (G − B)·mask, returns = G.
+AdvantageResult compute_optimal_token_baseline(const at::Tensor& rewards, const at::Tensor& mask,
+                                               const Uids& uids, const TokenBaselineInputs& policy,
+                                               const TokenBaselineOptions& options = {});
+
+// OTB for multi-turn (tool-interleaved) responses (verl's
+// compute_multi_turn_optimal_token_baseline_advantage): as above, but each
+// row's valid tokens are first packed to the left in order (holes removed),
+// so that the baseline's k-th entry pairs the k-th generated token of every
+// row of the group; rows without a valid token take no part (and get 0).
+// The advantages are scattered back to the valid positions.
+AdvantageResult compute_tir_optimal_token_baseline(const at::Tensor& rewards,
+                                                   const at::Tensor& mask, const Uids& uids,
+                                                   const TokenBaselineInputs& policy,
+                                                   const TokenBaselineOptions& options = {});
+
 }  // namespace baton::algos

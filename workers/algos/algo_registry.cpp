@@ -70,6 +70,25 @@ void add_builtin_estimators(Registry<AdvantageEstimator>& r) {
     return compute_gpg(in.token_level_rewards, in.response_mask, need_uids("gpg", in),
                        o.gpg_f_norm);
   });
+  // verl's trainer passes no handle_zero_tail: both use the default (on).
+  auto token_baseline_inputs = [](std::string_view name, In in) {
+    return TokenBaselineInputs{
+        need(name, in.old_log_probs, "old_log_probs", "the actor's old log-probs, [B, L]"),
+        need(name, in.sum_pi_squared, "sum_pi_squared",
+             "Σπ² of each response position, [B, L]: the actor's compute_log_prob with meta "
+             "calculate_sum_pi_squared"),
+        in.rollout_is_weights};
+  };
+  r.add("optimal_token_baseline", [token_baseline_inputs](In in, Opt) {
+    return compute_optimal_token_baseline(in.token_level_rewards, in.response_mask,
+                                          need_uids("optimal_token_baseline", in),
+                                          token_baseline_inputs("optimal_token_baseline", in));
+  });
+  r.add("tir_optimal_token_baseline", [token_baseline_inputs](In in, Opt) {
+    return compute_tir_optimal_token_baseline(
+        in.token_level_rewards, in.response_mask, need_uids("tir_optimal_token_baseline", in),
+        token_baseline_inputs("tir_optimal_token_baseline", in));
+  });
 }
 
 void add_builtin_policy_losses(Registry<PolicyLossFn>& r) {

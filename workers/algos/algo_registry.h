@@ -58,6 +58,10 @@ struct AdvantageInputs {
   Uids uids;                    // one per row: grpo*, rloo*, opo, gpg, reinforce_plus_plus_baseline
   at::Tensor values;            // [B, L]: gae
   at::Tensor reward_baselines;  // [B]: remax
+  // [B, L]: optimal_token_baseline, tir_optimal_token_baseline (the actor's
+  // old-log-prob pass gives both; rollout_is_weights only with rollout
+  // correction's IS, undefined otherwise).
+  at::Tensor old_log_probs, sum_pi_squared, rollout_is_weights;
 };
 
 // algorithm.* with verl's defaults.

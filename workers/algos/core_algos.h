@@ -12,6 +12,7 @@
 //   policy_loss.h        PolicyLossOptions, policy_loss(name, ...) and the built-ins
 //   value_loss.h         compute_value_loss
 //   entropy.h            entropy_from_logits, compute_entropy_loss
+//   rollout_correction.h rollout IS weights, rejection sampling, off-policy metrics
 //   algo_registry.h      register / find estimators and policy losses by name
 #pragma once
 
@@ -22,4 +23,5 @@
 #include "workers/algos/kl.h"
 #include "workers/algos/masked_reductions.h"
 #include "workers/algos/policy_loss.h"
+#include "workers/algos/rollout_correction.h"
 #include "workers/algos/value_loss.h"

@@ -1,20 +1,11 @@
 #include "workers/rewards/python_reward.h"
 
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <thread>
 
+#include "base/child_process.h"
 #include "base/errors.h"
-
-extern char** environ;
+#include "workers/rewards/verl_reward_score.h"
 
 namespace baton::rewards {
 namespace {
@@ -26,8 +17,13 @@ using detail::cat;
 // a line per row, {"i": k, "score": x} or {"i": k, "error": "..."}, and
 // {"done": true}. The protocol has the process's stdout to itself: the
 // user's prints go to stderr.
+//
+// Unless a real verl is importable, a `verl` package stands in for verl's
+// reward_score modules (verl_reward_score.h): each of its functions writes
+// {"call": "gsm8k.compute_score", "args": {...}} and reads the trainer's
+// {"result": ...} or {"error": "...", "type": "AssertionError"} from stdin.
 constexpr const char* kHost = R"PY(
-import json, math, os, sys, traceback, importlib.util
+import builtins, importlib.abc, importlib.util, json, math, os, sys, traceback, types
 proto = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)
 sys.stdout = sys.stderr
@@ -36,9 +32,71 @@ def send(obj):
     proto.flush()
 def brief(e):
     return "".join(traceback.format_exception_only(type(e), e)).strip()
-path, name, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+path, name, kwargs, api = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+
+def verl_call(function, args):
+    proto.write(json.dumps({"call": function, "args": args}, default=repr, allow_nan=False) + "\n")
+    proto.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError("the trainer closed the pipe during verl.utils.reward_score." + function)
+    answer = json.loads(line)
+    if "error" in answer:
+        kind = getattr(builtins, answer.get("type", ""), None)
+        if not (isinstance(kind, type) and issubclass(kind, Exception)):
+            kind = RuntimeError
+        raise kind(answer["error"])
+    return answer["result"]
+
+def install_verl_shim():
+    mapped = ", ".join(api["functions"]) + " (" + ", ".join(
+        "%s is %s" % a for a in api["aliases"].items()) + ")"
+    def package(name, is_package=True):
+        m = types.ModuleType(name, "baton's stand-in for verl's %s: verl's reward_score "
+                             "functions answered by baton's built-ins" % name)
+        m.__file__ = "<baton>"
+        if is_package:
+            m.__path__ = []
+        def __getattr__(attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            raise AttributeError("module '%s' has no attribute '%s' in baton, whose verl "
+                                 "package maps only verl.utils.reward_score's %s"
+                                 % (name, attr, mapped))
+        m.__getattr__ = __getattr__
+        sys.modules[name] = m
+        return m
+    verl = package("verl")
+    verl.utils = package("verl.utils")
+    scores = verl.utils.reward_score = package("verl.utils.reward_score")
+    modules = {"": scores}
+    for function, params in api["functions"].items():
+        module, _, short = function.rpartition(".")
+        if module not in modules:
+            modules[module] = package("verl.utils.reward_score." + module, False)
+            setattr(scores, module, modules[module])
+        code = "def %s(%s):\n    return verl_call(%r, dict(locals()))\n" % (short, params, function)
+        namespace = {"verl_call": verl_call}
+        exec(code, namespace)
+        namespace[short].__module__ = modules[module].__name__
+        setattr(modules[module], short, namespace[short])
+    scores._default_compute_score = scores.default_compute_score
+    for alias, module in api["aliases"].items():
+        sys.modules["verl.utils.reward_score." + alias] = modules[module]
+        setattr(scores, alias, modules[module])
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname.startswith("verl.") and sys.modules.get("verl") is verl:
+                raise ImportError("baton runs verl reward files without verl: %s is not "
+                                  "provided; baton maps verl.utils.reward_score's %s"
+                                  % (fullname, mapped), name=fullname)
+            return None
+    sys.meta_path.append(Refuse())
+
 try:
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    if importlib.util.find_spec("verl") is None:
+        install_verl_shim()
     spec = importlib.util.spec_from_file_location("baton_user_reward", path)
     if spec is None:
         raise ImportError("not a Python file")
@@ -51,7 +109,7 @@ except BaseException as e:
     send({"fatal": brief(e)})
     sys.exit(1)
 send({"ready": True})
-for line in sys.stdin:
+for line in iter(sys.stdin.readline, ""):
     rows = json.loads(line)["rows"]
     for i, (source, solution, truth, extra) in enumerate(rows):
         try:
@@ -80,40 +138,23 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 struct PythonRewardPool::Process {
-  pid_t pid = -1;
-  int fd = -1;  // our end of the socket pair: the child's stdin and stdout
-  std::string buffer;
+  std::unique_ptr<ChildProcess> child;
   std::string where;  // "compute_score in my_reward.py"
 
-  ~Process() { stop(); }
-
   void start(const PythonRewardOptions& o) {
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-      throw Error(cat("python reward ", where, ": socketpair: ", std::strerror(errno)));
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
-    posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
-    const std::string kwargs = o.kwargs.dump();
-    std::vector<std::string> args = {o.python, "-u", "-c", kHost, o.path, o.function, kwargs};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int rc = posix_spawnp(&pid, o.python.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(sv[1]);
-    fd = sv[0];
-    if (rc != 0) {
-      pid = -1;
-      throw Error(cat("python reward ", where, ": cannot start ", o.python, ": ", std::strerror(rc)));
+    try {
+      child = std::make_unique<ChildProcess>(
+          std::vector<std::string>{o.python, "-u", "-c", kHost, o.path, o.function, o.kwargs.dump(),
+                                   verl_reward_score_api().dump()});
+    } catch (const Error& e) {
+      throw Error(cat("python reward ", where, ": ", e.what()));
     }
     std::string line;
-    const Read r = read_line(120.0, line);
-    if (r != Read::kLine) {
+    const ChildProcess::Read r = read_answering_calls(120.0, line);
+    if (r != ChildProcess::Read::kLine) {
       throw Error(cat("python reward ", where, ": ", o.python,
-                      r == Read::kTimeout ? " did not import the file within 120 s"
-                                          : " exited before importing the file"));
+                      r == ChildProcess::Read::kTimeout ? " did not import the file within 120 s"
+                                                        : " exited before importing the file"));
     }
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_object() && j.contains("fatal"))
@@ -123,51 +164,31 @@ struct PythonRewardPool::Process {
                       line.substr(0, 200)));
   }
 
-  void stop() {
-    if (fd >= 0) close(fd);
-    fd = -1;
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-    pid = -1;
-    buffer.clear();
-  }
+  void stop() { child.reset(); }
 
-  // False when the process is gone.
-  bool send(const std::string& line) {
-    size_t sent = 0;
-    while (sent < line.size()) {
-      const ssize_t n = ::send(fd, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      sent += static_cast<size_t>(n);
-    }
-    return true;
-  }
+  bool send(const std::string& line) { return child->send(line); }
 
-  enum class Read { kLine, kTimeout, kEof };
-
-  Read read_line(double timeout_s, std::string& line) {
+  // The next line that is not a call of verl's reward_score functions (the
+  // stand-in package's), answering those with the built-ins as they come.
+  // Waits at most timeout_s in all.
+  ChildProcess::Read read_answering_calls(double timeout_s, std::string& line) {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
-      const size_t nl = buffer.find('\n');
-      if (nl != std::string::npos) {
-        line = buffer.substr(0, nl);
-        buffer.erase(0, nl + 1);
-        return Read::kLine;
+      const ChildProcess::Read r = child->read_line(timeout_s - seconds_since(start), line);
+      if (r != ChildProcess::Read::kLine) return r;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_object() || !j.contains("call") || !j["call"].is_string()) return r;
+      nlohmann::json answer;
+      try {
+        answer = {{"result", call_verl_reward_score(j["call"].get<std::string>(),
+                                                    j.value("args", nlohmann::json::object()))}};
+      } catch (const VerlRewardScoreError& e) {
+        answer = {{"error", e.what()}, {"type", e.python_type()}};
+      } catch (const std::exception& e) {
+        answer = {{"error", e.what()}, {"type", "RuntimeError"}};
       }
-      const double left = timeout_s - seconds_since(start);
-      if (left <= 0) return Read::kTimeout;
-      pollfd p{fd, POLLIN, 0};
-      const int ready = poll(&p, 1, static_cast<int>(left * 1000) + 1);
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready == 0) continue;  // the loop checks the time
-      char chunk[65536];
-      const ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return Read::kEof;
-      buffer.append(chunk, static_cast<size_t>(n));
+      // A child gone meanwhile is seen by the next read.
+      child->send(answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     }
   }
 
@@ -189,9 +210,9 @@ struct PythonRewardPool::Process {
                         "\n");
       while (alive && next < last) {
         std::string line;
-        const Read r = read_line(o.timeout_s, line);
-        if (r != Read::kLine) {
-          results[next].error = cat(where, r == Read::kTimeout
+        const ChildProcess::Read r = read_answering_calls(o.timeout_s, line);
+        if (r != ChildProcess::Read::kLine) {
+          results[next].error = cat(where, r == ChildProcess::Read::kTimeout
                                                ? cat(" did not return within ", o.timeout_s, " s")
                                                : std::string(" killed its interpreter"));
           alive = false;
@@ -211,7 +232,7 @@ struct PythonRewardPool::Process {
       if (alive) {
         // The batch's closing {"done": true}.
         std::string line;
-        if (read_line(o.timeout_s, line) != Read::kLine) alive = false;
+        if (read_answering_calls(o.timeout_s, line) != ChildProcess::Read::kLine) alive = false;
       }
       if (!alive) {
         stop();
@@ -223,11 +244,11 @@ struct PythonRewardPool::Process {
 
 PythonRewardPool::PythonRewardPool(PythonRewardOptions options) : options_(std::move(options)) {
   if (options_.processes < 1)
-    throw Error(cat("python reward ", options_.path, ": processes must be >= 1, got ",
-                    options_.processes));
+    throw Error(
+        cat("python reward ", options_.path, ": processes must be >= 1, got ", options_.processes));
   if (!(options_.timeout_s > 0))
-    throw Error(cat("python reward ", options_.path, ": timeout_s must be > 0, got ",
-                    options_.timeout_s));
+    throw Error(
+        cat("python reward ", options_.path, ": timeout_s must be > 0, got ", options_.timeout_s));
   for (int64_t i = 0; i < options_.processes; ++i) {
     auto p = std::make_unique<Process>();
     p->where = options_.function + " in " + options_.path;

@@ -13,6 +13,12 @@
 // interpreter is known by its index. extra_info reaches the function as verl
 // passes it: the row's JSON object (None for a row without one).
 //
+// verl's reward_score modules import there as they do under verl (`from
+// verl.utils.reward_score import gsm8k`): unless the interpreter has a real
+// verl, a stand-in `verl` package answers the functions verl_reward_score.h
+// lists by asking this pool, over the same pipe, to run baton's built-in
+// (on the thread scoring that subprocess's rows).
+//
 // Example:
 //   PythonRewardPool pool({.path = "my_reward.py"});
 //   std::vector<PythonRewardResult> r = pool.score({{.data_source = "gsm8k",

@@ -94,15 +94,27 @@ std::string with_rollout_fields(const std::string& extra_info, const std::string
 
 }  // namespace
 
+RewardManagerKind parse_reward_manager_kind(const std::string& name) {
+  if (name == "naive") return RewardManagerKind::kNaive;
+  if (name == "dapo") return RewardManagerKind::kDapo;
+  throw baton::InvalidArgument("RewardManager: reward manager '" + name +
+                               "' is not one of: naive, dapo");
+}
+
 RewardManager::RewardManager(const data::Tokenizer& tokenizer, RewardManagerOptions options)
     : tokenizer_(&tokenizer), options_(std::move(options)) {
   if (options_.num_examine < 0)
     throw baton::InvalidArgument("RewardManager: num_examine must be >= 0, got " +
-                                std::to_string(options_.num_examine));
+                                 std::to_string(options_.num_examine));
   const OverlongBufferOptions& o = options_.overlong_buffer;
+  if (o.enable && options_.kind != RewardManagerKind::kDapo)
+    throw baton::InvalidArgument(
+        "RewardManager: overlong_buffer is the dapo manager's (reward_model.reward_manager = "
+        "dapo); the naive manager has none");
   if (o.enable && o.len <= 0)
-    throw baton::InvalidArgument("RewardManager: overlong_buffer.len must be > 0 when enabled, got " +
-                                std::to_string(o.len));
+    throw baton::InvalidArgument(
+        "RewardManager: overlong_buffer.len must be > 0 when enabled, got " +
+        std::to_string(o.len));
   if (o.enable && o.max_resp_len < o.len)
     throw baton::InvalidArgument(
         "RewardManager: overlong_buffer.max_resp_len (" + std::to_string(o.max_resp_len) +
@@ -146,8 +158,8 @@ RewardResult RewardManager::compute(const DataProto& batch) const {
   // A multi-turn rollout's (workers/roles/agent_loop.h): what its tools and
   // interactions scored, and its turns, handed on in extra_info as verl does.
   const List* rollout_scores = optional_column(batch, "rollout_reward_scores");
-  at::Tensor turns;
-  if (batch.has_tensor("multi_turn_turns"))
+  at::Tensor turns;  // verl's dapo manager does not pass num_turns
+  if (batch.has_tensor("multi_turn_turns") && options_.kind == RewardManagerKind::kNaive)
     turns = batch.tensor("multi_turn_turns").to(at::kDouble).contiguous();
 
   RewardResult result;

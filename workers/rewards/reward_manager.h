@@ -1,7 +1,13 @@
-// The reward manager (verl's "naive" reward manager, reward_model.reward_manager:
-// naive, with DAPO's overlong buffer as an option): turns a generated batch
-// into token-level scores with the rule-based reward functions of
-// reward_registry.h.
+// The reward manager (verl's reward_model.reward_manager: naive, or dapo with
+// its overlong buffer): turns a generated batch into token-level scores with
+// the rule-based reward functions of reward_registry.h.
+//
+// The two kinds differ as verl's do: dapo may add DAPO's overlong penalty to
+// each score, and does not pass `num_turns` in extra_info; the trainer
+// reports a dapo manager's per-row values (acc, ...) in its validation
+// metrics, with acc as the core one (trainer/ppo_trainer.h). Both report
+// "acc" in RewardResult::extra (verl's naive only for functions returning a
+// dict with it; baton's functions return a number).
 //
 // For each row of the batch:
 //   1. its valid response tokens are the `responses` positions where
@@ -16,8 +22,8 @@
 //      the row's `ground_truth` column, with its `extra_info` column; for a
 //      multi-turn rollout's batch, extra_info also holds the row's
 //      `rollout_reward_scores` ({"tool_rewards": [...], "turn_scores": [...]},
-//      what its tools and interaction scored) and `num_turns` (its assistant
-//      turns), as verl's reward manager passes them;
+//      what its tools and interaction scored) and, for the naive manager,
+//      `num_turns` (its assistant turns), as verl's reward managers pass them;
 //   4. the score (plus the overlong penalty, when enabled) goes to
 //      token_level_scores[row, last valid response position]; every other
 //      position is 0.
@@ -34,6 +40,11 @@
 //   baton::rewards::RewardManager rm(tok, baton::rewards::RewardManagerOptions().set_num_examine(1));
 //   baton::rewards::RewardResult r = rm.compute(batch);  // r.token_level_scores [N, R] fp32
 //   DataProto scored = rm.with_token_level_scores(batch);
+//   // DAPO's: responses past 512 - 128 tokens lose up to 1.0.
+//   baton::rewards::RewardManager dapo(tok, baton::rewards::RewardManagerOptions()
+//       .set_kind(baton::rewards::RewardManagerKind::kDapo)
+//       .set_overlong_buffer({.enable = true, .len = 128, .penalty_factor = 1.0,
+//                             .max_resp_len = 512}));
 //
 // Lifetime: the manager keeps a pointer to the tokenizer, which must outlive
 // it (the trainer owns both). Thread safety: compute() is const and may run
@@ -57,8 +68,14 @@
 
 namespace baton::rewards {
 
-// DAPO's overlong reward shaping (reward_model.overlong_buffer): a response
-// longer than max_resp_len - len valid tokens gets
+// reward_model.reward_manager.
+enum class RewardManagerKind { kNaive, kDapo };
+
+// "naive" or "dapo"; throws baton::InvalidArgument naming `name` and the kinds.
+RewardManagerKind parse_reward_manager_kind(const std::string& name);
+
+// DAPO's overlong reward shaping (reward_model.overlong_buffer; the dapo
+// manager's only): a response longer than max_resp_len - len valid tokens gets
 //   min(-(length - (max_resp_len - len)) / len * penalty_factor, 0)
 // added to its score, i.e. 0 up to max_resp_len - len tokens, falling
 // linearly to -penalty_factor at max_resp_len.
@@ -73,6 +90,8 @@ struct OverlongBufferOptions {
 };
 
 struct RewardManagerOptions {
+  // reward_model.reward_manager.
+  RewardManagerKind kind = RewardManagerKind::kNaive;
   // custom_reward_function.name: one registered function for every row; unset:
   // each row's function is chosen by its reward_fn_key column.
   std::optional<std::string> reward_fn_name;
@@ -92,6 +111,10 @@ struct RewardManagerOptions {
   // or with zero_on_error scores 0 and counts.
   std::shared_ptr<PythonRewardPool> python;
 
+  RewardManagerOptions& set_kind(RewardManagerKind v) {
+    kind = v;
+    return *this;
+  }
   RewardManagerOptions& set_reward_fn_name(std::optional<std::string> v) {
     reward_fn_name = std::move(v);
     return *this;
@@ -138,7 +161,7 @@ class RewardManager {
  public:
   // Throws baton::InvalidArgument for an unknown reward_fn_name (naming the
   // registered ones), a negative num_examine, or an enabled overlong buffer
-  // with len <= 0 or max_resp_len < len.
+  // on a naive manager, or with len <= 0 or max_resp_len < len.
   RewardManager(const data::Tokenizer& tokenizer, RewardManagerOptions options = {});
 
   // Scores `batch`, which must hold the tensors `prompts` [N, P] (left-padded)

@@ -140,15 +140,18 @@ DataProto ActorRolloutRefWorker::generate_sequences(const DataProto& prompts) {
 
 DataProto ActorRolloutRefWorker::compute_log_prob(const DataProto& batch) {
   batch.require_tensors({"input_ids", "attention_mask", "responses"}, "compute_log_prob");
-  at::Tensor entropy;
+  at::Tensor entropy, sum_pi_squared;
+  const Value* want_sum = batch.meta_value("calculate_sum_pi_squared");
+  const bool with_sum = want_sum != nullptr && !want_sum->is_none() && want_sum->as_bool();
   OffloadPhase phase(actor(), /*training=*/false);
   at::Tensor lp = actor().response_log_probs(
       batch, {options_.rollout.log_prob_micro_batch_size, options_.rollout.log_prob_max_token_len},
-      meta_float(batch, "temperature", 1.0), &entropy);
+      meta_float(batch, "temperature", 1.0), &entropy, with_sum ? &sum_pi_squared : nullptr);
   DataProto out;
   if (lp.defined()) {
     out.set_tensor("old_log_probs", lp);
     out.set_tensor("entropys", entropy);
+    if (with_sum) out.set_tensor("sum_pi_squared", sum_pi_squared);
   }
   return out;
 }

@@ -13,7 +13,9 @@
 //                                            HybridEngine (collective)
 //   generate_sequences(prompts)  mesh "rollout": each rollout replica gets its chunk of the
 //                                prompts and the replica's tp-rank-0 result is collected
-//   compute_log_prob(batch)      MEGATRON_COMPUTE_PROTO  → old_log_probs (and entropys)
+//   compute_log_prob(batch)      MEGATRON_COMPUTE_PROTO  → old_log_probs (and entropys;
+//                                with meta `calculate_sum_pi_squared` true also
+//                                sum_pi_squared, Σπ² per token: not with a fused LM head)
 //   compute_ref_log_prob(batch)  MEGATRON_COMPUTE_PROTO  → ref_log_prob
 //   update_actor(batch)          MEGATRON_COMPUTE_PROTO  → meta "metrics" (lists); an
 //                                optional `rollout_is_weights` [N, R] multiplies the

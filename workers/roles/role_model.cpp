@@ -192,25 +192,35 @@ bool RoleModel::is_collector() const {
 }
 
 at::Tensor RoleModel::response_log_probs(const DataProto& batch, const MicroBatching& batching,
-                                         double temperature, at::Tensor* entropy) {
+                                         double temperature, at::Tensor* entropy,
+                                         at::Tensor* sum_pi_squared) {
   const int64_t R = response_width(batch);
-  std::vector<at::Tensor> entropies;
+  std::vector<at::Tensor> entropies, sums;
   auto outs = engine::forward_only(
       *model_, make_micro_batches(batch, batching_for(batch, batching), {}, model_->device()),
       [&](const at::Tensor& out, const engine::MicroBatch& mb) {
-        ResponseScores s = scores(out, mb, R, temperature, entropy != nullptr);
+        ResponseScores s =
+            scores(out, mb, R, temperature, entropy != nullptr, sum_pi_squared != nullptr);
         if (entropy != nullptr) entropies.push_back(s.entropy.to(at::kFloat).cpu());
+        if (sum_pi_squared != nullptr) sums.push_back(s.sum_pi_squared.to(at::kFloat).cpu());
         return s.log_probs.to(at::kFloat).cpu();
       });
   if (outs.empty()) return {};
   if (entropy != nullptr) *entropy = at::cat(entropies, 0);
+  if (sum_pi_squared != nullptr) *sum_pi_squared = at::cat(sums, 0);
   return at::cat(outs, 0);
 }
 
 ResponseScores RoleModel::scores(const at::Tensor& out, const engine::MicroBatch& mb,
-                                 int64_t response_width, double temperature, bool with_entropy) {
+                                 int64_t response_width, double temperature, bool with_entropy,
+                                 bool with_sum_pi_squared) {
   if (!model_->outputs_lm_head_input())
-    return response_scores(out, mb, response_width, temperature, state_->tp());
+    return response_scores(out, mb, response_width, temperature, state_->tp(), with_sum_pi_squared);
+  if (with_sum_pi_squared)
+    throw Error(
+        "sum_pi_squared (Σπ² per token, for the optimal-token-baseline estimators) needs the "
+        "logits, which the fused LM head never forms: set "
+        "actor_rollout_ref.model.use_fused_kernels=false");
   const int64_t S = padded_width(mb);
   const int64_t R = response_width;
   if (R < 1 || R >= S) {
@@ -227,7 +237,8 @@ ResponseScores RoleModel::scores(const at::Tensor& out, const engine::MicroBatch
       hidden.reshape({-1, hidden.size(-1)}), model_->lm_head_weight(), model_->vocab_shard().real,
       targets.reshape({-1}), state_->tp(), o);
   const at::IntArrayRef rows = targets.sizes();
-  return {both.log_probs.view(rows), with_entropy ? both.entropy.view(rows) : at::Tensor()};
+  return {both.log_probs.view(rows), with_entropy ? both.entropy.view(rows) : at::Tensor(),
+          at::Tensor()};
 }
 
 at::Tensor RoleModel::response_values(const DataProto& batch, const MicroBatching& batching,
@@ -458,8 +469,8 @@ at::Tensor response_mask_of(const DataProto& batch) {
 }
 
 ResponseScores response_scores(const at::Tensor& logits_shard, const engine::MicroBatch& mb,
-                               int64_t response_width, double temperature,
-                               const engine::Group& tp) {
+                               int64_t response_width, double temperature, const engine::Group& tp,
+                               bool with_sum_pi_squared) {
   const int64_t S = padded_width(mb);
   const int64_t R = response_width;
   if (R < 1 || R >= S) {
@@ -470,7 +481,8 @@ ResponseScores response_scores(const at::Tensor& logits_shard, const engine::Mic
   if (temperature > 0 && temperature != 1.0) logits = logits / temperature;
   at::Tensor targets = padded_columns(mb.input_ids, mb, S - R, S).to(logits.device());
   auto both = engine::vocab_parallel_log_probs_entropy(logits, targets, tp);
-  return {both.log_probs, both.entropy};
+  return {both.log_probs, both.entropy,
+          with_sum_pi_squared ? engine::vocab_parallel_sum_pi_squared(logits, tp) : at::Tensor()};
 }
 
 void all_reduce_sum(std::vector<double>& values, const engine::Group& group, at::Device device) {

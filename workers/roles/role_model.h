@@ -60,8 +60,9 @@ int64_t natural_micro_batches(const DataProto& batch, const MicroBatching& batch
 
 // Per-token log-probs and entropy of a micro-batch's response tokens.
 struct ResponseScores {
-  at::Tensor log_probs;  // [b, R]
-  at::Tensor entropy;    // [b, R]; undefined when not asked for
+  at::Tensor log_probs;       // [b, R]
+  at::Tensor entropy;         // [b, R]; undefined when not asked for
+  at::Tensor sum_pi_squared;  // [b, R] Σ_v π(v)²; undefined when not asked for
 };
 
 class RoleModel {
@@ -103,16 +104,21 @@ class RoleModel {
   // Per-token outputs of the responses, [N, R] fp32, computed forward-only in
   // micro-batches cut as `batching` says. On the last stage: log-probs of the
   // response tokens under logits / temperature (and their entropy when
-  // `entropy` is non-null). Elsewhere: undefined tensors.
+  // `entropy` is non-null, Σ_v π(v)² of each position's distribution when
+  // `sum_pi_squared` is: this needs the logits, so a fused LM head throws
+  // baton::Error). Elsewhere: undefined tensors.
   at::Tensor response_log_probs(const DataProto& batch, const MicroBatching& batching,
-                                double temperature, at::Tensor* entropy = nullptr);
+                                double temperature, at::Tensor* entropy = nullptr,
+                                at::Tensor* sum_pi_squared = nullptr);
   // Per-token log-probs (and entropy, `with_entropy`) of a micro-batch's
   // response tokens from the last stage's output `out`: the logits shard, or
   // with ModelOptions::fused_lm_head the LM head's input, the head then
   // applied in token chunks to the response positions only (the logits
   // never exist whole). Collective over TP.
+  // `with_sum_pi_squared` needs the logits: with the fused head it throws.
   ResponseScores scores(const at::Tensor& out, const engine::MicroBatch& mb, int64_t response_width,
-                        double temperature, bool with_entropy = true);
+                        double temperature, bool with_entropy = true,
+                        bool with_sum_pi_squared = false);
   // The value model's values for the response tokens, [N, R] fp32 on the
   // last stage (undefined elsewhere): at the position before each token
   // (P + t - 1, the critic's V(s_t)) or, `at_tokens`, at the token itself
@@ -203,11 +209,12 @@ int64_t response_width(const DataProto& batch);
 // part of attention_mask.
 at::Tensor response_mask_of(const DataProto& batch);
 
-// Per-token log-probs and entropy of response tokens from one micro-batch's
-// logits shard ([b, P+R, V/tp], or packed [1, T, V/tp]): positions
-// P-1 .. P+R-2 score tokens P .. P+R-1.
+// Per-token log-probs and entropy (and Σπ², `with_sum_pi_squared`) of
+// response tokens from one micro-batch's logits shard ([b, P+R, V/tp], or
+// packed [1, T, V/tp]): positions P-1 .. P+R-2 score tokens P .. P+R-1.
 ResponseScores response_scores(const at::Tensor& logits_shard, const engine::MicroBatch& mb,
-                               int64_t response_width, double temperature, const engine::Group& tp);
+                               int64_t response_width, double temperature, const engine::Group& tp,
+                               bool with_sum_pi_squared = false);
 
 // Sums `values` element-wise over `group` in place (a no-op for size 1).
 // `device`: where the group's collectives run (ParallelState::device(): a GPU
