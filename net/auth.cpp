@@ -474,6 +474,42 @@ void write_all(int fd, const void* data, size_t n,
   }
 }
 
+Moved Conn::read_some(void* data, size_t n) {
+  Moved m;
+  for (;;) {
+    const ssize_t got = ::recv(fd_, data, n, MSG_DONTWAIT);
+    if (got > 0) {
+      m.bytes = static_cast<size_t>(got);
+    } else if (got == 0 || errno == ECONNRESET) {
+      m.closed = true;
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      m.want = Want::kRead;
+    } else {
+      throw Error(std::string("recv: ") + std::strerror(errno));
+    }
+    return m;
+  }
+}
+
+Moved Conn::write_some(const void* data, size_t n) {
+  Moved m;
+  for (;;) {
+    const ssize_t put = ::send(fd_, data, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (put >= 0) {
+      m.bytes = static_cast<size_t>(put);
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      m.want = Want::kWrite;
+    } else {
+      throw Error(std::string("send: ") + std::strerror(errno));
+    }
+    return m;
+  }
+}
+
 bool Conn::read_exact(void* data, size_t n, std::chrono::steady_clock::time_point deadline) {
   return auth::read_exact(fd_, data, n, deadline);
 }
@@ -482,51 +518,113 @@ void Conn::write_all(const void* data, size_t n, std::chrono::steady_clock::time
   auth::write_all(fd_, data, n, deadline);
 }
 
-void server_handshake(Conn& conn, std::string_view token, std::chrono::milliseconds deadline_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + deadline_ms;
-  const std::string who = peer_address(conn.fd());
-  uint8_t hello[kHello];
-  std::memcpy(hello, kMagic, sizeof(kMagic));
-  hello[sizeof(kMagic)] = kVersion;
-  uint8_t* server_nonce = hello + sizeof(kMagic) + 1;
-  fill_random(server_nonce, kNonce);
-  uint8_t reply[kReply];
+ServerHandshake::ServerHandshake(std::string_view token, std::string who)
+    : token_(token), who_(std::move(who)) {
+  static_assert(sizeof(hello_) == kHello && sizeof(reply_) == kReply);
+  std::memcpy(hello_, kMagic, sizeof(kMagic));
+  hello_[sizeof(kMagic)] = kVersion;
+  fill_random(hello_ + sizeof(kMagic) + 1, kNonce);
+}
+
+Want ServerHandshake::step(Conn& conn) {
+  const auto wanted = [](const Moved& m, Want otherwise) {
+    return m.want == Want::kNone ? otherwise : m.want;
+  };
   try {
-    conn.write_all(hello, sizeof(hello), deadline);
-    // The magic first: a client that speaks another protocol is told apart
-    // from one with a wrong token.
-    if (!conn.read_exact(reply, sizeof(kMagic) + 1, deadline)) {
-      throw AuthError("connection from " + who + " closed during the handshake");
+    while (sent_ < kHello) {
+      const Moved m = conn.write_some(hello_ + sent_, kHello - sent_);
+      if (m.bytes == 0) return wanted(m, Want::kWrite);
+      sent_ += m.bytes;
     }
-    if (std::memcmp(reply, kMagic, sizeof(kMagic)) != 0) {
-      throw AuthError("connection from " + who +
-                      " rejected: not a baton client (it did not answer the handshake)");
+    while (got_ < kReply) {
+      // The magic first: a client that speaks another protocol is told apart
+      // from one with a wrong token.
+      const size_t goal = got_ < sizeof(kMagic) + 1 ? sizeof(kMagic) + 1 : kReply;
+      const Moved m = conn.read_some(reply_ + got_, goal - got_);
+      if (m.closed) throw AuthError("connection from " + who_ + " closed during the handshake");
+      if (m.bytes == 0) return wanted(m, Want::kRead);
+      got_ += m.bytes;
+      if (got_ != sizeof(kMagic) + 1) continue;
+      if (std::memcmp(reply_, kMagic, sizeof(kMagic)) != 0) {
+        throw AuthError("connection from " + who_ +
+                        " rejected: not a baton client (it did not answer the handshake)");
+      }
+      if (reply_[sizeof(kMagic)] != kVersion) {
+        throw AuthError("connection from " + who_ + " rejected: handshake version " +
+                        std::to_string(reply_[sizeof(kMagic)]) + ", this build speaks " +
+                        std::to_string(kVersion));
+      }
     }
-    if (reply[sizeof(kMagic)] != kVersion) {
-      throw AuthError("connection from " + who + " rejected: handshake version " +
-                      std::to_string(reply[sizeof(kMagic)]) + ", this build speaks " +
-                      std::to_string(kVersion));
+    if (!proven_) {
+      const uint8_t* server_nonce = hello_ + sizeof(kMagic) + 1;
+      const uint8_t* client_nonce = reply_ + sizeof(kMagic) + 1;
+      const Digest expected = proof(token_, "client", server_nonce, client_nonce);
+      if (!constant_time_equal(expected.data(), client_nonce + kNonce, expected.size())) {
+        throw AuthError("connection from " + who_ + " rejected: wrong cluster token");
+      }
+      proof_ = proof(token_, "server", client_nonce, server_nonce);
+      proven_ = true;
     }
-    if (!conn.read_exact(reply + sizeof(kMagic) + 1, kReply - sizeof(kMagic) - 1, deadline)) {
-      throw AuthError("connection from " + who + " closed during the handshake");
+    while (proof_sent_ < proof_.size()) {
+      const Moved m = conn.write_some(proof_.data() + proof_sent_, proof_.size() - proof_sent_);
+      if (m.bytes == 0) return wanted(m, Want::kWrite);
+      proof_sent_ += m.bytes;
     }
+    return Want::kNone;
   } catch (const AuthError&) {
     throw;
   } catch (const Error& e) {
-    throw AuthError("connection from " + who + ": handshake " + e.what() + " (deadline " +
-                    std::to_string(deadline_ms.count()) + " ms)");
+    throw AuthError("connection from " + who_ + ": handshake " + e.what());
   }
-  const uint8_t* client_nonce = reply + sizeof(kMagic) + 1;
-  const Digest expected = proof(token, "client", server_nonce, client_nonce);
-  if (!constant_time_equal(expected.data(), client_nonce + kNonce, expected.size())) {
-    throw AuthError("connection from " + who + " rejected: wrong cluster token");
+}
+
+void server_handshake(Conn& conn, std::string_view token, std::chrono::milliseconds deadline_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + deadline_ms;
+  const std::string who = peer_address(conn.fd());
+  ServerHandshake handshake(token, who);
+  for (;;) {
+    const Want want = handshake.step(conn);
+    if (want == Want::kNone) return;
+    if (!wait_io(conn.fd(), want == Want::kWrite, deadline)) {
+      throw AuthError("connection from " + who + ": handshake timed out (deadline " +
+                      std::to_string(deadline_ms.count()) + " ms)");
+    }
   }
-  const Digest mine = proof(token, "server", client_nonce, server_nonce);
-  try {
-    conn.write_all(mine.data(), mine.size(), deadline);
-  } catch (const Error& e) {
-    throw AuthError("connection from " + who + ": handshake " + e.what());
+}
+
+namespace {
+constexpr char kDeny[8] = {'B', 'A', 'T', 'N', 'D', 'E', 'N', 'Y'};
+}  // namespace
+
+std::string refusal_frame(Refusal why) {
+  std::string frame(kHello, '\0');
+  std::memcpy(frame.data(), kDeny, sizeof(kDeny));
+  frame[sizeof(kDeny)] = static_cast<char>(kVersion);
+  frame[sizeof(kDeny) + 1] = static_cast<char>(why);
+  return frame;
+}
+
+std::string refusal_text(Refusal why) {
+  switch (why) {
+    case Refusal::kBusy:
+      return "busy: its limit of connections in their handshake is reached";
+    case Refusal::kBusyFromAddress:
+      return "busy: too many connections from this address are in their handshake";
+    case Refusal::kTlsRequired:
+      return "it requires TLS (set BATON_TLS_CA to the certificates that sign its certificate)";
   }
+  return "refused (reason " + std::to_string(static_cast<int>(why)) + ")";
+}
+
+bool looks_like_refusal(const uint8_t* first, size_t n) {
+  // Five bytes tell a refusal from a hello ("BATNA...").
+  return n >= 5 && std::memcmp(first, kDeny, std::min(n, sizeof(kDeny))) == 0;
+}
+
+void throw_if_refused(const uint8_t* first, size_t n, const std::string& where) {
+  if (n < sizeof(kDeny) + 2 || std::memcmp(first, kDeny, sizeof(kDeny)) != 0) return;
+  const auto why = static_cast<Refusal>(first[sizeof(kDeny) + 1]);
+  throw RefusedError(where + " refused the connection: " + refusal_text(why), why);
 }
 
 void client_handshake(Conn& conn, std::string_view token, std::chrono::milliseconds deadline_ms,
@@ -536,10 +634,17 @@ void client_handshake(Conn& conn, std::string_view token, std::chrono::milliseco
   uint8_t reply[kReply];
   Digest theirs;
   try {
-    if (!conn.read_exact(hello, sizeof(hello), deadline)) {
-      throw AuthError(where + " closed the connection before its handshake (a server that "
-                      "requires TLS closes plain connections: is BATON_TLS_CA set here?)");
+    try {
+      if (!conn.read_exact(hello, sizeof(hello), deadline)) {
+        throw UnansweredError(where + " closed the connection before its handshake");
+      }
+    } catch (const AuthError&) {
+      throw;
+    } catch (const Error& e) {
+      throw UnansweredError(where + ": no handshake: " + e.what() + " (deadline " +
+                            std::to_string(deadline_ms.count()) + " ms)");
     }
+    throw_if_refused(hello, sizeof(hello), where);
     if (std::memcmp(hello, kMagic, sizeof(kMagic)) != 0 || hello[sizeof(kMagic)] != kVersion) {
       throw AuthError(where + " is not a baton listener of this version (its first bytes are " +
                       to_hex(hello, sizeof(kMagic) + 1) + ")");

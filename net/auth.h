@@ -96,6 +96,17 @@ std::string socket_host(int fd, bool local);
 // A connected stream socket, as the handshake and the protocols behind it
 // use it: plain TCP here, TLS when made by net/tls.h. Does not own the fd.
 // One reader and one writer at a time.
+// What a non-blocking step waits for next.
+enum class Want { kNone, kRead, kWrite };
+
+// What a non-blocking read or write moved: `bytes`; `closed` when the peer
+// hung up (a read); when nothing moved, `want` says what to wait for.
+struct Moved {
+  size_t bytes = 0;
+  bool closed = false;
+  Want want = Want::kNone;
+};
+
 class Conn {
  public:
   explicit Conn(int fd) : fd_(fd) {}
@@ -109,6 +120,13 @@ class Conn {
                          std::chrono::steady_clock::time_point deadline);
   // "tcp", or the TLS version ("TLSv1.3").
   virtual std::string protocol() const { return "tcp"; }
+  // Non-blocking, for an event loop (net/handshake_gate.h): moves what it can
+  // now. Throws Error on a socket or TLS error.
+  virtual Moved read_some(void* data, size_t n);
+  virtual Moved write_some(const void* data, size_t n);
+  // One non-blocking step of a TLS server's handshake: Want::kNone once it is
+  // done (at once for plain TCP). Throws AuthError when it fails.
+  virtual Want handshake_step() { return Want::kNone; }
 
  protected:
   int fd_;
@@ -123,6 +141,62 @@ inline void server_handshake(int fd, std::string_view token, std::chrono::millis
   Conn conn(fd);
   server_handshake(conn, token, deadline);
 }
+
+// The server side as a state machine, for an event loop: what
+// server_handshake does, without blocking.
+class ServerHandshake {
+ public:
+  // `who` names the peer in errors.
+  ServerHandshake(std::string_view token, std::string who);
+  // Advances on `conn` as far as it can now. Want::kNone once the client has
+  // proven the token and this side's proof is sent; throws AuthError as
+  // server_handshake does (not a baton client, wrong version or token, hung up).
+  Want step(Conn& conn);
+  // Whether the client has sent any byte yet.
+  bool heard() const { return got_ > 0; }
+
+ private:
+  std::string token_, who_;
+  uint8_t hello_[41];
+  uint8_t reply_[73];
+  Digest proof_{};
+  size_t sent_ = 0, got_ = 0, proof_sent_ = 0;
+  bool proven_ = false;
+};
+
+// Why a listener turned a connection away, sent in place of its hello:
+// "BATNDENY", the version, the reason, zeros (as long as a hello).
+enum class Refusal : uint8_t {
+  kBusy = 1,             // too many connections in their handshake
+  kBusyFromAddress = 2,  // too many from the peer's address
+  kTlsRequired = 3,      // a TLS listener heard nothing: a plain client
+};
+std::string refusal_frame(Refusal why);
+// What a refusal says, e.g. "busy: too many connections are in their handshake".
+std::string refusal_text(Refusal why);
+
+// A connection that the listener turned away (Refusal); retryable() for load.
+class RefusedError : public AuthError {
+ public:
+  RefusedError(const std::string& what, Refusal why) : AuthError(what), why_(why) {}
+  Refusal reason() const { return why_; }
+  bool retryable() const { return why_ != Refusal::kTlsRequired; }
+
+ private:
+  Refusal why_;
+};
+// A listener that closed the connection, or did not answer, before its hello:
+// stopping, overloaded, or not listening yet (a client may try again).
+class UnansweredError : public AuthError {
+ public:
+  using AuthError::AuthError;
+};
+// Throws RefusedError naming `where` when the first `n` bytes a server sent are
+// a refusal (n >= 10); returns otherwise.
+void throw_if_refused(const uint8_t* first, size_t n, const std::string& where);
+// Whether the first `n` bytes a server sent begin a refusal (false for n < 5:
+// too few to tell it from a hello).
+bool looks_like_refusal(const uint8_t* first, size_t n);
 
 // The client side; `where` names the server in errors ("the rendezvous store
 // at 10.0.0.1:29500"). Throws AuthError when the server is not a baton

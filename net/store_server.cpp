@@ -23,6 +23,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "net/auth.h"
+#include "net/handshake_gate.h"
 #include "net/store_protocol.h"
 #include "net/tls.h"
 
@@ -30,10 +31,6 @@ namespace baton {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// At most this many rejection lines per second; the rest are counted and
-// reported with the next line, so that a flood cannot slow the driver.
-constexpr int kLogLinesPerSecond = 10;
 
 std::string keys_text(const std::vector<std::string>& keys) {
   std::string s;
@@ -48,10 +45,9 @@ struct StoreServer::Impl {
   StoreServerOptions options;
   std::string address;
   uint16_t port = 0;
-  int listen_fd = -1;
-  int wake[2] = {-1, -1};  // the accept loop's stop signal
-  std::thread acceptor;
+  std::unique_ptr<HandshakeGate> gate;
 
+  // One thread per authenticated connection.
   struct Connection {
     int fd = -1;
     std::thread thread;
@@ -59,91 +55,52 @@ struct StoreServer::Impl {
   };
   std::mutex conn_mu;
   std::list<Connection> connections;  // guarded by conn_mu
-  std::atomic<int> pending{0};
   std::atomic<bool> stopping{false};
 
   mutable std::mutex mu;  // the data
   std::condition_variable changed;
   std::unordered_map<std::string, std::string> data;
 
-  std::atomic<uint64_t> accepted{0}, authenticated{0}, rejected{0}, refused{0}, requests{0},
-      waiting{0}, over_tls{0};
+  std::atomic<uint64_t> requests{0}, waiting{0}, over_tls{0};
+  std::unique_ptr<RateLimitedLog> log_;
 
-  std::mutex log_mu;
-  Clock::time_point log_window{};
-  int log_lines = 0;
-  uint64_t log_dropped = 0;
+  void warn(const std::string& line) { log_->warn(line); }
 
-  void warn(const std::string& line) {
-    std::lock_guard<std::mutex> lock(log_mu);
-    const auto now = Clock::now();
-    if (now - log_window >= std::chrono::seconds(1)) {
-      log_window = now;
-      log_lines = 0;
-    }
-    if (log_lines >= kLogLinesPerSecond) {
-      ++log_dropped;
-      return;
-    }
-    ++log_lines;
-    std::string text = options.name + ": " + line;
-    if (log_dropped > 0) {
-      text += " (" + std::to_string(log_dropped) + " more such lines not shown)";
-      log_dropped = 0;
-    }
-    log(LogLevel::kWarn, text);
-  }
-
-  void listen_now() {
+  void start() {
+    log_ = std::make_unique<RateLimitedLog>(options.name);
     std::string why;
-    listen_fd = auth::tcp_listen(options.bind_address, options.port, &port, why);
+    const int listen_fd = auth::tcp_listen(options.bind_address, options.port, &port, why);
     if (listen_fd < 0) {
       throw Error(options.name + ": cannot listen on " + options.bind_address + ":" +
                   std::to_string(options.port) + ": " + why);
     }
     address = options.bind_address;
+    HandshakeGateOptions g;
+    g.name = options.name;
+    g.token = options.token;
+    g.tls = options.tls;
+    g.handshake_timeout = options.handshake_timeout;
+    g.max_pending = options.max_pending;
+    g.max_pending_per_address = options.max_pending_per_address;
+    gate = std::make_unique<HandshakeGate>(
+        listen_fd, std::move(g),
+        [this](int fd, std::unique_ptr<auth::Conn> conn) { add(fd, std::move(conn)); });
   }
 
-  void accept_loop() {
-    for (;;) {
-      pollfd p[2] = {{listen_fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
-      if (::poll(p, 2, 1000) < 0 && errno != EINTR) {
-        warn(std::string("poll on the listener failed: ") + std::strerror(errno));
-        return;
-      }
-      if (stopping.load()) return;
-      reap();
-      if ((p[0].revents & POLLIN) == 0) continue;
-      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EMFILE || errno == ENFILE) {
-          warn("cannot accept a connection: " + std::string(std::strerror(errno)));
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        }
-        continue;
-      }
-      ++accepted;
-      if (pending.load() >= options.max_pending) {
-        ++refused;
-        warn("refused a connection from " + auth::peer_address(fd) + ": " +
-             std::to_string(options.max_pending) + " connections are already in their handshake");
-        ::close(fd);
-        continue;
-      }
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      ++pending;
-      std::lock_guard<std::mutex> lock(conn_mu);
-      Connection& c = connections.emplace_back();
-      c.fd = fd;
-      c.thread = std::thread([this, &c] {
-        serve(c.fd);
-        // The peer sees the end now; the accept loop closes the fd when it
-        // joins this thread.
-        ::shutdown(c.fd, SHUT_RDWR);
-        c.done.store(true);
-      });
-    }
+  // An authenticated connection: served by a thread of its own from now on.
+  void add(int fd, std::unique_ptr<auth::Conn> conn) {
+    reap();
+    if (options.tls) ++over_tls;
+    std::lock_guard<std::mutex> lock(conn_mu);
+    Connection& c = connections.emplace_back();
+    c.fd = fd;
+    c.thread = std::thread([this, &c, conn = std::shared_ptr<auth::Conn>(std::move(conn))] {
+      serve(*conn, c.fd);
+      // The peer sees the end now; reap() closes the fd when it joins this
+      // thread.
+      ::shutdown(c.fd, SHUT_RDWR);
+      c.done.store(true);
+    });
   }
 
   // Joins the threads of connections that have ended.
@@ -160,38 +117,20 @@ struct StoreServer::Impl {
     }
   }
 
-  void serve(int fd) {
-    std::unique_ptr<auth::Conn> conn;
-    try {
-      const auto deadline = Clock::now() + options.handshake_timeout;
-      conn = options.tls ? options.tls->accept(fd, deadline, auth::peer_address(fd))
-                         : std::make_unique<auth::Conn>(fd);
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      auth::server_handshake(*conn, options.token, std::max(left, std::chrono::milliseconds(1)));
-    } catch (const std::exception& e) {
-      --pending;
-      if (!stopping.load()) {
-        ++rejected;
-        warn(e.what());
-      }
-      return;
-    }
-    --pending;
-    ++authenticated;
-    if (options.tls) ++over_tls;
+  void serve(auth::Conn& conn, int fd) {
     const std::string who = auth::peer_address(fd);
     try {
       for (;;) {
         uint8_t prefix[4];
-        if (!conn->read_exact(prefix, 4, Clock::time_point::max())) return;  // hung up
+        if (!conn.read_exact(prefix, 4, Clock::time_point::max())) return;  // hung up
         std::string body(store::frame_length(prefix), '\0');
-        if (!conn->read_exact(body.data(), body.size(), Clock::now() + std::chrono::seconds(60))) {
+        if (!conn.read_exact(body.data(), body.size(), Clock::now() + std::chrono::seconds(60))) {
           return;
         }
         const store::Request request = store::decode_request(body);
         const std::string reply = store::encode(handle(request, fd));
         ++requests;
-        conn->write_all(reply.data(), reply.size(), Clock::now() + std::chrono::seconds(60));
+        conn.write_all(reply.data(), reply.size(), Clock::now() + std::chrono::seconds(60));
       }
     } catch (const std::exception& e) {
       if (!stopping.load()) warn("connection from " + who + " dropped: " + e.what());
@@ -313,11 +252,7 @@ struct StoreServer::Impl {
 
   void stop() {
     stopping.store(true);
-    if (wake[1] >= 0) {
-      const char c = 0;
-      (void)!::write(wake[1], &c, 1);
-    }
-    if (acceptor.joinable()) acceptor.join();
+    gate.reset();  // no new connections
     {
       std::lock_guard<std::mutex> lock(mu);
       changed.notify_all();
@@ -329,10 +264,6 @@ struct StoreServer::Impl {
       ::close(c.fd);
     }
     connections.clear();
-    if (listen_fd >= 0) ::close(listen_fd);
-    for (int fd : wake) {
-      if (fd >= 0) ::close(fd);
-    }
   }
 };
 
@@ -340,12 +271,7 @@ StoreServer::StoreServer(StoreServerOptions options) : impl_(std::make_shared<Im
   impl_->options = std::move(options);
   if (impl_->options.token.empty()) impl_->options.token = auth::cluster_token();
   if (!impl_->options.tls) impl_->options.tls = tls::Context::server_from_environment();
-  impl_->listen_now();
-  if (::pipe2(impl_->wake, O_CLOEXEC) != 0) {
-    ::close(impl_->listen_fd);
-    throw Error(impl_->options.name + ": pipe: " + std::strerror(errno));
-  }
-  impl_->acceptor = std::thread([impl = impl_.get()] { impl->accept_loop(); });
+  impl_->start();
 }
 
 StoreServer::~StoreServer() { impl_->stop(); }
@@ -355,10 +281,11 @@ const std::string& StoreServer::address() const { return impl_->address; }
 
 StoreServer::Counts StoreServer::counts() const {
   Counts c;
-  c.accepted = impl_->accepted.load();
-  c.authenticated = impl_->authenticated.load();
-  c.rejected = impl_->rejected.load();
-  c.refused = impl_->refused.load();
+  const HandshakeGate::Counts g = impl_->gate->counts();
+  c.accepted = g.accepted;
+  c.authenticated = g.authenticated;
+  c.rejected = g.rejected;
+  c.refused = g.refused;
   c.requests = impl_->requests.load();
   c.waiting = impl_->waiting.load();
   c.tls = impl_->over_tls.load();

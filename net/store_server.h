@@ -5,11 +5,15 @@
 // (net/store_protocol.h). Workers reach it through AuthStore
 // (runtime/internal/auth_store.h), a c10d::Store.
 //
-// A connection is served by its own thread, so a client that connects and
-// sends nothing, or garbage, holds up nobody: it is dropped at the handshake's
-// deadline or at its first wrong byte, with one log line naming its address.
-// At most `max_pending` connections may be in their handshake at once; more
-// are closed as they arrive (and counted).
+// Connections reach it through a HandshakeGate (net/handshake_gate.h): one
+// event-driven thread runs every handshake, so a client that connects and
+// sends nothing, or garbage, holds up nobody and costs no thread: it is
+// dropped at the handshake's deadline or at its first wrong byte, with a
+// (rate-limited) log line naming its address. At most `max_pending`
+// connections may be in their handshake at once, `max_pending_per_address`
+// from one address; more are refused as they arrive, with a frame that says
+// so (clients retry: net/dial.h), and counted. An authenticated connection is
+// served by a thread of its own.
 //
 // Example:
 //   StoreServerOptions o;
@@ -41,8 +45,9 @@ struct StoreServerOptions {
   std::string token;
   // A client that has not completed the handshake by then is dropped.
   std::chrono::milliseconds handshake_timeout{5000};
-  // Connections allowed in their handshake at once.
+  // Connections allowed in their handshake at once, and from one address.
   int max_pending = 64;
+  int max_pending_per_address = 32;
   // Names the server in log lines and errors ("WorkerGroup Actor_0").
   std::string name = "rendezvous store";
   // TLS (net/tls.h): this context when set; otherwise the environment's
@@ -66,7 +71,7 @@ class StoreServer {
     uint64_t accepted = 0;       // connections accepted
     uint64_t authenticated = 0;  // ... that passed the handshake
     uint64_t rejected = 0;       // ... that failed it (wrong token, garbage, silence)
-    uint64_t refused = 0;        // closed at accept: too many pending handshakes
+    uint64_t refused = 0;        // refused at accept: too many pending handshakes
     uint64_t requests = 0;       // requests served
     uint64_t keys = 0;           // keys held now
     uint64_t waiting = 0;        // requests waiting for keys now

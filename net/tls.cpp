@@ -7,6 +7,7 @@
 #if defined(BATON_HAVE_TLS)
 #include <fcntl.h>
 #include <openssl/err.h>
+#include <sys/socket.h>
 #include <openssl/ssl.h>
 #endif
 
@@ -48,8 +49,57 @@ std::string openssl_reason() {
 
 class TlsConn : public auth::Conn {
  public:
-  TlsConn(int fd, SSL* ssl) : Conn(fd), ssl_(ssl) {}
+  // `accepting`: a server whose handshake handshake_step() drives; `what`
+  // names the peer in its errors.
+  TlsConn(int fd, SSL* ssl, bool accepting = false, std::string what = {})
+      : Conn(fd), ssl_(ssl), accepting_(accepting), what_(std::move(what)) {}
   ~TlsConn() override { SSL_free(ssl_); }
+
+  auth::Want handshake_step() override {
+    if (!accepting_) return auth::Want::kNone;
+    const int r = SSL_accept(ssl_);
+    if (r == 1) {
+      accepting_ = false;
+      return auth::Want::kNone;
+    }
+    const int e = SSL_get_error(ssl_, r);
+    if (e == SSL_ERROR_WANT_READ) return auth::Want::kRead;
+    if (e == SSL_ERROR_WANT_WRITE) return auth::Want::kWrite;
+    throw auth::AuthError(what_ + ": TLS handshake failed: " + openssl_reason());
+  }
+
+  auth::Moved read_some(void* data, size_t n) override {
+    auth::Moved m;
+    const int got = SSL_read(ssl_, data, static_cast<int>(std::min<size_t>(n, 1 << 30)));
+    if (got > 0) {
+      m.bytes = static_cast<size_t>(got);
+      return m;
+    }
+    const int e = SSL_get_error(ssl_, got);
+    if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0)) {
+      m.closed = true;
+    } else if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+      m.want = e == SSL_ERROR_WANT_READ ? auth::Want::kRead : auth::Want::kWrite;
+    } else {
+      throw Error("TLS read: " + openssl_reason());
+    }
+    return m;
+  }
+
+  auth::Moved write_some(const void* data, size_t n) override {
+    auth::Moved m;
+    const int put = SSL_write(ssl_, data, static_cast<int>(std::min<size_t>(n, 1 << 30)));
+    if (put > 0) {
+      m.bytes = static_cast<size_t>(put);
+      return m;
+    }
+    const int e = SSL_get_error(ssl_, put);
+    if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
+      throw Error("TLS write: " + openssl_reason());
+    }
+    m.want = e == SSL_ERROR_WANT_READ ? auth::Want::kRead : auth::Want::kWrite;
+    return m;
+  }
 
   bool read_exact(void* data, size_t n, std::chrono::steady_clock::time_point deadline) override {
     auto* p = static_cast<char*>(data);
@@ -93,6 +143,8 @@ class TlsConn : public auth::Conn {
 
  private:
   SSL* ssl_;
+  bool accepting_;
+  std::string what_;
 };
 
 }  // namespace
@@ -150,14 +202,62 @@ std::shared_ptr<Context> Context::client(const std::string& ca_file) {
 namespace {
 
 // SSL_accept or SSL_connect until done or the deadline.
+// A refusal that a TLS client read. "TLS required" means its hello came late
+// (it is a TLS client): a try that may be made again.
+void throw_refusal(const uint8_t* frame, const std::string& what) {
+  try {
+    auth::throw_if_refused(frame, 41, what);
+  } catch (const auth::RefusedError& e) {
+    if (e.reason() != auth::Refusal::kTlsRequired) throw;
+    throw auth::UnansweredError(what + " heard no TLS hello from this client in time");
+  }
+}
+
+// A client's check, before each step, for a listener's refusal (plain bytes,
+// net/auth.h) in place of TLS: a TLS record never begins with them.
+void check_refusal(int fd, std::chrono::steady_clock::time_point deadline, const std::string& what) {
+  uint8_t first[8];
+  const ssize_t got = ::recv(fd, first, sizeof(first), MSG_PEEK | MSG_DONTWAIT);
+  if (got <= 0 || !auth::looks_like_refusal(first, static_cast<size_t>(got))) return;
+  uint8_t frame[41];
+  if (!auth::read_exact(fd, frame, sizeof(frame), deadline)) return;
+  throw_refusal(frame, what);
+}
+
+// Whether a record header that OpenSSL read began a refusal (the race that
+// check_refusal cannot see: the refusal arrived inside a step).
+void note_record_header(int write_p, int, int content_type, const void* buf, size_t len, SSL*,
+                        void* arg) {
+  if (write_p == 0 && content_type == SSL3_RT_HEADER &&
+      auth::looks_like_refusal(static_cast<const uint8_t*>(buf), len)) {
+    *static_cast<bool*>(arg) = true;
+  }
+}
+
 template <typename Step>
 void drive(SSL* ssl, int fd, std::chrono::steady_clock::time_point deadline, Step step,
-           const std::string& what) {
+           const std::string& what, bool client) {
+  bool refused_inside = false;
+  if (client) {
+    SSL_set_msg_callback(ssl, note_record_header);
+    SSL_set_msg_callback_arg(ssl, &refused_inside);
+  }
   for (;;) {
+    if (client) check_refusal(fd, deadline, what);
     const int r = step(ssl);
-    if (r == 1) return;
+    if (r == 1) {
+      if (client) SSL_set_msg_callback(ssl, nullptr);
+      return;
+    }
     const int e = SSL_get_error(ssl, r);
     if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
+      if (refused_inside) {
+        // The rest of the frame is still in the socket: its reason.
+        ERR_clear_error();
+        uint8_t rest[41] = {'B', 'A', 'T', 'N', 'D'};
+        if (auth::read_exact(fd, rest + 5, sizeof(rest) - 5, deadline)) throw_refusal(rest, what);
+        throw auth::RefusedError(what + " refused the connection", auth::Refusal::kBusy);
+      }
       std::string reason = openssl_reason();
       if (const long v = SSL_get_verify_result(ssl); v != X509_V_OK) {
         reason += " (certificate: " + std::string(X509_verify_cert_error_string(v)) + ")";
@@ -195,9 +295,9 @@ std::unique_ptr<auth::Conn> start(SSL_CTX* ctx, int fd, bool server,
   }
   try {
     if (server) {
-      drive(ssl, fd, deadline, [](SSL* s) { return SSL_accept(s); }, what);
+      drive(ssl, fd, deadline, [](SSL* s) { return SSL_accept(s); }, what, false);
     } else {
-      drive(ssl, fd, deadline, [](SSL* s) { return SSL_connect(s); }, what);
+      drive(ssl, fd, deadline, [](SSL* s) { return SSL_connect(s); }, what, true);
     }
   } catch (...) {
     SSL_free(ssl);
@@ -217,6 +317,17 @@ std::unique_ptr<auth::Conn> Context::connect(int fd,
                                              std::chrono::steady_clock::time_point deadline,
                                              const std::string& host, const std::string& where) {
   return start(impl_->ctx, fd, false, deadline, host, where);
+}
+
+std::unique_ptr<auth::Conn> Context::accept_async(int fd, const std::string& where) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0 && (flags & O_NONBLOCK) == 0) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  SSL* ssl = SSL_new(impl_->ctx);
+  if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1) {
+    SSL_free(ssl);
+    throw auth::AuthError("connection from " + where + ": TLS: " + openssl_reason());
+  }
+  return std::make_unique<TlsConn>(fd, ssl, true, "connection from " + where);
 }
 
 #else  // !BATON_HAVE_TLS
@@ -248,6 +359,7 @@ std::unique_ptr<auth::Conn> Context::connect(int, std::chrono::steady_clock::tim
                                              const std::string&, const std::string& where) {
   no_tls(where);
 }
+std::unique_ptr<auth::Conn> Context::accept_async(int, const std::string& where) { no_tls(where); }
 
 #endif
 

@@ -45,6 +45,9 @@ class Context {
                                      const std::string& where);
   std::unique_ptr<auth::Conn> connect(int fd, std::chrono::steady_clock::time_point deadline,
                                       const std::string& host, const std::string& where);
+  // A server's connection whose TLS handshake has not begun: the caller
+  // drives it with handshake_step() (net/handshake_gate.h). Sets O_NONBLOCK.
+  std::unique_ptr<auth::Conn> accept_async(int fd, const std::string& where);
 
  private:
   struct Impl;

@@ -36,6 +36,7 @@ pip_pins=(
   # trainer.logger: wandb runs this package (offline by default) in a subprocess; the
   # tests read its offline runs back with it (~10 s to install).
   wandb==0.31.0
+  kubernetes-validate==1.37.0  # Kubernetes' API schemas, offline: examples/kubernetes/'s test
 )
 
 sudo_cmd=()

@@ -25,6 +25,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "net/auth.h"
+#include "net/dial.h"
 #include "net/tls.h"
 #include "runtime/cluster/agent_protocol.h"
 #include "runtime/cluster/relay.h"
@@ -148,30 +149,24 @@ class Agent {
   }
 
  private:
+  // Retried while the driver is not there yet or refuses for load
+  // (net/dial.h).
   std::unique_ptr<auth::Conn> dial(Clock::time_point deadline, int* fd_out) {
-    std::string why;
-    for (;;) {
-      const int fd = auth::tcp_connect(host_, port_, std::min(deadline, Clock::now() + std::chrono::seconds(5)), why);
-      if (fd >= 0) {
-        keep_alive(fd);
-        const std::string where = "the driver at " + o_.driver;
-        std::unique_ptr<auth::Conn> conn;
-        try {
-          conn = tls_ ? tls_->connect(fd, Clock::now() + kHandshakeTimeout, host_, where)
-                      : std::make_unique<auth::Conn>(fd);
-          auth::client_handshake(*conn, token_, kHandshakeTimeout, where);
-        } catch (...) {
-          conn.reset();
-          ::close(fd);
-          throw;
-        }
-        *fd_out = fd;
-        return conn;
-      }
-      if (Clock::now() >= deadline)
-        throw Error("baton-agent: cannot reach the driver at " + o_.driver + ": " + why);
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auth::DialOptions o;
+    o.token = token_;
+    o.where = "the driver at " + o_.driver;
+    o.handshake_timeout = kHandshakeTimeout * 2;
+    o.tls = tls_;
+    std::unique_ptr<auth::Conn> conn;
+    try {
+      conn = auth::dial(host_, port_, deadline, o, fd_out);
+    } catch (const auth::AuthError&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(std::string("baton-agent: cannot reach the driver: ") + e.what());
     }
+    keep_alive(*fd_out);
+    return conn;
   }
 
   void send_up(capnp::MessageBuilder& b) {

@@ -25,6 +25,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "net/auth.h"
+#include "net/handshake_gate.h"
 #include "net/tls.h"
 #include "runtime/cluster/agent_protocol.h"
 #include "runtime/cluster/relay.h"
@@ -69,9 +70,8 @@ struct Cluster::Impl : std::enable_shared_from_this<Cluster::Impl> {
   uint16_t port = 0;
   std::string token;
   std::shared_ptr<tls::Context> tls;
-  int listen_fd = -1;
-  int wake[2] = {-1, -1};
-  std::thread accept_thread;
+  // Runs every connection's handshake; serve() gets the proven ones.
+  std::unique_ptr<HandshakeGate> gate;
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -81,20 +81,13 @@ struct Cluster::Impl : std::enable_shared_from_this<Cluster::Impl> {
   uint64_t next_worker = 1;
   bool stopping = false;
 
-  ~Impl() {
-    close_fd(listen_fd);
-    close_fd(wake[0]);
-    close_fd(wake[1]);
-  }
-
   int connected_locked() const {
     int n = 0;
     for (const auto& node : nodes) n += (node && node->down && !node->lost) ? 1 : 0;
     return n;
   }
 
-  void accept_loop();
-  void serve(int fd);
+  void serve(int fd, std::unique_ptr<auth::Conn> conn);
   void serve_node(std::shared_ptr<Node> node, auth::Conn& up, const wire::AgentHello::Reader& hello);
   void on_agent_message(Node& node, wire::AgentMessage::Reader m);
   void node_lost(const std::shared_ptr<Node>& node, const std::string& why);
@@ -181,38 +174,11 @@ void Cluster::Impl::send(Node& node, capnp::MessageBuilder& builder) {
   write_with_deadline(*node.down, builder);
 }
 
-void Cluster::Impl::accept_loop() {
-  for (;;) {
-    pollfd p[2] = {{listen_fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (p[1].revents != 0) return;
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    keep_alive(fd);
-    std::thread([self = shared_from_this(), fd] { self->serve(fd); }).detach();
-  }
-}
-
-// One connection from an agent: its control connection (hello; then this
-// thread reads it), its second control connection (the driver writes it), or
-// one direction of a worker's data.
-void Cluster::Impl::serve(int fd) {
+// One connection from an agent, its token proven: its control connection
+// (hello; then this thread reads it), its second control connection (the
+// driver writes it), or one direction of a worker's data.
+void Cluster::Impl::serve(int fd, std::unique_ptr<auth::Conn> conn) {
   const std::string who = auth::peer_address(fd);
-  std::unique_ptr<auth::Conn> conn;
-  try {
-    const auto deadline = Clock::now() + kHandshakeTimeout;
-    conn = tls ? tls->accept(fd, deadline, who) : std::make_unique<auth::Conn>(fd);
-    auth::server_handshake(*conn, token, kHandshakeTimeout);
-  } catch (const std::exception& e) {
-    log(LogLevel::kWarn, "baton: cluster listener: refused " + who + ": " + e.what());
-    ::close(fd);
-    return;
-  }
   std::shared_ptr<Node> keep_down;  // a control connection the driver writes stays open
   try {
     kj::Array<capnp::word> words;
@@ -471,12 +437,27 @@ std::shared_ptr<Cluster> Cluster::listen(ClusterOptions options) {
   impl->tls = options.tls ? options.tls : tls::Context::server_from_environment();
   impl->nodes.resize(static_cast<size_t>(options.nodes));
   std::string why;
-  impl->listen_fd = auth::tcp_listen(host, port, &impl->port, why);
-  if (impl->listen_fd < 0)
+  const int listen_fd = auth::tcp_listen(host, port, &impl->port, why);
+  if (listen_fd < 0)
     throw Error("Cluster: cannot listen for node agents on " + options.listen + ": " + why);
-  if (::pipe2(impl->wake, O_CLOEXEC) != 0) throw Error("Cluster: pipe2: " + errno_text());
   impl->options = std::move(options);
-  impl->accept_thread = std::thread([raw = impl.get()] { raw->accept_loop(); });
+  HandshakeGateOptions gate;
+  gate.name = "baton: cluster listener";
+  gate.token = impl->token;
+  gate.tls = impl->tls;
+  gate.handshake_timeout = kHandshakeTimeout;
+  impl->gate = std::make_unique<HandshakeGate>(
+      listen_fd, std::move(gate),
+      [weak = std::weak_ptr<Impl>(impl)](int fd, std::unique_ptr<auth::Conn> conn) {
+        auto self = weak.lock();
+        if (!self) {
+          conn.reset();
+          ::close(fd);
+          return;
+        }
+        keep_alive(fd);
+        std::thread(&Impl::serve, self, fd, std::move(conn)).detach();
+      });
   log(LogLevel::kInfo, "baton: waiting for " + std::to_string(impl->options.nodes) +
                            " node agent(s) on " + impl->host + ":" + std::to_string(impl->port));
   return std::shared_ptr<Cluster>(new Cluster(impl));
@@ -491,11 +472,7 @@ Cluster::~Cluster() {
     impl_->stopping = true;
     nodes = impl_->nodes;
   }
-  const char one = 1;
-  if (::write(impl_->wake[1], &one, 1) < 0) {
-    // The accept loop is gone already.
-  }
-  if (impl_->accept_thread.joinable()) impl_->accept_thread.join();
+  impl_->gate.reset();  // no new connections
   for (auto& node : nodes) {
     if (!node) continue;
     capnp::MallocMessageBuilder b;

@@ -15,6 +15,7 @@
 
 #include "base/errors.h"
 #include "net/auth.h"
+#include "net/dial.h"
 #include "net/store_protocol.h"
 #include "net/tls.h"
 
@@ -41,32 +42,14 @@ AuthStore::AuthStore(std::string host, uint16_t port, std::string token,
       token_(token.empty() ? auth::cluster_token() : std::move(token)),
       connect_timeout_(connect_timeout),
       where_("the rendezvous store at " + host_ + ":" + std::to_string(port_)) {
-  const auto deadline = Clock::now() + connect_timeout_;
-  std::string why;
-  for (;;) {
-    fd_ = auth::tcp_connect(host_, port_, deadline, why);
-    if (fd_ >= 0 || Clock::now() >= deadline) break;
-    // Refused: the server may not listen yet (another host starting).
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (fd_ < 0) {
-    throw Error("cannot connect to " + where_ + " within " +
-                std::to_string(connect_timeout_.count()) + " ms: " + why);
-  }
-  try {
-    const auto handshake = std::min(connect_timeout_, std::chrono::milliseconds(30000));
-    if (auto tls = tls::Context::client_from_environment()) {
-      conn_ = tls->connect(fd_, Clock::now() + handshake, host_, where_);
-    } else {
-      conn_ = std::make_unique<auth::Conn>(fd_);
-    }
-    auth::client_handshake(*conn_, token_, handshake, where_);
-  } catch (...) {
-    conn_.reset();
-    ::close(fd_);
-    fd_ = -1;
-    throw;
-  }
+  // Retried while the store is not there yet (another host starting) or
+  // refuses for load (net/dial.h).
+  auth::DialOptions o;
+  o.token = token_;
+  o.where = where_;
+  o.handshake_timeout = std::min(connect_timeout_, std::chrono::milliseconds(10000));
+  o.tls = tls::Context::client_from_environment();
+  conn_ = auth::dial(host_, port_, Clock::now() + connect_timeout_, o, &fd_);
 }
 
 AuthStore::~AuthStore() {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <new>
 
 #include "base/errors.h"
 #include "base/profiler.h"
@@ -24,6 +25,7 @@
 #include "runtime/internal/channel.h"
 #include "runtime/internal/crash_handler.h"
 #include "runtime/internal/driver.h"
+#include "runtime/internal/process_memory.h"
 #include "runtime/internal/value_codec.h"
 #include "runtime/method_table.h"
 #include "runtime/role_set.h"
@@ -102,8 +104,20 @@ void bind_device(const WorkerInfo& info) {
   _exit(status);
 }
 
+// A failed host allocation (std::bad_alloc; LibTorch's CPU allocator throws
+// a plain c10::Error) is reported as out of memory with the worker's RSS and
+// address-space limit. A device's (c10::OutOfMemoryError: "CUDA out of
+// memory. Tried to allocate ...") says so itself.
 std::string error_text(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return out_of_memory_text(e.what());
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) {
+    std::string text = c->what_without_backtrace();
+    const bool host_allocation = dynamic_cast<const c10::OutOfMemoryError*>(&e) == nullptr &&
+                                 text.find("DefaultCPUAllocator: ") != std::string::npos &&
+                                 (text.find("can't allocate memory") != std::string::npos ||
+                                  text.find("not enough memory") != std::string::npos);
+    return host_allocation ? out_of_memory_text(text) : text;
+  }
   return e.what();
 }
 

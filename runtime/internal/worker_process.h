@@ -2,6 +2,9 @@
 // Spawns it, sends it calls, completes their futures from the I/O thread,
 // forwards its stdout/stderr with a "[Class:rank]" prefix, and notices its
 // death (the socket closes) to fail its pending calls with the exit status.
+// A worker on this machine has its memory sampled every 250 ms
+// (process_memory.h), so that an OOM kill reads "was killed: out of memory
+// (RSS ... last seen ..., peak ...; ...)" rather than as a plain SIGKILL.
 //
 // Nothing here blocks on the worker: a message the worker's socket cannot
 // take now waits in the channel's outgoing queue, which the I/O thread
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "runtime/future.h"
+#include "runtime/internal/process_memory.h"
 #include "runtime/internal/shm_pool.h"
 #include "runtime/internal/wire.capnp.h"
 #include "runtime/role_set.h"
@@ -64,7 +68,8 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
  public:
   // Called on the I/O thread once the worker has died, with its description
   // ("worker Adder rank 2 (pid 123) was killed by signal 9 (SIGKILL) during
-  // Adder.add", naming the call it was running, if any).
+  // Adder.add", naming the call it was running, or "... while idle"; "was
+  // killed: out of memory (RSS ...)" for an OOM kill).
   using DeathHook = std::function<void(WorkerProcess&, const std::string& what)>;
 
   // Spawns the process: on this machine (from the I/O thread), or through
@@ -119,13 +124,15 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   void on_readable();
   void handle_message(wire::Envelope::Reader env, std::vector<int> fds);
   void start_log_pipe(int fd, bool is_stderr);
+  void sample_memory();  // and again every kMemorySampleInterval until it is reaped
   void on_closed();
   void reap(int attempts_left);
   void reap_remote(int attempts_left, bool killed);
   void finish_death(int wait_status, bool have_status);
   void finish_lost(const std::string& why);  // its node agent is gone
   void finish(const std::string& how);
-  // Marks the worker dead, "<label> <how> during <the running call><cause>",
+  // Marks the worker dead, "<label> <how> during <the running call><cause>"
+  // (or "<label> <how> while idle<cause>"),
   // fails every pending call (the running one with that description, the
   // others as refused) and returns the description; "" if it already was.
   std::string declare_dead(const std::string& how, const std::string& cause);
@@ -143,6 +150,8 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   PeerId peer_;
   pid_t pid_ = -1;
   std::shared_ptr<RemoteWorker> remote_;  // set when a node agent runs it
+  // A local worker's memory until it is reaped; on the I/O thread only.
+  std::optional<MemoryWatch> memory_;
   std::unique_ptr<Channel> channel_;
   ShmRegionCache regions_;  // the worker's segments
   struct Io;  // Asio objects, touched only on the I/O thread

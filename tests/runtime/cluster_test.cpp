@@ -9,6 +9,7 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <gtest/gtest.h>
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -280,6 +281,43 @@ TEST_F(ClusterTest, AnAgentWithAnotherTokenIsRefusedAndTheWaitSaysWhoCame) {
               std::string::npos)
         << what;
   }
+}
+
+int threads_now() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+TEST_F(ClusterTest, SilentConnectionsOnTheClusterPortCostNoThreadAndAnAgentStillJoins) {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.token = auth::cluster_token();
+  o.wait_timeout = std::chrono::seconds(60);
+  auto cluster = Cluster::listen(o);
+  const int threads = threads_now();
+  std::vector<int> silent;
+  for (int i = 0; i < 300; ++i) {
+    std::string why;
+    const int fd = auth::tcp_connect("127.0.0.1", cluster->port(), Clock::now() + std::chrono::seconds(5), why);
+    ASSERT_GE(fd, 0) << why;
+    silent.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The listener's one thread holds every handshake (it was a thread each).
+  EXPECT_LE(threads_now(), threads + 1);
+  // 64 in their handshake, the rest refused: the agent is refused too while
+  // they last, retries, and joins.
+  agents_.push_back(start_agent({"--driver", "127.0.0.1:" + std::to_string(cluster->port()),
+                                 "--name", "after-the-flood"},
+                                o.token));
+  cluster->wait_for_nodes();
+  ASSERT_EQ(cluster->nodes().size(), 1u);
+  EXPECT_EQ(cluster->nodes()[0].hostname, "after-the-flood");
+  for (int fd : silent) ::close(fd);
 }
 
 TEST_F(ClusterTest, AnAgentForANodeTheClusterDoesNotHaveIsToldSoAndExits) {

@@ -1,20 +1,28 @@
 // Workers that die, and drivers that die.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "runtime/baton.h"
+#include "runtime/internal/process_memory.h"
 
 extern char** environ;
 
@@ -189,6 +197,170 @@ TEST(WorkerCrash, NullCallIsTracedToItsCallerByScanningTheStack) {
         << log;
   }
   unsetenv("BATON_BACKTRACE_TIMEOUT_MS");
+}
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+bool write_file(const std::string& path, const std::string& text) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  return ok;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A memory cgroup of the test's own, removed when it goes: cgroup v2, or the
+// v1 memory hierarchy where that is mounted. Needs root and a writable
+// cgroup filesystem; ok() is false otherwise, and why() says which.
+class TestMemoryCgroup {
+ public:
+  TestMemoryCgroup() {
+    const std::optional<MemoryCgroupMount>& mount = memory_cgroup_mount();
+    if (geteuid() != 0) {
+      why_ = "making a memory cgroup needs root";
+      return;
+    }
+    if (!mount) {
+      why_ = "no memory cgroup controller is mounted";
+      return;
+    }
+    root_ = mount->root;
+    v1_ = mount->v1;
+    home_ = memory_cgroup_of(getpid());
+    std::string parent = home_;
+    if (!v1_) {
+      // In v2 processes live in leaves: the test's cgroup is a sibling of
+      // this process's, and needs the memory controller from their parent.
+      parent = home_.substr(0, home_.empty() ? 0 : home_.rfind('/'));
+      const std::string controllers = " " + read_text(root_ + parent + "/cgroup.subtree_control");
+      if (controllers.find(" memory") == std::string::npos) {
+        why_ =
+            "cgroup v2 at " + root_ + parent + " does not give its children the memory controller";
+        return;
+      }
+    }
+    const std::string path = parent + "/baton-oom-test-" + std::to_string(getpid());
+    if (mkdir((root_ + path).c_str(), 0755) != 0) {
+      why_ = "cannot make the cgroup " + root_ + path + ": " + std::strerror(errno);
+      return;
+    }
+    path_ = path;
+  }
+
+  ~TestMemoryCgroup() {
+    if (path_.empty()) return;
+    if (memory_cgroup_of(getpid()) == path_) leave();
+    // Its processes are the test's workers, reaped by their group by now.
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (rmdir((root_ + path_).c_str()) != 0) {
+      if (errno != EBUSY || Clock::now() > deadline) {
+        ADD_FAILURE() << "left the cgroup " << root_ << path_
+                      << " behind: " << std::strerror(errno);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  bool ok() const { return !path_.empty(); }
+  const std::string& why() const { return why_; }
+  // Below the cgroup mount, as memory_cgroup_of gives it.
+  const std::string& path() const { return path_; }
+
+  // Moves this process in (the processes it starts then are born there), or back home.
+  bool enter() { return write_file(root_ + path_ + "/cgroup.procs", std::to_string(getpid())); }
+  bool leave() { return write_file(root_ + home_ + "/cgroup.procs", std::to_string(getpid())); }
+
+  int64_t usage() const {
+    return std::stoll(
+        read_text(root_ + path_ + (v1_ ? "/memory.usage_in_bytes" : "/memory.current")));
+  }
+  // No swap to escape to, where the kernel has swap accounting.
+  bool limit(int64_t bytes) {
+    const std::string dir = root_ + path_, text = std::to_string(bytes);
+    if (v1_) {
+      if (!write_file(dir + "/memory.limit_in_bytes", text)) return false;
+      write_file(dir + "/memory.memsw.limit_in_bytes", text);
+      return true;
+    }
+    write_file(dir + "/memory.swap.max", "0");
+    return write_file(dir + "/memory.max", text);
+  }
+
+ private:
+  std::string why_, root_, home_, path_;
+  bool v1_ = false;
+};
+
+// A worker the kernel's OOM killer ends (here for its cgroup's memory limit)
+// is reported as out of memory, with the RSS last seen and the method it was
+// in; its group is dead, which is what trainer.max_restarts restarts on.
+TEST(WorkerOutOfMemory, AnOomKilledWorkerIsReportedWithItsRssAndTheMethodItWasIn) {
+  TestMemoryCgroup cgroup;
+  if (!cgroup.ok()) GTEST_SKIP() << cgroup.why();
+  ResourcePool pool = ResourcePool::cpu(1);
+  // Born in the cgroup, the worker is found there by the driver's first
+  // sample of it (the cgroup whose OOM kills then count).
+  ASSERT_TRUE(cgroup.enter());
+  std::optional<WorkerGroup> g = WorkerGroup::spawn("TestWorker", pool);
+  ASSERT_TRUE(cgroup.leave());
+  ASSERT_EQ(g->call_rank(0, "count").get().as_int(), 1);
+  ASSERT_TRUE(cgroup.limit(cgroup.usage() + 64 * kMiB));
+  const std::string pid = std::to_string(g->pids()[0]);
+
+  const std::string err =
+      died_error(g->call_rank(0, "hog", {"touch", int64_t{1024}}), std::chrono::seconds(30));
+  EXPECT_NE(err.find("worker TestWorker rank 0 (pid " + pid +
+                     ") was killed: out of memory (RSS "),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find(" MiB last seen "), std::string::npos) << err;
+  EXPECT_NE(err.find("; SIGKILL from the OOM killer of memory cgroup " + cgroup.path() +
+                     ") during TestWorker.hog"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(g->alive());
+  g.reset();
+}
+
+// A worker whose allocation fails (here under an address-space limit, as
+// `prlimit --as` sets one) fails the call saying out of memory, with its RSS
+// and the limit, and serves the next call.
+TEST(WorkerOutOfMemory, AFailedAllocationFailsTheCallSayingOutOfMemoryAndTheWorkerGoesOn) {
+  ResourcePool pool = ResourcePool::cpu(1);
+  WorkerGroup g = WorkerGroup::spawn("TestWorker", pool);
+  const pid_t pid = g.pids()[0];
+  ASSERT_EQ(g.call_rank(0, "count").get().as_int(), 1);
+  const std::optional<MemoryUsage> usage = read_memory_usage(pid);
+  ASSERT_TRUE(usage.has_value());
+  rlimit as{};
+  ASSERT_EQ(prlimit(pid, RLIMIT_AS, nullptr, &as), 0) << std::strerror(errno);
+  as.rlim_cur = static_cast<rlim_t>(usage->virtual_bytes + 256 * kMiB);  // room for small things
+  if (as.rlim_max != RLIM_INFINITY && as.rlim_max < as.rlim_cur)
+    GTEST_SKIP() << "the worker's hard RLIMIT_AS is below what it uses";
+  ASSERT_EQ(prlimit(pid, RLIMIT_AS, &as, nullptr), 0) << std::strerror(errno);
+
+  for (const std::string how : {"new", "tensor"}) {
+    std::string err = "no error";
+    try {
+      g.call_rank(0, "hog", {how, int64_t{4096}}).get();
+    } catch (const RemoteError& e) {
+      err = e.what();
+    }
+    EXPECT_EQ(err.rfind("TestWorker.hog failed on rank 0: out of memory (RSS ", 0), 0u) << err;
+    EXPECT_NE(err.find("; address space "), std::string::npos) << err;
+    EXPECT_NE(
+        err.find(how == "new" ? "): std::bad_alloc" : "DefaultCPUAllocator: can't allocate memory"),
+        std::string::npos)
+        << err;
+  }
+  EXPECT_EQ(g.call_rank(0, "count").get().as_int(), 2);
+  EXPECT_TRUE(g.alive());
 }
 
 int count_dev_shm() {

@@ -1,6 +1,7 @@
 #include "tests/runtime/test_workers.h"
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/Parallel.h>
 #include <signal.h>
@@ -8,7 +9,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <stdexcept>
+#include <vector>
 
 #include "runtime/process_group.h"
 #include "runtime/shared_tensor.h"
@@ -96,6 +100,28 @@ class TestWorker : public baton::Worker {
     }
     if (how == "exit") std::_Exit(3);
   }
+  // Allocates `mib` MiB the way `how` says: "touch" (4 MiB blocks, each
+  // written, so that they are resident), "new" (one operator new, which
+  // throws std::bad_alloc when it fails) or "tensor" (one at::empty, which
+  // LibTorch's CPU allocator fails with a c10::Error). Frees it all and
+  // returns the bytes, if it lives.
+  int64_t hog(const std::string& how, int64_t mib) {
+    const int64_t bytes = mib << 20;
+    if (how == "new") {
+      char* p = new char[static_cast<size_t>(bytes)];
+      asm volatile("" : : "g"(p) : "memory");  // not elided: it may fail
+      delete[] p;
+    } else if (how == "tensor") {
+      at::Tensor t = at::empty({bytes}, at::kByte);
+    } else {
+      std::vector<std::unique_ptr<char[]>> blocks;
+      for (int64_t done = 0; done < bytes; done += 4 << 20) {
+        blocks.emplace_back(new char[4 << 20]);
+        std::memset(blocks.back().get(), 1, 4 << 20);
+      }
+    }
+    return bytes;
+  }
   void print(const std::string& text) {
     std::printf("%s\n", text.c_str());
     std::fflush(stdout);
@@ -167,6 +193,7 @@ class TestWorker : public baton::Worker {
     t.def("fail_or_sleep", &TestWorker::fail_or_sleep);
     t.def("fork_holder", &TestWorker::fork_holder);
     t.def("crash", &TestWorker::crash);
+    t.def("hog", &TestWorker::hog);
     t.def("print", &TestWorker::print);
     t.def("scale", &TestWorker::scale);
     t.def("make", &TestWorker::make);

@@ -5,7 +5,10 @@
 // OpenSSL's headers are found (tests/runtime/CMakeLists.txt).
 #include "net/tls.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -78,11 +81,46 @@ TEST_F(Tls, TheStoreIsServedOverTls13ToAClientThatTrustsItsCertificate) {
 
 TEST_F(Tls, APlainClientIsRefusedAndTheServerGoesOn) {
   StoreServer server(options());
+  const auto start = std::chrono::steady_clock::now();
   const std::string error = error_connecting(server);
-  EXPECT_NE(error.find("closed the connection"), std::string::npos) << error;
+  // Told so by the server (a plain client waits for the server to speak; a
+  // TLS client speaks first), not left to time out guessing.
+  EXPECT_NE(error.find("refused the connection: it requires TLS (set BATON_TLS_CA"),
+            std::string::npos)
+      << error;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
   EXPECT_EQ(server.counts().authenticated, 0u);
   ::setenv("BATON_TLS_CA", path("ca.pem").c_str(), 1);
   EXPECT_EQ(connect(server)->protocol(), "TLSv1.3");
+}
+
+TEST_F(Tls, ATlsClientRefusedForLoadIsToldSoAndRetriesUntilItsDeadline) {
+  StoreServerOptions o = options();
+  o.max_pending = 1;
+  o.handshake_timeout = 10s;
+  StoreServer server(o);
+  // The one slot, held: the start of a TLS record, never finished.
+  const int holder = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(server.port());
+  ASSERT_EQ(::connect(holder, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  const uint8_t partial[3] = {0x16, 0x03, 0x01};
+  ASSERT_EQ(::write(holder, partial, sizeof(partial)), 3);
+  for (int i = 0; i < 500 && server.counts().accepted == 0; ++i) ::usleep(10000);
+  ::setenv("BATON_TLS_CA", path("ca.pem").c_str(), 1);
+  try {
+    auto store = c10::make_intrusive<AuthStore>("127.0.0.1", server.port(), kToken, 10s, 1s);
+    (void)store;
+    FAIL() << "got past a full store";
+  } catch (const auth::RefusedError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("refused the connection: busy"), std::string::npos) << what;
+    EXPECT_NE(what.find(" tries in "), std::string::npos) << what;
+  }
+  EXPECT_GE(server.counts().refused, 2u);
+  ::close(holder);
 }
 
 TEST_F(Tls, AClientThatDoesNotTrustTheCertificateRefusesTheServer) {
