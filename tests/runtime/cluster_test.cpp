@@ -9,7 +9,6 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <gtest/gtest.h>
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -31,6 +30,7 @@
 #include "runtime/internal/auth_store.h"
 #include "runtime/internal/wire.capnp.h"
 #include "runtime/worker_group.h"
+#include "tests/runtime/process_stats.h"
 #if defined(BATON_TEST_TLS)
 #include <filesystem>
 
@@ -283,22 +283,13 @@ TEST_F(ClusterTest, AnAgentWithAnotherTokenIsRefusedAndTheWaitSaysWhoCame) {
   }
 }
 
-int threads_now() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-    ::closedir(d);
-  }
-  return n;
-}
-
 TEST_F(ClusterTest, SilentConnectionsOnTheClusterPortCostNoThreadAndAnAgentStillJoins) {
   ClusterOptions o;
   o.nodes = 1;
   o.token = auth::cluster_token();
   o.wait_timeout = std::chrono::seconds(60);
   auto cluster = Cluster::listen(o);
-  const int threads = threads_now();
+  const int threads = test::threads_now();
   std::vector<int> silent;
   for (int i = 0; i < 300; ++i) {
     std::string why;
@@ -308,7 +299,7 @@ TEST_F(ClusterTest, SilentConnectionsOnTheClusterPortCostNoThreadAndAnAgentStill
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   // The listener's one thread holds every handshake (it was a thread each).
-  EXPECT_LE(threads_now(), threads + 1);
+  EXPECT_LE(test::threads_now(), threads + 1);
   // 64 in their handshake, the rest refused: the agent is refused too while
   // they last, retries, and joins.
   agents_.push_back(start_agent({"--driver", "127.0.0.1:" + std::to_string(cluster->port()),

@@ -7,7 +7,6 @@
 #include "net/handshake_gate.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
@@ -18,7 +17,6 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -26,6 +24,7 @@
 
 #include "net/auth.h"
 #include "net/dial.h"
+#include "tests/runtime/process_stats.h"
 
 namespace baton {
 namespace {
@@ -116,24 +115,6 @@ bool eventually(Get get, std::chrono::milliseconds within = 10s) {
   return get();
 }
 
-int threads_now() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-    ::closedir(d);
-  }
-  return n;
-}
-
-int64_t rss_kib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  return -1;
-}
-
 double cpu_seconds() {
   timespec t{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
@@ -166,19 +147,19 @@ TEST(HandshakeGate, AThousandSilentConnectionsCostNoThreadAndAProvenClientStillG
   HandshakeGateOptions o;
   o.handshake_timeout = 1500ms;
   Gate gate(o);
-  const int threads = threads_now();
-  const int64_t rss = rss_kib();
+  const int threads = test::threads_now();
+  const int64_t rss = test::rss_kib();
   std::vector<int> silent;
   for (int i = 0; i < 1000; ++i) silent.push_back(silent_connection(gate.port()));
   ASSERT_TRUE(eventually([&] { return gate.counts().accepted >= 1000; }));
   const auto c = gate.counts();
   // No thread per connection: the gate's one thread runs every handshake.
-  EXPECT_EQ(threads_now(), threads);
+  EXPECT_EQ(test::threads_now(), threads);
   EXPECT_LE(c.pending, 64u);
   EXPECT_GE(c.refused, 1000u - 64u);
   // 1,000 connections: their sockets, not a thread stack (8 MiB of address
   // space, ~250 KiB resident) each.
-  EXPECT_LT(rss_kib() - rss, 16 * 1024) << "KiB";
+  EXPECT_LT(test::rss_kib() - rss, 16 * 1024) << "KiB";
   // Refusals are logged at a bounded rate, the rest counted.
   EXPECT_LE(c.log_lines, 40u);
   EXPECT_GE(c.log_dropped, 900u);
