@@ -3,6 +3,7 @@
 reference.
 
     python3 scripts/hf_check.py --model DIR --reference REF.safetensors [--value]
+    python3 scripts/hf_check.py --list FILE     (lines "DIR REF.safetensors [value]")
 
 Loads DIR with AutoModelForCausalLM (AutoModelForTokenClassification with
 --value), float32, eager attention, on the CPU; runs the reference's inputs and
@@ -17,7 +18,9 @@ attention_mask [B,T] int64 (optional, default all ones); position_ids [B,T]
 int64 (optional, default verl's clip(cumsum(mask)-1, 0)); logits [B,T,V] or
 values [B,T,1] float.
 
-Prints one JSON line. Exit status: 0 match, 1 mismatch or load failure, 77 when
+Prints one JSON line per check (--list: every line of FILE, in one process, so
+that torch and transformers are imported once). Exit status: 0 every check
+matches, 1 a mismatch or load failure, 77 when
 torch/transformers cannot be imported (skip). When they cannot be imported by
 this interpreter, the script first re-executes itself with $BATON_PYTHON or
 /opt/baton-venv/bin/python (scripts/setup_python.sh) when that exists.
@@ -49,42 +52,35 @@ except Exception as e:  # ImportError, or a broken install raising something els
     _reexec_or_skip(e)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="HF model directory (config.json + safetensors)")
-    ap.add_argument("--reference", required=True, help="reference .safetensors")
-    ap.add_argument("--value", action="store_true", help="value model: AutoModelForTokenClassification, compare `values`")
-    ap.add_argument("--atol", type=float, default=1e-4)
-    args = ap.parse_args()
-
-    result = {"model": args.model, "reference": args.reference, "kind": "value" if args.value else "causal_lm",
-              "transformers": transformers.__version__, "torch": torch.__version__, "atol": args.atol}
+def check(model_dir, reference, value, atol):
+    """One model against its reference: (ok, the result's fields)."""
+    result = {"model": model_dir, "reference": reference, "kind": "value" if value else "causal_lm",
+              "transformers": transformers.__version__, "torch": torch.__version__, "atol": atol}
 
     def finish(ok, **kw):
         result.update(kw)
         result["status"] = "match" if ok else ("error" if "error" in result else "mismatch")
-        print(json.dumps(result))
-        sys.exit(0 if ok else 1)
+        return ok, result
 
     try:
-        ref = load_file(args.reference)
+        ref = load_file(reference)
     except Exception as e:
-        finish(False, error=f"cannot read reference: {e}")
+        return finish(False, error=f"cannot read reference: {e}")
 
-    key = "values" if args.value else "logits"
+    key = "values" if value else "logits"
     if "input_ids" not in ref or key not in ref:
-        finish(False, error=f"reference lacks input_ids or {key}; has {sorted(ref)}")
+        return finish(False, error=f"reference lacks input_ids or {key}; has {sorted(ref)}")
     input_ids = ref["input_ids"].long()
     mask = ref.get("attention_mask")
     mask = torch.ones_like(input_ids) if mask is None else mask.long()
     pos = ref.get("position_ids")
     pos = torch.clip(torch.cumsum(mask, dim=-1) - 1, min=0) if pos is None else pos.long()
 
-    cls = AutoModelForTokenClassification if args.value else AutoModelForCausalLM
+    cls = AutoModelForTokenClassification if value else AutoModelForCausalLM
     try:
-        model = cls.from_pretrained(args.model, torch_dtype=torch.float32, attn_implementation="eager")
+        model = cls.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
     except Exception as e:
-        finish(False, error=f"cannot load model: {type(e).__name__}: {e}")
+        return finish(False, error=f"cannot load model: {type(e).__name__}: {e}")
     model.eval()
     result["model_class"] = type(model).__name__
 
@@ -92,24 +88,51 @@ def main():
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False).logits.float()
         want = ref[key].float()
         if tuple(out.shape) != tuple(want.shape):
-            finish(False, error=f"shape {list(out.shape)} != reference {list(want.shape)}")
+            return finish(False, error=f"shape {list(out.shape)} != reference {list(want.shape)}")
         valid = mask.bool()
         diff = (out - want).abs()
         max_valid = diff[valid].max().item() if valid.any() else 0.0
         result["max_abs_diff"] = max_valid
         result["max_abs_diff_all_positions"] = diff.max().item()
-        ok = max_valid <= args.atol  # NaN compares false: a NaN is a mismatch
+        ok = max_valid <= atol  # NaN compares false: a NaN is a mismatch
 
         nomask_key = f"{key}_row0_nomask"
         if nomask_key in ref:
             o0 = model(input_ids=input_ids[0:1], use_cache=False).logits.float()
             w0 = ref[nomask_key].float()
             if tuple(o0.shape) != tuple(w0.shape):
-                finish(False, error=f"{nomask_key}: shape {list(o0.shape)} != reference {list(w0.shape)}")
+                return finish(False, error=f"{nomask_key}: shape {list(o0.shape)} != reference {list(w0.shape)}")
             d0 = (o0 - w0).abs().max().item()
             result["max_abs_diff_row0_nomask"] = d0
-            ok = ok and d0 <= args.atol
-    finish(ok)
+            ok = ok and d0 <= atol
+    return finish(ok)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="HF model directory (config.json + safetensors)")
+    ap.add_argument("--reference", help="reference .safetensors")
+    ap.add_argument("--value", action="store_true", help="value model: AutoModelForTokenClassification, compare `values`")
+    ap.add_argument("--list", help='a file of checks, one per line: "DIR REF.safetensors [value]"')
+    ap.add_argument("--atol", type=float, default=1e-4)
+    args = ap.parse_args()
+    if args.list:
+        checks = []
+        with open(args.list) as f:
+            for line in f:
+                cells = line.split()
+                if cells:
+                    checks.append((cells[0], cells[1], len(cells) > 2 and cells[2] == "value"))
+    elif args.model and args.reference:
+        checks = [(args.model, args.reference, args.value)]
+    else:
+        ap.error("give --model and --reference, or --list")
+    all_ok = True
+    for model_dir, reference, value in checks:
+        ok, result = check(model_dir, reference, value, args.atol)
+        print(json.dumps(result), flush=True)
+        all_ok = all_ok and ok
+    sys.exit(0 if all_ok else 1)
 
 
 if __name__ == "__main__":
