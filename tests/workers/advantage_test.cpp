@@ -9,26 +9,15 @@
 #include <stdexcept>
 #include <vector>
 
+#include "tests/tensor_rows.h"
 #include "tests/tolerance.h"
 
 namespace baton::algos {
 namespace {
 
 using test::expect_close;
+using test::rows;
 using test::Tolerance;
-
-at::Tensor rows(std::initializer_list<std::initializer_list<double>> values,
-                at::ScalarType dtype = at::kFloat) {
-  std::vector<double> flat;
-  int64_t cols = 0;
-  for (const auto& r : values) {
-    cols = static_cast<int64_t>(r.size());
-    flat.insert(flat.end(), r.begin(), r.end());
-  }
-  return at::tensor(flat, at::kDouble)
-      .reshape({static_cast<int64_t>(values.size()), cols})
-      .to(dtype);
-}
 
 // a_i broadcast over a row, times the mask.
 at::Tensor per_row(const std::vector<double>& a, const at::Tensor& mask) {

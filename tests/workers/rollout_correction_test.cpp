@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/tensor_rows.h"
 #include "tests/tolerance.h"
 
 namespace baton::algos {
@@ -22,22 +23,10 @@ namespace {
 
 using test::expect_close;
 using test::expect_near;
+using test::rows;
 using test::Tolerance;
 
 const Tolerance kTol = Tolerance::fp32(16, 8);
-
-at::Tensor rows(std::initializer_list<std::initializer_list<double>> values,
-                at::ScalarType dtype = at::kFloat) {
-  std::vector<double> flat;
-  int64_t cols = 0;
-  for (const auto& r : values) {
-    cols = static_cast<int64_t>(r.size());
-    flat.insert(flat.end(), r.begin(), r.end());
-  }
-  return at::tensor(flat, at::kDouble)
-      .reshape({static_cast<int64_t>(values.size()), cols})
-      .to(dtype);
-}
 
 RolloutCorrectionOptions token_is(const std::string& threshold) {
   RolloutCorrectionOptions o;
