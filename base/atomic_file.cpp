@@ -38,7 +38,8 @@ void remove_tree_at(const std::string& path, uintmax_t& removed) {
   if (S_ISDIR(st.st_mode)) {
     std::vector<std::string> names;
     DIR* dir = ::opendir(path.c_str());
-    if (dir == nullptr) throw FileError(detail::cat(path, ": cannot list to remove: ", errno_text()));
+    if (dir == nullptr)
+      throw FileError(detail::cat(path, ": cannot list to remove: ", errno_text()));
     while (const dirent* e = ::readdir(dir)) {
       const std::string name = e->d_name;
       if (name != "." && name != "..") names.push_back(name);
@@ -61,6 +62,19 @@ uintmax_t remove_tree(const fs::path& path) {
   return removed;
 }
 
+FileChecksum copy_file_atomically(const fs::path& from, const fs::path& to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in) throw FileError(detail::cat(from.string(), ": cannot open to copy: ", errno_text()));
+  return write_file_atomically(to, [&](const AppendFn& append) {
+    std::vector<char> buf(size_t{1} << 20);
+    while (in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      if (in.gcount() > 0) append(buf.data(), static_cast<size_t>(in.gcount()));
+    }
+    if (in.bad()) throw FileError(detail::cat(from.string(), ": cannot read to copy"));
+  });
+}
+
 std::optional<int64_t> read_step_file(const fs::path& file) {
   std::ifstream in(file);
   if (!in) {
@@ -81,6 +95,16 @@ std::optional<int64_t> read_step_file(const fs::path& file) {
   return step;
 }
 
+std::string describe_step_file(const fs::path& file) {
+  try {
+    if (const std::optional<int64_t> step = read_step_file(file))
+      return detail::cat(file.string(), " still names step ", *step);
+    return detail::cat("there is no ", file.string(), " yet (no complete checkpoint)");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 void fsync_directory(const fs::path& dir) {
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;  // best effort: the rename has happened either way
@@ -88,20 +112,30 @@ void fsync_directory(const fs::path& dir) {
   ::close(fd);
 }
 
-void write_file_atomically(const fs::path& file,
-                           const std::function<void(const AppendFn& append)>& fill) {
-  if (!file.parent_path().empty()) fs::create_directories(file.parent_path());
+FileChecksum write_file_atomically(const fs::path& file,
+                                   const std::function<void(const AppendFn& append)>& fill) {
+  if (!file.parent_path().empty()) {
+    std::error_code ec;
+    fs::create_directories(file.parent_path(), ec);
+    if (ec)
+      throw FileError(detail::cat(file.parent_path().string(), ": cannot create: ", ec.message()));
+  }
   const fs::path tmp = temp_path_for(file);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw FileError(detail::cat(tmp.string(), ": cannot create: ", errno_text()));
+  BlockChecksummer checksum;
+  uint64_t written = 0;
   AppendFn append = [&](const void* data, size_t size) {
+    checksum.update(data, size);
     auto p = static_cast<const char*>(data);
     while (size > 0) {
       ssize_t n = ::write(fd, p, size);
       if (n < 0) {
         if (errno == EINTR) continue;
-        throw FileError(detail::cat(file.string(), ": write failed: ", errno_text()));
+        throw FileError(
+            detail::cat(file.string(), ": write failed at byte ", written, ": ", errno_text()));
       }
+      written += static_cast<uint64_t>(n);
       p += n;
       size -= static_cast<size_t>(n);
     }
@@ -123,11 +157,12 @@ void write_file_atomically(const fs::path& file,
     throw;
   }
   fsync_directory(file.parent_path());
+  return checksum.finish();
 }
 
-void write_file_atomically(const fs::path& file, std::string_view contents) {
-  write_file_atomically(file,
-                        [&](const AppendFn& append) { append(contents.data(), contents.size()); });
+FileChecksum write_file_atomically(const fs::path& file, std::string_view contents) {
+  return write_file_atomically(
+      file, [&](const AppendFn& append) { append(contents.data(), contents.size()); });
 }
 
 }  // namespace baton

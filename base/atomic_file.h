@@ -9,7 +9,12 @@
 //     append(tensor.data_ptr(), tensor.nbytes());
 //   });
 //
-// Errors: FileError naming the file (the temporary file is removed); an
+// Both return the file's block checksums (base/checksum.h), computed from the
+// bytes as they are written, for the directory's manifest
+// (base/checksum_manifest.h).
+//
+// Errors: FileError naming the file (the temporary file is removed); a full
+// disk (ENOSPC) or a file-size limit (EFBIG) is such an error. An
 // exception thrown by `fill` is passed on after the same clean-up. Blocking:
 // synchronous I/O including fsync of the file and its directory. Thread
 // safety: concurrent calls for the same target do not corrupt it (each writes
@@ -21,7 +26,10 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
+
+#include "base/checksum.h"
 
 namespace baton {
 
@@ -29,9 +37,15 @@ namespace baton {
 using AppendFn = std::function<void(const void* data, size_t size)>;
 
 // Creates the parent directory if missing, then writes `file` through `fill`.
-void write_file_atomically(const std::filesystem::path& file,
-                           const std::function<void(const AppendFn& append)>& fill);
-void write_file_atomically(const std::filesystem::path& file, std::string_view contents);
+FileChecksum write_file_atomically(const std::filesystem::path& file,
+                                   const std::function<void(const AppendFn& append)>& fill);
+FileChecksum write_file_atomically(const std::filesystem::path& file, std::string_view contents);
+
+// Copies `from` to `to` through write_file_atomically (read in 1 MiB
+// pieces) and returns the checksums of what was written. FileError naming
+// the file that could not be read or written.
+FileChecksum copy_file_atomically(const std::filesystem::path& from,
+                                  const std::filesystem::path& to);
 
 // A pointer file such as a checkpoint root's `latest`, written with
 // write_file_atomically: the step number it holds, none when the file does not
@@ -39,6 +53,10 @@ void write_file_atomically(const std::filesystem::path& file, std::string_view c
 // step number (at most 18 digits; whitespace around it is allowed, an editor's
 // newline).
 std::optional<int64_t> read_step_file(const std::filesystem::path& file);
+// What such a file says, for the message of a save that failed: "<file>
+// still names step 5", "there is no <file> yet (no complete checkpoint)", or
+// why it cannot be read. Never throws.
+std::string describe_step_file(const std::filesystem::path& file);
 
 // fsync(2) of a directory, so that renames in it are durable. Best effort: an
 // unopenable directory is ignored (the rename has happened either way).

@@ -17,9 +17,14 @@
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/atomic_file.h"
+#include "base/checksum.h"
+#include "base/checksum_manifest.h"
 #include "base/errors.h"
+#include "base/log.h"
 #include "runtime/internal/channel.h"
 #include "runtime/internal/value_codec.h"
 
@@ -452,8 +457,81 @@ DataProto DataProto::from_value(const Value& v) {
 }
 
 namespace {
-constexpr char kMagic[8] = {'B', 'A', 'T', 'O', 'N', 'D', 'P', '1'};
+
+// A DataProto file (version 2): every byte is covered by a CRC-32C, so that a
+// flipped one is refused naming its range.
+//   [0, 8)          "BATONDP2"
+//   [8, 16)         P, the payload's bytes (little-endian; a multiple of 8)
+//   [16, 20)        the CRC-32C of the block table
+//   [20, 24)        the CRC-32C of bytes [0, 20)
+//   [24, 24 + P)    the payload: the batch as one Cap'n Proto message
+//   [24 + P, end)   the block table: the CRC-32C of each kChecksumBlockBytes
+//                   of the payload (little-endian)
+// Version 1 ("BATONDP1" then the payload) had no checksums; it is still read.
+constexpr char kMagic[8] = {'B', 'A', 'T', 'O', 'N', 'D', 'P', '2'};
+constexpr char kMagicV1[8] = {'B', 'A', 'T', 'O', 'N', 'D', 'P', '1'};
+constexpr size_t kHeaderBytes = 24;
+static_assert(kHeaderBytes % sizeof(capnp::word) == 0);
+
+// A file's bytes, in words (the payload of either version starts at a word
+// boundary, so that the message is read in place; capnp::word cannot be
+// copied, hence no std::vector).
+struct FileWords {
+  kj::Array<capnp::word> words;
+  size_t size = 0;  // bytes read
+
+  const uint8_t* bytes() const { return reinterpret_cast<const uint8_t*>(words.begin()); }
+  // Whole words [begin, begin + count).
+  kj::ArrayPtr<const capnp::word> view(size_t begin, size_t count) const {
+    return kj::ArrayPtr<const capnp::word>(words.begin() + begin, count);
+  }
+};
+
+FileWords read_words(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw FileError("DataProto::load: cannot open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  FileWords out;
+  int error = ::fstat(fd, &st) == 0 ? 0 : errno;
+  // Up to the size fstat gave and one word more (a file that grew meanwhile
+  // is refused by its size check).
+  if (error == 0)
+    out.words =
+        kj::heapArray<capnp::word>(static_cast<size_t>(st.st_size) / sizeof(capnp::word) + 1);
+  char* data = reinterpret_cast<char*>(out.words.begin());
+  const size_t capacity = out.words.size() * sizeof(capnp::word);
+  for (ssize_t n = 1; error == 0 && n > 0 && out.size < capacity;) {
+    n = ::read(fd, data + out.size, capacity - out.size);
+    if (n > 0) out.size += static_cast<size_t>(n);
+    if (n < 0 && errno != EINTR) error = errno;
+    if (n < 0) n = 1;
+  }
+  ::close(fd);
+  if (error != 0) {
+    throw FileError("DataProto::load: cannot read " + path + ": " + std::strerror(error));
+  }
+  return out;
 }
+
+DataProto decode(const std::string& path, kj::ArrayPtr<const capnp::word> view) {
+  try {
+    if (view.size() == 0 || capnp::expectedSizeInWordsFromPrefix(view) != view.size()) {
+      throw Error("size mismatch");
+    }
+    capnp::FlatArrayMessageReader reader(view, wire_reader_options(view.size()));
+    auto args = reader.getRoot<wire::Envelope>().getCall().getArgs();
+    if (args.size() != 1) throw Error("no value");
+    ValueDecoder dec;
+    return DataProto::from_value(dec.decode(args[0]));
+  } catch (const std::exception& e) {
+    throw Error("DataProto::load: " + path + " is truncated or corrupt (" + e.what() + ")");
+  } catch (const kj::Exception& e) {
+    throw Error("DataProto::load: " + path + " is truncated or corrupt (" +
+                std::string(e.getDescription().cStr()) + ")");
+  }
+}
+
+}  // namespace
 
 void DataProto::save(const std::string& path) const {
   capnp::MallocMessageBuilder builder;
@@ -464,56 +542,93 @@ void DataProto::save(const std::string& path) const {
   call.setMethod("DataProto");
   enc.encode(v, call.initArgs(1)[0]);
   auto words = capnp::messageToFlatArray(builder);
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("DataProto::save: cannot create " + tmp + ": " + std::strerror(errno));
-  auto bytes = words.asBytes();
-  bool ok = ::write(fd, kMagic, sizeof(kMagic)) == static_cast<ssize_t>(sizeof(kMagic));
-  for (size_t off = 0; ok && off < bytes.size();) {
-    ssize_t n = ::write(fd, bytes.begin() + off, bytes.size() - off);
-    ok = n > 0;
-    off += ok ? static_cast<size_t>(n) : 0;
-  }
-  ok = ok && ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw Error("DataProto::save: cannot write " + path + ": " + std::strerror(errno));
+  auto payload = words.asBytes();
+  const FileChecksum sum = checksum_bytes(payload.begin(), payload.size());
+  const size_t table_bytes = sum.blocks.size() * sizeof(uint32_t);
+  char header[kHeaderBytes];
+  const uint64_t payload_size = payload.size();
+  const uint32_t table_crc = crc32c(sum.blocks.data(), table_bytes);
+  std::memcpy(header, kMagic, 8);
+  std::memcpy(header + 8, &payload_size, 8);
+  std::memcpy(header + 16, &table_crc, 4);
+  const uint32_t header_crc = crc32c(header, 20);
+  std::memcpy(header + 20, &header_crc, 4);
+  try {
+    write_file_atomically(path, [&](const AppendFn& append) {
+      append(header, kHeaderBytes);
+      append(payload.begin(), payload.size());
+      append(sum.blocks.data(), table_bytes);
+    });
+  } catch (const FileError& e) {
+    throw FileError(std::string("DataProto::save: ") + e.what());
   }
 }
 
 DataProto DataProto::load(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error("DataProto::load: cannot open " + path + ": " + std::strerror(errno));
-  std::vector<char> bytes;
-  char buf[1 << 16];
-  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) bytes.insert(bytes.end(), buf, buf + n);
-  ::close(fd);
-  if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    throw Error("DataProto::load: " + path + " is not a baton DataProto file");
+  const FileWords file = read_words(path);
+  const size_t size = file.size;
+  const uint8_t* bytes = file.bytes();
+  const std::string where = "DataProto::load: " + path;
+  if (size >= 8 && std::memcmp(bytes, kMagicV1, 8) == 0) {
+    const std::string note =
+        where +
+        ": no checksums (written before DataProto files carried them); loading it "
+        "unverified";
+    log(LogLevel::kWarn, note);
+    if (size % sizeof(capnp::word) != 0) throw Error(where + " is truncated or corrupt");
+    return decode(path, file.view(1, size / sizeof(capnp::word) - 1));
   }
-  size_t payload = bytes.size() - sizeof(kMagic);
-  if (payload == 0 || payload % sizeof(capnp::word) != 0) {
-    throw Error("DataProto::load: " + path + " is truncated or corrupt");
+  if (size < 8 || std::memcmp(bytes, kMagic, 8) != 0) {
+    throw Error(where + " is not a baton DataProto file");
   }
-  std::vector<capnp::word> words(payload / sizeof(capnp::word));
-  std::memcpy(words.data(), bytes.data() + sizeof(kMagic), payload);
-  try {
-    kj::ArrayPtr<const capnp::word> view(words.data(), words.size());
-    if (capnp::expectedSizeInWordsFromPrefix(view) != words.size()) {
-      throw Error("size mismatch");
+  const bool verify = checksum_verification_enabled();
+  auto corrupt = [&](uint64_t begin, uint64_t end, const std::string& what) {
+    return ChecksumError(
+        detail::cat(where, ": bytes [", begin, ", ", end, ") ", what, "; the file is corrupt"));
+  };
+  if (size < kHeaderBytes) {
+    throw Error(detail::cat(where, " is truncated or corrupt (", size, " bytes, shorter than its ",
+                            kHeaderBytes, "-byte header)"));
+  }
+  uint64_t payload = 0;
+  uint32_t table_crc = 0, header_crc = 0;
+  std::memcpy(&payload, bytes + 8, 8);
+  std::memcpy(&table_crc, bytes + 16, 4);
+  std::memcpy(&header_crc, bytes + 20, 4);
+  if (verify && crc32c(bytes, 20) != header_crc) {
+    throw corrupt(0, kHeaderBytes, "(the header) do not match their CRC-32C");
+  }
+  const uint64_t blocks = checksum_blocks(payload);
+  if (payload > size || payload % sizeof(capnp::word) != 0 ||
+      size != kHeaderBytes + payload + blocks * sizeof(uint32_t)) {
+    throw Error(detail::cat(where, " is truncated or corrupt (", size, " bytes; its header says ",
+                            payload, " bytes of payload)"));
+  }
+  if (verify) {
+    FileChecksum sum;
+    sum.size = payload;
+    sum.blocks.resize(blocks);
+    std::memcpy(sum.blocks.data(), bytes + kHeaderBytes + payload, blocks * sizeof(uint32_t));
+    const uint32_t found = crc32c(sum.blocks.data(), blocks * sizeof(uint32_t));
+    if (found != table_crc) {
+      throw corrupt(kHeaderBytes + payload, size,
+                    detail::cat("(the checksum table) do not match their CRC-32C (",
+                                crc32c_hex(found), ", expected ", crc32c_hex(table_crc), ")"));
     }
-    capnp::FlatArrayMessageReader reader(view, wire_reader_options(words.size()));
-    auto args = reader.getRoot<wire::Envelope>().getCall().getArgs();
-    if (args.size() != 1) throw Error("no value");
-    ValueDecoder dec;
-    return from_value(dec.decode(args[0]));
-  } catch (const std::exception& e) {
-    throw Error("DataProto::load: " + path + " is truncated or corrupt (" + e.what() + ")");
-  } catch (const kj::Exception& e) {
-    throw Error("DataProto::load: " + path + " is truncated or corrupt (" +
-                std::string(e.getDescription().cStr()) + ")");
+    if (const std::optional<BlockMismatch> bad =
+            find_mismatch(sum, bytes + kHeaderBytes, payload)) {
+      const uint64_t begin = kHeaderBytes + bad->block * kChecksumBlockBytes;
+      const uint64_t end =
+          kHeaderBytes + std::min<uint64_t>((bad->block + 1) * kChecksumBlockBytes, payload);
+      throw corrupt(
+          begin, end,
+          detail::cat("do not match their CRC-32C (", crc32c_hex(bad->found), ", expected ",
+                      crc32c_hex(sum.blocks[bad->block]), ")",
+                      bad->count > 1 ? detail::cat(", nor do ", bad->count - 1, " later blocks")
+                                     : std::string()));
+    }
   }
+  return decode(path, file.view(kHeaderBytes / sizeof(capnp::word), payload / sizeof(capnp::word)));
 }
 
 }  // namespace baton

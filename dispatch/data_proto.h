@@ -118,8 +118,14 @@ class DataProto {
   operator Value() const { return to_value(); }
   static DataProto from_value(const Value& v);
 
-  // A file in baton's Cap'n Proto value format. Throws baton::Error naming
-  // the path for an unreadable, truncated or corrupt file.
+  // A file in baton's Cap'n Proto value format, every byte covered by a
+  // CRC-32C (written atomically: a temporary file renamed over `path`). load
+  // throws baton::Error naming the path for an unreadable, truncated or
+  // corrupt file; ChecksumError (base/checksum_manifest.h) naming the byte
+  // range for bytes that do not match their checksum (unless
+  // BATON_VERIFY_CHECKSUMS=0). A file of the first version, which had no
+  // checksums, loads unverified with a warning. save throws FileError naming
+  // the file when it cannot be written (a full disk).
   void save(const std::string& path) const;
   static DataProto load(const std::string& path);
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "base/atomic_file.h"
+#include "base/checksum_manifest.h"
 #include "base/errors.h"
 #include "engine/errors.h"
 
@@ -48,9 +49,14 @@ TrainerStateFile read_trainer_state(const fs::path& dir) {
     throw Error("resume: " + file.string() + " does not exist (not a global_step_N checkpoint?)");
   }
   TrainerStateFile state;
+  const std::string text(std::istreambuf_iterator<char>(in), {});
   try {
-    const nlohmann::json j =
-        nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+    verify_file_bytes(file, text.data(), text.size());  // its directory's checksum manifest
+  } catch (const FileError& e) {
+    throw Error(std::string("resume: ") + e.what());
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
     state.global_step = json_integer(j, "global_step", file);
     state.loader = data::LoaderState::from_json(j.at("loader").dump(), file.string());
     state.kl_coef = j.at("kl_coef").get<double>();

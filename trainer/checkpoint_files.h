@@ -33,7 +33,8 @@ struct TrainerStateFile {
 };
 // dir/trainer_state.json. baton::Error naming the file when it is missing,
 // malformed, incomplete, or holds a negative step or a KL coefficient that is
-// not a finite number >= 0.
+// not a finite number >= 0; naming the byte range when it does not match the
+// checksum manifest of `dir` (base/checksum_manifest.h).
 TrainerStateFile read_trainer_state(const std::filesystem::path& dir);
 
 // j[key] as an integer. baton::Error naming `file` and the key when j is not

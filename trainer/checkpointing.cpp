@@ -2,9 +2,11 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "base/atomic_file.h"
+#include "base/checksum_manifest.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "trainer/checkpoint_files.h"
@@ -13,14 +15,35 @@
 namespace baton::trainer {
 namespace fs = std::filesystem;
 
-void save_trainer_checkpoint(PpoTrainer::State& st,
-                             const std::function<LedgerSnapshot()>& ledger) {
+namespace {
+
+// What a failed save of global_step_`step` wrote, unless the latest-step file
+// names it (a re-save of that step). Best effort: a leftover is logged, never
+// hides the save's own error.
+void remove_failed_trainer_checkpoint(const fs::path& out_dir, int64_t step) {
+  try {
+    std::optional<int64_t> latest;
+    try {
+      latest = read_step_file(out_dir / kLatestTrainerCheckpointFile);
+    } catch (const FileError&) {
+    }
+    if (latest != step) remove_tree(trainer_checkpoint_dir(out_dir, step));
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarn, "trainer: cleaning up after the failed checkpoint of step " +
+                             std::to_string(step) + ": " + e.what());
+  }
+}
+
+void write_trainer_checkpoint(PpoTrainer::State& st, const std::function<LedgerSnapshot()>& ledger,
+                              const fs::path& dir) {
   const int64_t step = st.global_step;
-  const fs::path dir = trainer_checkpoint_dir(st.s.out_dir, step);
   fs::create_directories(dir);
+  remove_checksum_manifest(dir);
   st.actor->call("save_checkpoint", {(dir / "actor").string(), step, std::string("{}")}).get();
   if (st.s.use_critic) {
-    st.critic_role().call("save_checkpoint", {(dir / "critic").string(), step, std::string("{}")}).get();
+    st.critic_role()
+        .call("save_checkpoint", {(dir / "critic").string(), step, std::string("{}")})
+        .get();
   }
   std::string loader_state;
   if (ledger) {
@@ -35,9 +58,33 @@ void save_trainer_checkpoint(PpoTrainer::State& st,
   nlohmann::json state = {{"global_step", step},
                           {"loader", nlohmann::json::parse(loader_state)},
                           {"kl_coef", st.kl_ctrl->value}};
-  baton::write_file_atomically(dir / "trainer_state.json", state.dump(2));
+  ChecksumManifest manifest;  // the workers' and the ledger's directories carry their own
+  manifest.add("trainer_state.json",
+               baton::write_file_atomically(dir / "trainer_state.json", state.dump(2)));
+  manifest.write(dir);
   baton::write_file_atomically(fs::path(st.s.out_dir) / kLatestTrainerCheckpointFile,
-                                std::to_string(step));
+                               std::to_string(step));
+}
+
+}  // namespace
+
+void save_trainer_checkpoint(PpoTrainer::State& st, const std::function<LedgerSnapshot()>& ledger) {
+  const int64_t step = st.global_step;
+  const fs::path out_dir = st.s.out_dir;
+  const fs::path dir = trainer_checkpoint_dir(out_dir, step);
+  try {
+    write_trainer_checkpoint(st, ledger, dir);
+  } catch (const std::exception& e) {
+    // A full disk, a file-size limit: the run stops here, with the previous
+    // checkpoint intact, rather than train on with nothing to resume from.
+    remove_failed_trainer_checkpoint(out_dir, step);
+    const std::string message = "trainer: the checkpoint of step " + std::to_string(step) + " (" +
+                                dir.string() + ") failed and was removed; " +
+                                describe_step_file(out_dir / kLatestTrainerCheckpointFile) +
+                                "; stopping: " + e.what();
+    log(LogLevel::kError, message);
+    throw Error(message);
+  }
 }
 
 bool has_trainer_checkpoint(const std::string& out_dir) {

@@ -63,6 +63,12 @@ struct PpoTrainer::State {
 // names N once all of it is on disk. The async trainer passes its rollout
 // ledger's snapshot (taken after the workers saved): its loader position
 // replaces st.loader's, its entries go to global_step_N/rollout_ledger/.
+// trainer_state.json's checksums go to global_step_N/baton-checksums.txt
+// (the workers' and the ledger's directories have their own). A save that
+// fails (a full disk) removes global_step_N, logs and throws baton::Error
+// naming the step, the checkpoint latest_checkpointed_iteration.txt still
+// names and the cause: the run stops rather than train on with nothing newer
+// to resume from.
 void save_trainer_checkpoint(PpoTrainer::State& st,
                              const std::function<LedgerSnapshot()>& ledger = {});
 // As trainer.resume_mode says (auto: the latest checkpoint if there is one;

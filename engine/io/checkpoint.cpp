@@ -5,6 +5,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "base/atomic_file.h"
+#include "base/checksum_manifest.h"
+#include "base/log.h"
 #include "engine/errors.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/sharded_model.h"
@@ -46,6 +48,45 @@ nlohmann::json checkpoint_json(const Transformer& model, int64_t step) {
   return {{"format", kCheckpointFormat}, {"step", step}, {"dp", pc.dp}, {"cp", pc.cp}};
 }
 
+// The checksums of rank r's files, which rank 0 merges into the manifest.
+std::string checksum_fragment(int64_t rank) {
+  return detail::cat("baton-checksums-rank", rank, ".txt");
+}
+
+// How many ranks of the world report a failure (`failed` is this rank's).
+// Collective over the world.
+int64_t failed_ranks(const ParallelState& ps, bool failed) {
+  if (ps.world().size == 1) return failed ? 1 : 0;
+  at::Tensor flag =
+      at::full({1}, failed ? 1 : 0, at::TensorOptions().dtype(at::kLong).device(ps.device()));
+  std::vector<at::Tensor> ts{flag};
+  ps.world().pg->allreduce(ts)->wait();
+  return flag.item<int64_t>();
+}
+
+// What a save of `step` that failed leaves: its partial directory, a
+// previous step directory moved aside (put back), and the step directory
+// itself unless `latest` names it (a save that failed writing `latest`).
+// Best effort: a leftover is logged, never hides the save's own error.
+void remove_failed_save(const fs::path& root, int64_t step) {
+  const std::string name = detail::step_dir_name(step);
+  const fs::path final_dir = root / name, old = root / (name + ".old");
+  try {
+    remove_tree(root / (name + ".partial"));
+    if (!fs::exists(final_dir) && fs::exists(old)) fs::rename(old, final_dir);
+    remove_tree(old);
+    std::optional<int64_t> latest;
+    try {
+      latest = read_step_file(root / "latest");
+    } catch (const FileError&) {
+    }
+    if (latest != step) remove_tree(final_dir);
+  } catch (const std::exception& e) {
+    log(LogLevel::kWarn, detail::cat("save_checkpoint: cleaning up after the failed save of step ",
+                                     step, ": ", e.what()));
+  }
+}
+
 at::Tensor rng_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
 
 void set_rng_state(const at::Tensor& state) {
@@ -63,61 +104,113 @@ void save_checkpoint(const fs::path& root, int64_t step, const Transformer& mode
     if (options.on_phase) options.on_phase(name);
   };
   const ParallelState& ps = model.parallel();
-  auto final_dir = root / detail::step_dir_name(step);
-  auto partial = root / (detail::step_dir_name(step) + ".partial");
-  if (ps.rank() == 0) {
-    fs::create_directories(root);
-    remove_tree(partial);
-    fs::create_directories(partial);
-  }
-  barrier(ps.world());
+  const std::string name = detail::step_dir_name(step);
+  const fs::path final_dir = root / name, partial = root / (name + ".partial");
+  const fs::path old = root / (name + ".old");
+  // Each phase is tried on every rank, then the world agrees on whether all
+  // succeeded (the all-reduce is the barrier): on a failure (a full disk, a
+  // file-size limit) rank 0 removes what this save left and every rank
+  // throws, none is left waiting for a rank that threw.
+  std::string error;
+  auto attempt = [&](const std::function<void()>& part) {
+    try {
+      part();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  auto agree = [&] {
+    const int64_t failed = failed_ranks(ps, !error.empty());
+    if (failed == 0) return;
+    if (ps.rank() == 0) remove_failed_save(root, step);
+    throw EngineError(detail::cat(
+        "save_checkpoint: the checkpoint of step ", step, " under ", root.string(),
+        " failed and what it wrote was removed; ", describe_step_file(root / "latest"), ": ",
+        error.empty() ? detail::cat(failed, " other rank(s) failed; their errors are in their logs")
+                      : error));
+  };
+
+  if (ps.rank() == 0)
+    attempt([&] {
+      fs::create_directories(root);
+      remove_tree(partial);
+      fs::create_directories(partial);
+    });
+  agree();
   const Coords& c = ps.coords();
   const ShardedLayout layout = sharded_layout(model);
   // The ranks holding distinct parts: the first DP replica, under expert
   // parallelism the first ep (dp rank j < ep holds EP rank j's experts, and
   // their optimizer state).
   const bool writes = c.cp == 0 && c.dp < layout.ep;
-  // The distributed optimizer gathers its state over DP: every rank takes part.
-  std::map<std::string, at::Tensor> optim_state;
-  if (optimizer.options().distributed || writes) optim_state = optimizer.state_dict();
-  if (writes) {
-    const int64_t e = ep_rank_in(layout, ps);
-    write_sharded_rank(partial, c.tp, c.pp, model.state_dict(), e, layout.ep);
-    write_safetensors(partial / rank_file("optim", c, e, layout.ep), optim_state);
-  }
-  write_safetensors(partial / detail::cat("rng-", ps.rank(), ".safetensors"),
-                    {{"cpu", rng_state()}});
-  if (ps.rank() == 0) {
-    write_sharded_layout(partial, model.config(), layout);
-    write_file_atomically(partial / "checkpoint.json", checkpoint_json(model, step).dump(2));
-    write_file_atomically(partial / "extra.json", extra.dump(2));
-  }
-  phase("files_written");
-  barrier(ps.world());  // every rank's files are on disk
-  if (ps.rank() == 0) {
-    fsync_directory(partial);
-    phase("before_publish");
-    if (fs::exists(final_dir)) {
-      auto old = root / (detail::step_dir_name(step) + ".old");
-      remove_tree(old);
-      fs::rename(final_dir, old);
-      fs::rename(partial, final_dir);
-      remove_tree(old);
-    } else {
-      fs::rename(partial, final_dir);
+  ChecksumManifest written;  // this rank's files
+  attempt([&] {
+    // The distributed optimizer gathers its state over DP: every rank takes part.
+    std::map<std::string, at::Tensor> optim_state;
+    if (optimizer.options().distributed || writes) optim_state = optimizer.state_dict();
+    if (writes) {
+      const int64_t e = ep_rank_in(layout, ps);
+      written.add(sharded_rank_file(c.tp, c.pp, e, layout.ep),
+                  write_sharded_rank(partial, c.tp, c.pp, model.state_dict(), e, layout.ep));
+      const std::string optim = rank_file("optim", c, e, layout.ep);
+      written.add(optim, write_safetensors(partial / optim, optim_state));
     }
-    fsync_directory(root);
-    write_file_atomically(root / "latest", std::to_string(step) + "\n");
+    const std::string rng = detail::cat("rng-", ps.rank(), ".safetensors");
+    written.add(rng, write_safetensors(partial / rng, {{"cpu", rng_state()}}));
+    if (ps.rank() == 0) {
+      written.merge(write_sharded_layout(partial, model.config(), layout));
+      written.add("checkpoint.json", write_file_atomically(partial / "checkpoint.json",
+                                                           checkpoint_json(model, step).dump(2)));
+      written.add("extra.json", write_file_atomically(partial / "extra.json", extra.dump(2)));
+    } else {
+      written.write(partial, checksum_fragment(ps.rank()));
+    }
+  });
+  phase("files_written");
+  agree();  // every rank's files are on disk
+  if (ps.rank() == 0) {
+    attempt([&] {
+      // The manifest, written last: a directory without it is no complete save.
+      for (int64_t r = 1; r < ps.world().size; ++r) {
+        const std::optional<ChecksumManifest> part =
+            ChecksumManifest::read(partial, checksum_fragment(r));
+        if (!part)
+          throw EngineError(detail::cat((partial / checksum_fragment(r)).string(),
+                                        ": missing: rank ", r, "'s checksums"));
+        written.merge(*part);
+        fs::remove(partial / checksum_fragment(r));
+      }
+      written.write(partial);
+      fsync_directory(partial);
+    });
+    if (error.empty()) phase("before_publish");
+    if (error.empty())
+      attempt([&] {
+        if (fs::exists(final_dir)) {
+          remove_tree(old);
+          fs::rename(final_dir, old);
+          fs::rename(partial, final_dir);
+          remove_tree(old);
+        } else {
+          fs::rename(partial, final_dir);
+        }
+        fsync_directory(root);
+        write_file_atomically(root / "latest", std::to_string(step) + "\n");
+      });
   }
-  barrier(ps.world());
+  agree();
 }
 
 nlohmann::json load_checkpoint(const fs::path& root, Transformer& model, Optimizer& optimizer,
                                std::optional<int64_t> step) {
   const SavedCheckpoint found = find_checkpoint(root, step);
   const fs::path& dir = found.dir;
-  const ShardedLayout& saved = found.layout;
   const ParallelState& ps = model.parallel();
+  if (ps.rank() == 0 && !fs::exists(dir / kChecksumManifestFile))
+    log(LogLevel::kWarn,
+        detail::cat(dir.string(), ": no ", kChecksumManifestFile,
+                    " (saved before baton checksummed checkpoints); loading it unverified"));
+  const ShardedLayout& saved = found.layout;
   ShardedLayout want = sharded_layout(model);
   auto mismatch = [&](const char* key, const std::string& a, const std::string& b) {
     throw EngineError(detail::cat(dir.string(), ": checkpoint ", key, " = ", a,

@@ -12,6 +12,8 @@
 //     optim-tp{t}-pp{p}.safetensors    optimizer state (DP rank 0 writes)
 //     rng-{rank}.safetensors           every rank's generator state
 //     extra.json                       the caller's JSON
+//     baton-checksums.txt              the CRC-32C of every 1 MiB block of every
+//                                      file above (base/checksum_manifest.h)
 //
 // Expert parallelism (a MoE model at ep > 1): dp ranks 0..ep-1 (cp 0) hold
 // different experts, and the plain optimizer different state for them; each
@@ -21,9 +23,17 @@
 // are joined and split again (resplit_experts), model and optimizer state.
 //
 // Atomic: every rank writes into `step_N.partial/`; after a barrier rank 0
-// renames it to `step_N` and then rewrites `latest` by rename. A crash at any
+// merges every rank's checksums into the manifest, writes it, renames the
+// directory to `step_N` and then rewrites `latest` by rename. A crash at any
 // point leaves the previous checkpoint and `latest` intact; a leftover
-// `.partial` directory is ignored and replaced by the next save.
+// `.partial` directory is ignored and replaced by the next save. A save that
+// fails (a full disk, a file-size limit) fails on every rank, removes what it
+// wrote and leaves `latest` on the previous checkpoint.
+//
+// Verified: every file a load reads is checked against the manifest
+// (verification is on unless BATON_VERIFY_CHECKSUMS=0), so a flipped byte is
+// an EngineError naming the file and the byte range. A checkpoint without a
+// manifest (saved before baton wrote one) loads unverified, with a warning.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -57,7 +67,10 @@ struct SaveOptions {
 };
 
 // Collective over the model's world: every rank calls it with the same
-// arguments. Blocks until the checkpoint is complete on disk.
+// arguments. Blocks until the checkpoint is complete on disk. When writing
+// fails on any rank (ENOSPC, EFBIG, ...), every rank throws EngineError (the
+// failing rank's names the file and errno's reason) after rank 0 has removed
+// the partial directory; `latest` still names the previous checkpoint.
 void save_checkpoint(const std::filesystem::path& root, int64_t step, const Transformer& model,
                      const Optimizer& optimizer, const nlohmann::json& extra = {},
                      const SaveOptions& options = {});
@@ -82,7 +95,8 @@ SavedCheckpoint find_checkpoint(const std::filesystem::path& root,
 
 // Restores this rank's model, optimizer and RNG from `root` at `step` (the
 // latest when empty) and returns the caller's JSON. Throws EngineError when
-// there is no checkpoint, a file is missing or corrupt, or the checkpoint's
+// there is no checkpoint, a file is missing or corrupt (a byte that does not
+// match the checksums: the file and the byte range), or the checkpoint's
 // layout (tp, pp, layer split, model kind, padded vocabulary size) differs
 // from the model's. A different ep is resharded, not refused.
 nlohmann::json load_checkpoint(const std::filesystem::path& root, Transformer& model,

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <iterator>
 
 #include "base/atomic_file.h"
 #include "engine/errors.h"
@@ -20,10 +21,13 @@ HfModel load_hf_model(const fs::path& dir) {
 }
 
 nlohmann::json read_json_file(const fs::path& file) {
-  std::ifstream in(file);
+  std::ifstream in(file, std::ios::binary);
   if (!in) throw EngineError(detail::cat(file.string(), ": cannot open"));
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  if (in.bad()) throw EngineError(detail::cat(file.string(), ": cannot read"));
+  verify_checksums(file, text.data(), text.size());
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw EngineError(detail::cat(file.string(), ": malformed JSON: ", e.what()));
   }
@@ -58,9 +62,11 @@ nlohmann::json hf_config_json(const ModelConfig& cfg, bool value_model,
 
 void save_hf_model(const fs::path& dir, const ModelConfig& cfg, const TensorMap& weights,
                    bool value_model, int64_t max_shard_bytes, const nlohmann::json* base_config) {
-  write_hf_weights(dir, weights, max_shard_bytes);
-  write_file_atomically(dir / "config.json",
-                        hf_config_json(cfg, value_model, base_config).dump(2) + "\n");
+  ChecksumManifest manifest = write_hf_weights(dir, weights, max_shard_bytes);
+  manifest.add("config.json",
+               write_file_atomically(dir / "config.json",
+                                     hf_config_json(cfg, value_model, base_config).dump(2) + "\n"));
+  manifest.write(dir);  // last: the directory is complete
 }
 
 }  // namespace baton::engine

@@ -29,7 +29,8 @@ struct HfModel {
 // the config (hf_to_shard does).
 HfModel load_hf_model(const std::filesystem::path& dir);
 
-// Reads a JSON file (e.g. a config.json) as is; EngineError names the file.
+// Reads a JSON file (e.g. a config.json) as is, checked against its
+// directory's checksum manifest (safetensors.h); EngineError names the file.
 nlohmann::json read_json_file(const std::filesystem::path& file);
 
 // The config.json of `cfg` as a causal LM or, for a value model, as
@@ -39,8 +40,10 @@ nlohmann::json read_json_file(const std::filesystem::path& file);
 nlohmann::json hf_config_json(const ModelConfig& cfg, bool value_model,
                               const nlohmann::json* base = nullptr);
 
-// Writes `dir/config.json` (hf_config_json) and the weights (write_hf_weights),
-// each file atomically.
+// Writes the weights (write_hf_weights), `dir/config.json` (hf_config_json),
+// each file atomically, then the directory's checksum manifest
+// (base/checksum_manifest.h; HF's loaders ignore the extra file). Throws
+// FileError naming the file for an I/O failure such as a full disk.
 void save_hf_model(const std::filesystem::path& dir, const ModelConfig& cfg,
                    const TensorMap& weights, bool value_model,
                    int64_t max_shard_bytes = kDefaultMaxShardBytes,

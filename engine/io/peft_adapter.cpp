@@ -263,7 +263,10 @@ void save_peft_adapter(const fs::path& dir, const PeftAdapter& adapter) {
   if (!lora.enabled())
     throw EngineError(
         detail::cat(dir.string(), ": a PEFT adapter needs a LoRA rank > 0, got ", lora.rank));
-  write_safetensors(dir / kPeftWeightsFile, adapter.weights, {{"format", "pt"}});
+  remove_checksum_manifest(dir);
+  ChecksumManifest written;
+  written.add(kPeftWeightsFile,
+              write_safetensors(dir / kPeftWeightsFile, adapter.weights, {{"format", "pt"}}));
   // An integral alpha as an integer, as PEFT writes LoraConfig's default.
   const json alpha = lora.alpha == std::floor(lora.alpha) ? json(static_cast<int64_t>(lora.alpha))
                                                           : json(lora.alpha);
@@ -292,7 +295,8 @@ void save_peft_adapter(const fs::path& dir, const PeftAdapter& adapter) {
       {"alpha_pattern", json::object()},
       {"target_parameters", nullptr},
   };
-  write_file_atomically(dir / kPeftConfigFile, config.dump(2) + "\n");
+  written.add(kPeftConfigFile, write_file_atomically(dir / kPeftConfigFile, config.dump(2) + "\n"));
+  written.write(dir);  // last: the adapter is complete
 }
 
 TensorMap lora_shards_to_peft(const std::vector<std::vector<TensorMap>>& shards,

@@ -62,7 +62,9 @@ LoraOptions read_peft_adapter_config(const std::filesystem::path& dir);
 PeftAdapter load_peft_adapter(const std::filesystem::path& dir);
 
 // Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (created
-// if missing; each file atomically), as PEFT 0.21's save_pretrained does.
+// if missing; each file atomically), as PEFT 0.21's save_pretrained does,
+// then their checksum manifest (base/checksum_manifest.h), which
+// load_peft_adapter checks them against.
 void save_peft_adapter(const std::filesystem::path& dir, const PeftAdapter& adapter);
 
 // The whole adapter in PEFT's names from every rank's LoRA tensors

@@ -11,14 +11,13 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <regex>
-#include <set>
 #include <vector>
 
 #include "base/atomic_file.h"
 #include "engine/errors.h"
+#include "engine/io/hf_model.h"
 
 namespace baton::engine {
 namespace fs = std::filesystem;
@@ -116,10 +115,19 @@ std::string safetensors_dtype_name(at::ScalarType dtype) {
       detail::cat("dtype ", c10::toString(dtype), " cannot be stored in a safetensors file"));
 }
 
+void verify_checksums(const fs::path& file, const void* data, size_t size) {
+  try {
+    verify_file_bytes(file, data, size);
+  } catch (const FileError& e) {
+    throw EngineError(e.what());
+  }
+}
+
 TensorMap read_safetensors(const fs::path& file, std::map<std::string, std::string>* metadata) {
   auto mapping = map_file(file);
   const uint8_t* base = mapping->data();
   const uint64_t file_size = mapping->size();
+  verify_checksums(file, base, file_size);
   uint64_t header_len = 0;
   std::memcpy(&header_len, base, 8);
   if (header_len > file_size - 8)
@@ -210,8 +218,8 @@ TensorMap read_safetensors(const fs::path& file, std::map<std::string, std::stri
   return out;
 }
 
-void write_safetensors(const fs::path& file, const TensorMap& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+FileChecksum write_safetensors(const fs::path& file, const TensorMap& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   std::vector<PreparedTensor> prepared;
   prepared.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
@@ -244,7 +252,7 @@ void write_safetensors(const fs::path& file, const TensorMap& tensors,
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t header_len = text.size();
 
-  write_file_atomically(file, [&](const AppendFn& append) {
+  return write_file_atomically(file, [&](const AppendFn& append) {
     append(&header_len, 8);
     append(text.data(), text.size());
     for (const auto& p : prepared)
@@ -259,16 +267,7 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 TensorMap read_hf_index(const fs::path& index_file) {
   const fs::path dir = index_file.parent_path();
-  nlohmann::json index;
-  {
-    std::ifstream in(index_file);
-    if (!in) throw EngineError(detail::cat(index_file.string(), ": cannot open"));
-    try {
-      in >> index;
-    } catch (const nlohmann::json::exception& e) {
-      throw EngineError(detail::cat(index_file.string(), ": malformed JSON: ", e.what()));
-    }
-  }
+  const nlohmann::json index = read_json_file(index_file);
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
     throw EngineError(detail::cat(index_file.string(), ": no \"weight_map\" object"));
 
@@ -336,11 +335,14 @@ TensorMap read_hf_weights(const fs::path& path) {
                                 "; cannot tell which hold the weights"));
 }
 
-void write_hf_weights(const fs::path& dir, const TensorMap& tensors, int64_t max_shard_bytes) {
+ChecksumManifest write_hf_weights(const fs::path& dir, const TensorMap& tensors,
+                                  int64_t max_shard_bytes) {
   if (max_shard_bytes <= 0)
     throw EngineError(
         detail::cat("write_hf_weights: max_shard_bytes must be positive, got ", max_shard_bytes));
   fs::create_directories(dir);
+  remove_checksum_manifest(dir);
+  ChecksumManifest written;
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
 
   std::vector<TensorMap> shards(1);
@@ -356,26 +358,23 @@ void write_hf_weights(const fs::path& dir, const TensorMap& tensors, int64_t max
     total += bytes;
   }
 
-  std::set<std::string> written;
   if (shards.size() == 1) {
-    write_safetensors(dir / kSingleFile, shards.front(), metadata);
-    written.insert(kSingleFile);
+    written.add(kSingleFile, write_safetensors(dir / kSingleFile, shards.front(), metadata));
   } else {
     nlohmann::json weight_map = nlohmann::json::object();
     for (size_t i = 0; i < shards.size(); ++i) {
       std::string name = shard_name(i + 1, shards.size());
-      write_safetensors(dir / name, shards[i], metadata);
-      written.insert(name);
+      written.add(name, write_safetensors(dir / name, shards[i], metadata));
       for (const auto& entry : shards[i]) weight_map[entry.first] = name;
     }
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_file_atomically(dir / kIndexFile, index.dump(2) + "\n");
-    written.insert(kIndexFile);
+    written.add(kIndexFile, write_file_atomically(dir / kIndexFile, index.dump(2) + "\n"));
   }
   for (const auto& entry : fs::directory_iterator(dir)) {
     std::string name = entry.path().filename().string();
-    if (is_hf_weight_file(name) && !written.count(name)) fs::remove(entry.path());
+    if (is_hf_weight_file(name) && !written.find(name)) fs::remove(entry.path());
   }
+  return written;
 }
 
 }  // namespace baton::engine

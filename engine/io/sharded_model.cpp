@@ -3,7 +3,6 @@
 #include <nlohmann/json.hpp>
 
 #include <regex>
-#include <set>
 
 #include "base/atomic_file.h"
 #include "engine/errors.h"
@@ -82,11 +81,13 @@ std::vector<std::vector<TensorMap>> shard_all(const TensorMap& hf, const ModelCo
   return shards;
 }
 
-void write_sharded_layout(const fs::path& dir, const ModelConfig& cfg,
-                          const ShardedLayout& layout_in, const nlohmann::json* base_config) {
+ChecksumManifest write_sharded_layout(const fs::path& dir, const ModelConfig& cfg,
+                                      const ShardedLayout& layout_in,
+                                      const nlohmann::json* base_config) {
   auto layout = checked(cfg, layout_in, (dir / "layout.json").string());
-  write_file_atomically(dir / "config.json",
-                        hf_config_json(cfg, layout.value_model, base_config).dump(2) + "\n");
+  ChecksumManifest written;
+  const std::string config = hf_config_json(cfg, layout.value_model, base_config).dump(2) + "\n";
+  written.add("config.json", write_file_atomically(dir / "config.json", config));
   nlohmann::json j = {{"format", kShardedFormat},
                       {"tp", layout.tp},
                       {"pp", layout.pp},
@@ -95,16 +96,18 @@ void write_sharded_layout(const fs::path& dir, const ModelConfig& cfg,
                       {"make_vocab_size_divisible_by", layout.make_vocab_size_divisible_by},
                       {"padded_vocab_size", layout.padded_vocab_size(cfg)}};
   if (layout.ep > 1) j["ep"] = layout.ep;
-  write_file_atomically(dir / "layout.json", j.dump(2) + "\n");
+  written.add("layout.json", write_file_atomically(dir / "layout.json", j.dump(2) + "\n"));
+  return written;
 }
 
-void write_sharded_rank(const fs::path& dir, int64_t tp_rank, int64_t pp_rank,
-                        const TensorMap& shard, int64_t ep_rank, int64_t ep_size) {
+FileChecksum write_sharded_rank(const fs::path& dir, int64_t tp_rank, int64_t pp_rank,
+                                const TensorMap& shard, int64_t ep_rank, int64_t ep_size) {
   std::map<std::string, std::string> metadata = {{"format", kShardedFormat},
                                                  {"tp_rank", std::to_string(tp_rank)},
                                                  {"pp_rank", std::to_string(pp_rank)}};
   if (ep_size > 1) metadata["ep_rank"] = std::to_string(ep_rank);
-  write_safetensors(dir / sharded_rank_file(tp_rank, pp_rank, ep_rank, ep_size), shard, metadata);
+  return write_safetensors(dir / sharded_rank_file(tp_rank, pp_rank, ep_rank, ep_size), shard,
+                           metadata);
 }
 
 void save_sharded(const fs::path& dir, const ModelConfig& cfg, const ShardedLayout& layout_in,
@@ -114,25 +117,28 @@ void save_sharded(const fs::path& dir, const ModelConfig& cfg, const ShardedLayo
   if (static_cast<int64_t>(shards.size()) != layout.pp)
     throw EngineError(
         detail::cat(dir.string(), ": ", shards.size(), " stages of shards for pp ", layout.pp));
-  std::set<std::string> written;
+  fs::create_directories(dir);
+  remove_checksum_manifest(dir);
+  ChecksumManifest written;
   for (int64_t p = 0; p < layout.pp; ++p) {
     if (static_cast<int64_t>(shards[p].size()) != layout.tp)
       throw EngineError(detail::cat(dir.string(), ": stage ", p, " has ", shards[p].size(),
                                     " shards for tp ", layout.tp));
     for (int64_t k = 0; k < layout.tp; ++k)
       for (int64_t e = 0; e < layout.ep; ++e) {
-        write_sharded_rank(dir, k, p,
-                           resplit_experts(1, e, layout.ep, [&](int64_t) { return shards[p][k]; }),
-                           e, layout.ep);
-        written.insert(sharded_rank_file(k, p, e, layout.ep));
+        const TensorMap part =
+            resplit_experts(1, e, layout.ep, [&](int64_t) { return shards[p][k]; });
+        written.add(sharded_rank_file(k, p, e, layout.ep),
+                    write_sharded_rank(dir, k, p, part, e, layout.ep));
       }
   }
-  write_sharded_layout(dir, cfg, layout, base_config);
+  written.merge(write_sharded_layout(dir, cfg, layout, base_config));
   static const std::regex rank_file(R"(model-tp\d+-pp\d+(-ep\d+)?\.safetensors)");
   for (const auto& entry : fs::directory_iterator(dir)) {
     std::string name = entry.path().filename().string();
-    if (std::regex_match(name, rank_file) && !written.count(name)) fs::remove(entry.path());
+    if (std::regex_match(name, rank_file) && !written.find(name)) fs::remove(entry.path());
   }
+  written.write(dir);  // last: the directory is complete
 }
 
 ShardedLayout load_sharded_layout(const fs::path& dir) {

@@ -8,6 +8,7 @@
 //                                     "make_vocab_size_divisible_by": D,
 //                                     "padded_vocab_size": Vp, "ep": N (when > 1)}
 //   DIR/model-tp{t}-pp{p}.safetensors   hf_to_shard's tensors of rank (t, p)
+//   DIR/baton-checksums.txt          every file's CRC-32Cs (base/checksum_manifest.h)
 //
 // Expert parallelism (ep > 1, a MoE model): one file per (tp, pp, EP) rank,
 // model-tp{t}-pp{p}-ep{e}.safetensors, holding hf_to_shard's tensors for EP
@@ -23,8 +24,10 @@
 //   TensorMap mine = load_sharded_rank(out, /*tp_rank=*/1, /*pp_rank=*/0);
 //
 // Errors: EngineError naming the file and what does not fit. Blocking:
-// synchronous file I/O. Each file is written atomically, layout.json last;
-// the directory as a whole is not replaced atomically (checkpoint.h does that).
+// synchronous file I/O. Each file is written atomically, layout.json last but
+// for the checksum manifest; the directory as a whole is not replaced
+// atomically (checkpoint.h does that). Every file read is checked against the
+// manifest (safetensors.h).
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -81,17 +84,20 @@ TensorMap resplit_experts(int64_t saved_ep, int64_t ep_rank, int64_t ep_size,
                           const std::function<TensorMap(int64_t j)>& read);
 
 // Writes config.json (hf_config_json; `base_config` keeps a source config's
-// extra keys) and layout.json. Throws EngineError for a layout that does not
-// fit the config (layer split, TP divisibility).
-void write_sharded_layout(const std::filesystem::path& dir, const ModelConfig& cfg,
+// extra keys) and layout.json, and returns their checksums for the
+// directory's manifest. Throws EngineError for a layout that does not fit the
+// config (layer split, TP divisibility).
+ChecksumManifest write_sharded_layout(const std::filesystem::path& dir, const ModelConfig& cfg,
                           const ShardedLayout& layout, const nlohmann::json* base_config = nullptr);
 // Writes one rank's file (EP rank `ep_rank` of the layout's `ep_size`: its
-// own experts); ranks may call this concurrently for their own files.
-void write_sharded_rank(const std::filesystem::path& dir, int64_t tp_rank, int64_t pp_rank,
+// own experts) and returns its checksums; ranks may call this concurrently for
+// their own files.
+FileChecksum write_sharded_rank(const std::filesystem::path& dir, int64_t tp_rank, int64_t pp_rank,
                         const TensorMap& shard, int64_t ep_rank = 0, int64_t ep_size = 1);
 // Writes every rank's file (`shards[pp][tp]` with every expert, matching the
 // layout; split over layout.ep EP ranks' files), then the config and layout,
-// then removes rank files a previous layout left in `dir`.
+// then removes rank files a previous layout left in `dir`, then writes the
+// checksum manifest (a previous one is removed before the first file).
 void save_sharded(const std::filesystem::path& dir, const ModelConfig& cfg,
                   const ShardedLayout& layout, const std::vector<std::vector<TensorMap>>& shards,
                   const nlohmann::json* base_config = nullptr);

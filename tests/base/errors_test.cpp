@@ -15,6 +15,8 @@
 #include <typeinfo>
 
 #include "base/atomic_file.h"
+#include "base/checksum.h"
+#include "base/checksum_manifest.h"
 #include "data/parquet_file.h"
 #include "dispatch/data_proto.h"
 #include "engine/errors.h"
@@ -59,6 +61,11 @@ TEST(Errors, OneErrorFromEachModuleIsCaughtAsBatonError) {
     std::ofstream(dir / "latest") << "12abc";
   }
   expect_baton_error<FileError>("base", [&] { read_step_file(dir / "latest"); }, "latest");
+  ChecksumManifest manifest;
+  manifest.add("latest", checksum_bytes("12", 2));
+  manifest.write(dir);
+  expect_baton_error<ChecksumError>(
+      "base (checksums)", [&] { verify_file_bytes(dir / "latest", "12abc", 5); }, "latest");
   remove_tree(dir);
 
   expect_baton_error<Error>(

@@ -8,11 +8,16 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
+#include "base/checksum.h"
+#include "base/checksum_manifest.h"
 #include "base/errors.h"
 #include "runtime/internal/wire.capnp.h"
+#include "tests/file_faults.h"
 
 namespace baton {
 namespace {
@@ -226,6 +231,69 @@ TEST(DataProto, SavesAndLoadsAndRejectsCorruptFiles) {
   EXPECT_NE(error_of([&] { DataProto::load(path); }).find("cannot open"), std::string::npos);
 }
 
+// A flipped byte anywhere in a saved DataProto (its header, a tensor's bytes
+// in any block, the checksum table) is refused naming the file and the byte
+// range; a file of the first version (no checksums) still loads.
+TEST(DataProto, AFlippedByteAnywhereInAFileIsRefusedNamingTheByteRange) {
+  DataProto d = six_rows();
+  d.set_tensor("big", at::arange(6 * 100000, at::kFloat).reshape({6, 100000}));  // 2.4 MB
+  const std::string path =
+      ::testing::TempDir() + "/flipped_" + std::to_string(getpid()) + ".baton";
+  d.save(path);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  uint64_t payload = 0;
+  std::memcpy(&payload, bytes.data() + 8, 8);
+  const uint64_t blocks = checksum_blocks(payload);
+  ASSERT_GE(blocks, 3u);
+  ASSERT_EQ(bytes.size(), 24 + payload + 4 * blocks);
+  struct Damage {
+    uint64_t offset;
+    std::string range;
+  };
+  auto payload_range = [&](uint64_t offset) {
+    const uint64_t begin = 24 + (offset - 24) / kChecksumBlockBytes * kChecksumBlockBytes;
+    return "bytes [" + std::to_string(begin) + ", " +
+           std::to_string(std::min<uint64_t>(begin + kChecksumBlockBytes, 24 + payload)) + ")";
+  };
+  const std::string table = "bytes [" + std::to_string(24 + payload) + ", " +
+                            std::to_string(bytes.size()) + ") (the checksum table)";
+  for (const Damage& damage : std::vector<Damage>{
+           {3, "bytes [0, 24) (the header)"},   // the magic's
+           {9, "bytes [0, 24) (the header)"},   // the payload's size
+           {22, "bytes [0, 24) (the header)"},  // the header's own CRC
+           {40, payload_range(40)},
+           {24 + kChecksumBlockBytes + 12345, payload_range(24 + kChecksumBlockBytes + 12345)},
+           {24 + payload - 1, payload_range(24 + payload - 1)},
+           {24 + payload + 2, table},
+       }) {
+    SCOPED_TRACE(damage.offset);
+    baton::testing::flip_byte(path, damage.offset);
+    const std::string err = error_of([&] { DataProto::load(path); });
+    if (damage.offset < 8) {
+      EXPECT_NE(err.find(path + " is not a baton DataProto file"), std::string::npos) << err;
+    } else {
+      EXPECT_NE(err.find("DataProto::load: " + path + ": " + damage.range), std::string::npos)
+          << err;
+      EXPECT_THROW(DataProto::load(path), ChecksumError);
+    }
+    baton::testing::flip_byte(path, damage.offset);
+  }
+  EXPECT_EQ(DataProto::load(path).to_value(), d.to_value());
+
+  // The first version: the magic, then the payload as it is.
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write("BATONDP1", 8);
+    out.write(bytes.data() + 24, static_cast<std::streamsize>(payload));
+  }
+  EXPECT_EQ(DataProto::load(path).to_value(), d.to_value());
+  std::remove(path.c_str());
+}
+
 // A DataProto file is a wire message: the reader charges what it traverses
 // against a limit in proportion to the file (as the channel does), so a list
 // of 2^28 elements of no size in a few hundred bytes is refused instead of
@@ -264,7 +332,10 @@ TEST(DataProto, AFileWhoseListClaimsMoreThanItCarriesIsRefused) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
+  // A crafted file carries checksums that match: verification off stands for it.
+  ::setenv("BATON_VERIFY_CHECKSUMS", "0", 1);
   std::string err = error_of([&] { DataProto::load(path); });
+  ::unsetenv("BATON_VERIFY_CHECKSUMS");
   EXPECT_NE(err.find(path + " is truncated or corrupt"), std::string::npos) << err;
   EXPECT_NE(err.find("traversal limit"), std::string::npos) << err;
   std::remove(path.c_str());

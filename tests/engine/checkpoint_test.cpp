@@ -11,12 +11,14 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
 
 #include "base/atomic_file.h"
+#include "base/checksum_manifest.h"
 #include "engine/errors.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/sharded_model.h"
@@ -24,6 +26,7 @@
 #include "engine/parallel/pipeline_schedule.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
+#include "tests/file_faults.h"
 
 namespace baton::engine {
 namespace {
@@ -235,6 +238,125 @@ TEST(Checkpoint, CorruptFilesAndMismatchedLayoutsAreErrorsNamingTheFile) {
   EXPECT_THROW(latest_checkpoint(empty.path()), EngineError);
 }
 
+// A flipped byte anywhere in a checkpoint (a safetensors header, the middle of
+// a tensor, a metadata file, the manifest itself) is refused on load naming
+// the file and the byte range; flipped back, the checkpoint loads again.
+TEST(Checkpoint, AFlippedByteAnywhereIsRefusedNamingTheFileAndTheByteRange) {
+  testing::TempDir dir;
+  Trainer t;
+  t.step();
+  save_checkpoint(dir.path(), 4, *t.model, *t.opt, {{"epoch", 2}});
+  const fs::path step = dir / "step_00000004";
+  ASSERT_TRUE(fs::exists(step / kChecksumManifestFile));
+  const ChecksumManifest manifest = *ChecksumManifest::read(step);
+  for (const char* name :
+       {"model-tp0-pp0.safetensors", "optim-tp0-pp0.safetensors", "rng-0.safetensors",
+        "config.json", "layout.json", "checkpoint.json", "extra.json"})
+    EXPECT_NE(manifest.find(name), nullptr) << name;
+
+  struct Damage {
+    std::string file;
+    uint64_t offset;
+  };
+  const uint64_t model_size = fs::file_size(step / "model-tp0-pp0.safetensors");
+  const uint64_t optim_size = fs::file_size(step / "optim-tp0-pp0.safetensors");
+  ASSERT_GT(optim_size, kChecksumBlockBytes);  // a second block to name
+  const std::vector<Damage> damages = {
+      {"model-tp0-pp0.safetensors", 3},               // the header length
+      {"model-tp0-pp0.safetensors", 100},             // the JSON header
+      {"model-tp0-pp0.safetensors", model_size / 2},  // a weight
+      {"optim-tp0-pp0.safetensors", optim_size - 5},  // a moment, in the last block
+      {"rng-0.safetensors", 200},
+      {"checkpoint.json", 5},
+      {"layout.json", 10},
+      {"config.json", 20},
+      {"extra.json", 4},
+  };
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(d.file + " at " + std::to_string(d.offset));
+    const fs::path file = step / d.file;
+    baton::testing::flip_byte(file, d.offset);
+    Trainer fresh;
+    testing::expect_error(
+        [&] { load_checkpoint(dir.path(), *fresh.model, *fresh.opt); },
+        {file.string(),
+         baton::testing::block_range(d.offset, fs::file_size(file), kChecksumBlockBytes),
+         "do not match", (step / kChecksumManifestFile).string()});
+    baton::testing::flip_byte(file, d.offset);
+  }
+  const fs::path manifest_file = step / kChecksumManifestFile;
+  for (uint64_t offset : {uint64_t{2}, fs::file_size(manifest_file) / 2}) {
+    baton::testing::flip_byte(manifest_file, offset);
+    Trainer fresh;
+    testing::expect_error([&] { load_checkpoint(dir.path(), *fresh.model, *fresh.opt); },
+                          {manifest_file.string(), "bytes ["});
+    baton::testing::flip_byte(manifest_file, offset);
+  }
+  Trainer fresh;
+  EXPECT_EQ(load_checkpoint(dir.path(), *fresh.model, *fresh.opt).at("epoch"), 2);
+  for (const auto& [name, w] : fresh.model->state_dict())
+    EXPECT_TRUE(at::equal(w, t.model->state_dict().at(name))) << name;
+}
+
+// BATON_VERIFY_CHECKSUMS=0 reads a damaged file as it is (for a file edited
+// on purpose); a checkpoint saved before manifests existed loads unverified.
+TEST(Checkpoint, VerificationCanBeTurnedOffAndOldCheckpointsLoadUnverified) {
+  testing::TempDir dir;
+  Trainer t;
+  save_checkpoint(dir.path(), 1, *t.model, *t.opt, {{"epoch", 1}});
+  const fs::path extra = dir / "step_00000001" / "extra.json";
+  std::ofstream(extra, std::ios::trunc) << R"({"epoch": 7})";
+  Trainer fresh;
+  EXPECT_THROW(load_checkpoint(dir.path(), *fresh.model, *fresh.opt), EngineError);
+  ::setenv("BATON_VERIFY_CHECKSUMS", "0", 1);
+  EXPECT_EQ(load_checkpoint(dir.path(), *fresh.model, *fresh.opt).at("epoch"), 7);
+  ::unsetenv("BATON_VERIFY_CHECKSUMS");
+  remove_checksum_manifest(dir / "step_00000001");  // as an old checkpoint
+  EXPECT_EQ(load_checkpoint(dir.path(), *fresh.model, *fresh.opt).at("epoch"), 7);
+}
+
+// A save that runs out of space fails with an error naming the file, removes
+// its partial directory and leaves `latest` on the previous checkpoint, which
+// still loads; once there is room again the same save succeeds.
+TEST(Checkpoint, ASaveIntoAFullDiskFailsCleanlyAndKeepsThePreviousCheckpoint) {
+  testing::TempDir dir;
+  Trainer t;
+  t.step();
+  save_checkpoint(dir.path(), 1, *t.model, *t.opt);
+  const auto saved = t.model->state_dict();
+  t.step();
+  // The first file fails (the model's), or a later one (the optimizer's).
+  const rlim_t model_size = fs::file_size(dir / "step_00000001" / "model-tp0-pp0.safetensors");
+  ASSERT_LT(model_size + 4096, fs::file_size(dir / "step_00000001" / "optim-tp0-pp0.safetensors"));
+  for (rlim_t limit : {rlim_t{4096}, model_size + 4096}) {
+    SCOPED_TRACE(limit);
+    {
+      baton::testing::FileSizeLimit full(limit);
+      testing::expect_error([&] { save_checkpoint(dir.path(), 2, *t.model, *t.opt); },
+                            {"save_checkpoint: the checkpoint of step 2", "step_00000002.partial/",
+                             ".safetensors: write failed at byte", std::strerror(EFBIG),
+                             (dir / "latest").string() + " still names step 1"});
+    }
+    EXPECT_FALSE(fs::exists(dir / "step_00000002.partial"));
+    EXPECT_FALSE(fs::exists(dir / "step_00000002"));
+    EXPECT_EQ(latest_checkpoint(dir.path()), 1);
+    Trainer fresh;
+    load_checkpoint(dir.path(), *fresh.model, *fresh.opt);
+    for (const auto& [name, w] : fresh.model->state_dict())
+      EXPECT_TRUE(at::equal(w, saved.at(name))) << name;
+  }
+  {  // nothing saved yet: the message says so
+    testing::TempDir empty;
+    baton::testing::FileSizeLimit full(4096);
+    testing::expect_error([&] { save_checkpoint(empty.path(), 1, *t.model, *t.opt); },
+                          {"there is no " + (empty / "latest").string() + " yet"});
+    EXPECT_FALSE(fs::exists(empty / "step_00000001.partial"));
+    EXPECT_FALSE(fs::exists(empty / "latest"));
+  }
+  save_checkpoint(dir.path(), 2, *t.model, *t.opt);
+  EXPECT_EQ(latest_checkpoint(dir.path()), 2);
+}
+
 // What resume reads before any weight: `latest` holds a step number and
 // nothing else, checkpoint.json is this format's and its directory's step,
 // and each refusal names its file.
@@ -257,6 +379,9 @@ TEST(Checkpoint, TheMetadataIsCheckedFileByFileWithoutAModel) {
     refused((dir / "latest").string(), "expected a step number");
   }
   std::ofstream(dir / "latest", std::ios::trunc) << "3";
+  // The files below are edited by hand: their checks, not the checksums, are
+  // under test (Checkpoint.AFlippedByte... tests those).
+  remove_checksum_manifest(dir / "step_00000003");
   const fs::path meta = dir / "step_00000003" / "checkpoint.json";
   std::ofstream(meta, std::ios::trunc) << R"({"format": "baton-checkpoint-v1", "step": 4})";
   refused(meta.string(), "\"step\" is not 3");

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "engine/parallel/shm_group.h"
 #include "tests/engine/model_tolerance.h"
 #include "tests/engine/multiprocess.h"
+#include "tests/file_faults.h"
 
 namespace baton::engine {
 namespace {
@@ -327,6 +329,59 @@ TEST(ParallelCheckpoint, ResumeIsExactOnAPp2Dp2Layout) {
     Optimizer o(m, oo);
     load_checkpoint(root, *m, o);
     for (int i = 2; i < 4; ++i) EXPECT_EQ(train(*m, o), straight[i]) << "step " << i;
+    ps->world().pg->barrier()->wait();
+    if (rank == 0) baton::remove_tree(root);
+  });
+}
+
+// A save that fails on one rank only (a file-size limit on rank 1; a full
+// disk fails the same way) fails on both, rank 1 naming its file and rank 0
+// the other rank, none waiting for the other; rank 0 removes the partial
+// directory and `latest` still names the previous checkpoint, which loads.
+TEST(ParallelCheckpoint, ASaveThatFailsOnOneRankFailsOnEveryRankAndKeepsThePrevious) {
+  Layout l("tiny-qwen2", 2);
+  run_world(2, [l](int64_t rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto dir = kFixtures + "/" + l.fixture;
+    auto cfg = ModelConfig::load(dir);
+    auto hf = read_hf_weights(dir);
+    ParallelConfig pc;
+    pc.tp = 2;
+    auto ps = ParallelState::create(store, rank, pc);
+    if (rank == 0) {
+      auto d = std::filesystem::temp_directory_path() /
+               ("baton_ckpt_full_" + std::to_string(::getpid()));
+      std::string s = d.string();
+      store->set("ckpt_dir", std::vector<uint8_t>(s.begin(), s.end()));
+    }
+    auto bytes = store->get("ckpt_dir");
+    const std::string root(bytes.begin(), bytes.end());
+    auto m = build(cfg, hf, ps, l);
+    Optimizer o(m, OptimizerOptions());
+    save_checkpoint(root, 1, *m, o);
+    {
+      std::optional<baton::testing::FileSizeLimit> full;
+      if (rank == 1) full.emplace(4096);
+      try {
+        save_checkpoint(root, 2, *m, o);
+        ADD_FAILURE() << "rank " << rank << ": the save succeeded";
+      } catch (const EngineError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(root + "/latest still names step 1"), std::string::npos) << what;
+        if (rank == 1) {
+          EXPECT_NE(what.find("step_00000002.partial/model-tp1-pp0.safetensors: write failed"),
+                    std::string::npos)
+              << what;
+        } else {
+          EXPECT_NE(what.find("1 other rank(s) failed"), std::string::npos) << what;
+        }
+      }
+    }
+    if (rank == 0) {
+      EXPECT_FALSE(std::filesystem::exists(root + "/step_00000002.partial"));
+      EXPECT_FALSE(std::filesystem::exists(root + "/step_00000002"));
+      EXPECT_EQ(latest_checkpoint(root), 1);
+    }
+    load_checkpoint(root, *m, o);
     ps->world().pg->barrier()->wait();
     if (rank == 0) baton::remove_tree(root);
   });

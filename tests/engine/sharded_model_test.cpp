@@ -4,12 +4,17 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "base/checksum_manifest.h"
 #include "engine/errors.h"
 #include "engine/io/hf_model.h"
 #include "engine/io/weight_conversion.h"
 #include "tests/engine/expect_error.h"
 #include "tests/engine/temp_dir.h"
+#include "tests/file_faults.h"
 
 namespace baton::engine {
 namespace {
@@ -109,11 +114,80 @@ TEST(ShardedModel, LoadNamesMissingAndCorruptFiles) {
   expect_error([&] { load_sharded_all(dir.path()); }, {"model-tp1-pp0.safetensors", "missing"});
   std::ofstream(dir / "model-tp1-pp0.safetensors") << "garbage!garbage!";
   expect_error([&] { load_sharded_rank(dir.path(), 1, 0); }, {"model-tp1-pp0.safetensors"});
+  // Hand-written layouts below: a directory without checksums.
+  remove_checksum_manifest(dir.path());
   std::ofstream(dir / "layout.json") << R"({"format": "other", "tp": 2})";
   expect_error([&] { load_sharded_layout(dir.path()); }, {"layout.json", "format"});
   std::ofstream(dir / "layout.json")
       << R"({"format": "baton-sharded-v1", "tp": 2, "pp": 1, "layer_split": [2], "value_model": false})";
   expect_error([&] { load_sharded_layout(dir.path()); }, {"layout.json", "sums to 2"});
+}
+
+// An HF export (save_hf_model: config.json, the index, the shards, and their
+// checksum manifest): a flipped byte in any of its files, in a safetensors
+// header or in a tensor's bytes past the first block, is refused on load
+// naming the file and the byte range.
+TEST(HfExport, AFlippedByteAnywhereIsRefusedNamingTheFileAndTheByteRange) {
+  TempDir dir;
+  const fs::path fixture = fs::path(BATON_FIXTURES_DIR) / "tiny-llama";
+  HfModel m = load_hf_model(fixture);
+  m.weights.emplace("zz.extra", at::arange(700000, at::kFloat));  // 2.8 MB: three blocks
+  save_hf_model(dir.path(), m.config, m.weights, false, /*max_shard_bytes=*/1 << 20);
+  const std::optional<ChecksumManifest> manifest = ChecksumManifest::read(dir.path());
+  ASSERT_TRUE(manifest.has_value());
+  std::vector<std::string> shards;
+  for (const auto& [name, sum] : manifest->files())
+    if (name.find("-of-") != std::string::npos) shards.push_back(name);
+  ASSERT_GE(shards.size(), 2u);
+  EXPECT_NE(manifest->find("config.json"), nullptr);
+  EXPECT_NE(manifest->find("model.safetensors.index.json"), nullptr);
+  const std::string big = shards.back();  // the extra tensor, in a shard of its own
+  const uint64_t big_size = fs::file_size(dir / big);
+  ASSERT_GT(big_size, 2 * kChecksumBlockBytes);
+
+  struct Damage {
+    std::string file;
+    uint64_t offset;
+  };
+  for (const Damage& d :
+       std::vector<Damage>{{"config.json", 10},
+                           {"model.safetensors.index.json", 30},
+                           {shards.front(), 4},   // the header length
+                           {shards.front(), 60},  // the JSON header
+                           {shards.front(), fs::file_size(dir / shards.front()) - 1},
+                           {big, kChecksumBlockBytes + 4321},
+                           {big, big_size - 2}}) {
+    SCOPED_TRACE(d.file + " at " + std::to_string(d.offset));
+    const fs::path file = dir / d.file;
+    baton::testing::flip_byte(file, d.offset);
+    expect_error([&] { load_hf_model(dir.path()); },
+                 {file.string(),
+                  baton::testing::block_range(d.offset, fs::file_size(file), kChecksumBlockBytes),
+                  "do not match", (dir / kChecksumManifestFile).string()});
+    baton::testing::flip_byte(file, d.offset);
+  }
+  const HfModel back = load_hf_model(dir.path());
+  ASSERT_EQ(back.weights.size(), m.weights.size());
+  for (const auto& [name, t] : m.weights) EXPECT_TRUE(at::equal(back.weights.at(name), t)) << name;
+  // A fresh export replaces the manifest along with the files.
+  save_hf_model(dir.path(), m.config, m.weights, false);
+  EXPECT_NE(ChecksumManifest::read(dir.path())->find("model.safetensors"), nullptr);
+  EXPECT_EQ(ChecksumManifest::read(dir.path())->find(shards.front()), nullptr);
+  EXPECT_EQ(load_hf_model(dir.path()).weights.size(), m.weights.size());
+}
+
+// A sharded model directory (save_sharded) is checked the same way.
+TEST(ShardedModel, AFlippedByteIsRefusedNamingTheFileAndTheByteRange) {
+  TempDir dir;
+  save_sharded(dir.path(), tiny(), {2, 1, {}, false}, fake_shards(2, 1));
+  const fs::path file = dir / "model-tp1-pp0.safetensors";
+  baton::testing::flip_byte(file, fs::file_size(file) - 3);
+  expect_error([&] { load_sharded_rank(dir.path(), 1, 0); },
+               {file.string(), "bytes [0, " + std::to_string(fs::file_size(file)) + ")"});
+  load_sharded_rank(dir.path(), 0, 0);  // the other rank's file is intact
+  baton::testing::flip_byte(file, fs::file_size(file) - 3);
+  baton::testing::flip_byte(dir / "layout.json", 7);
+  expect_error([&] { load_sharded_layout(dir.path()); }, {(dir / "layout.json").string()});
 }
 
 // Expert parallelism: one file per (tp, pp, EP rank), ep in layout.json; a

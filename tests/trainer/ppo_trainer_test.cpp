@@ -15,13 +15,19 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "base/atomic_file.h"
+#include "base/checksum_manifest.h"
+#include "engine/errors.h"
 #include "engine/io/hf_model.h"
 #include "tests/engine/temp_dir.h"
+#include "tests/file_faults.h"
 #include "tests/tolerance.h"
 #include "tests/trainer/toy_task_fixture.h"
+#include "text/tokenizer/tokenizer.h"
 #include "trainer/config/config.h"
 #include "trainer/ppo_trainer.h"
 #include "workers/algos/algo_registry.h"
@@ -326,6 +332,58 @@ TEST_F(PpoTrainerTest, AResumedRunTakesTheSameNextStepAsAnUninterruptedOne) {
     test::expect_near(resumed.last_metrics.at(k), want, test::Tolerance::fp32(1000, std::abs(want)),
                       k);
   }
+}
+
+// A checkpoint that cannot be written (here a file stands where the actor's
+// checkpoint directory must go; a full disk fails the same way, test
+// Checkpoint.ASaveIntoAFullDisk...) stops the run with an error naming it:
+// the step's directory is removed, latest_checkpointed_iteration.txt still
+// names the previous checkpoint, and the next run resumes from it.
+TEST_F(PpoTrainerTest, AFailedCheckpointStopsTheRunAndKeepsThePreviousOne) {
+  TempDir out;
+  Config c = config("grpo_toy", out.path());
+  c.apply_overrides(
+      {"trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=1"});
+  fs::create_directories(out / "global_step_2");
+  std::ofstream(out / "global_step_2" / "actor") << "in the way";
+  const fs::path latest = out / "latest_checkpointed_iteration.txt";
+  try {
+    PpoTrainer(c).fit();
+    FAIL() << "the run went on without its checkpoint";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the checkpoint of step 2"), std::string::npos) << what;
+    EXPECT_NE(what.find(latest.string() + " still names step 1; stopping"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find((out / "global_step_2" / "actor").string()), std::string::npos) << what;
+  }
+  EXPECT_FALSE(fs::exists(out / "global_step_2"));
+  EXPECT_EQ(read_step_file(latest), 1);
+  const FitResult resumed = PpoTrainer(c).fit();
+  EXPECT_EQ(resumed.steps, 2);
+  EXPECT_TRUE(fs::exists(out / "global_step_2" / "trainer_state.json"));
+  EXPECT_TRUE(fs::exists(out / "global_step_2" / kChecksumManifestFile));
+
+  // The run's HF export lists the tokenizer copied into it with the weights:
+  // a flipped byte in either is refused naming the file and the byte range.
+  const fs::path hf = resumed.hf_dir;
+  const std::optional<ChecksumManifest> manifest = ChecksumManifest::read(hf);
+  ASSERT_TRUE(manifest.has_value());
+  for (const char* name : {"config.json", "model.safetensors", "tokenizer.json"})
+    EXPECT_NE(manifest->find(name), nullptr) << name;
+  baton::testing::flip_byte(hf / "tokenizer.json", 100);
+  try {
+    data::Tokenizer::load(hf);
+    ADD_FAILURE() << "a flipped tokenizer.json loaded";
+  } catch (const data::TokenizerError& e) {
+    EXPECT_NE(std::string(e.what()).find((hf / "tokenizer.json").string() + ": bytes [0, "),
+              std::string::npos)
+        << e.what();
+  }
+  baton::testing::flip_byte(hf / "tokenizer.json", 100);
+  EXPECT_NO_THROW(data::Tokenizer::load(hf));
+  baton::testing::flip_byte(hf / "model.safetensors", fs::file_size(hf / "model.safetensors") / 2);
+  EXPECT_THROW(engine::load_hf_model(hf), engine::EngineError);
 }
 
 // trainer.max_restarts: a worker SIGKILLed mid-run; the trainer respawns the

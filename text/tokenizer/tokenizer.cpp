@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "base/checksum_manifest.h"
+#include "base/errors.h"
 #include "text/tokenizer/added_vocabulary.h"
 #include "text/tokenizer/decoder.h"
 #include "text/tokenizer/json_fields.h"
@@ -31,7 +33,13 @@ std::string read_file(const std::filesystem::path& path) {
   if (!in) throw TokenizerError(path.string() + ": cannot open the file (does it exist?)");
   std::ostringstream text;
   text << in.rdbuf();
-  return text.str();
+  std::string bytes = text.str();
+  try {
+    verify_file_bytes(path, bytes.data(), bytes.size());  // an HF export's checksums
+  } catch (const FileError& e) {
+    throw TokenizerError(e.what());
+  }
+  return bytes;
 }
 
 // A token setting of tokenizer_config.json: null, "text", or {"content": "text", ...}.

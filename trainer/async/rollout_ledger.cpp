@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "base/atomic_file.h"
+#include "base/checksum_manifest.h"
 #include "base/errors.h"
 #include "trainer/checkpoint_files.h"
 
@@ -125,6 +126,7 @@ int64_t ledger_samples(const std::vector<LedgerEntry>& entries, int64_t n) {
 
 void save_ledger(const std::vector<LedgerEntry>& entries, const fs::path& dir) {
   fs::create_directories(dir);
+  remove_checksum_manifest(dir);
   nlohmann::json list = nlohmann::json::array();
   for (const LedgerEntry& e : entries) {
     nlohmann::json j = {{"index", e.index}, {"step", e.step}, {"prompts", prompts_file(e.index)}};
@@ -137,7 +139,11 @@ void save_ledger(const std::vector<LedgerEntry>& entries, const fs::path& dir) {
     }
     list.push_back(j);
   }
-  baton::write_file_atomically(dir / kLedgerFile, nlohmann::json{{"entries", list}}.dump(2));
+  // The batches' files carry their own checksums; the list's are in the manifest.
+  ChecksumManifest manifest;
+  manifest.add(kLedgerFile, baton::write_file_atomically(
+                                dir / kLedgerFile, nlohmann::json{{"entries", list}}.dump(2)));
+  manifest.write(dir);
 }
 
 std::vector<LedgerEntry> load_ledger(const fs::path& dir) {
@@ -145,9 +151,15 @@ std::vector<LedgerEntry> load_ledger(const fs::path& dir) {
   if (!fs::exists(file)) return {};
   std::ifstream in(file);
   if (!in) throw Error("resume: cannot read " + file.string());
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  try {
+    verify_file_bytes(file, text.data(), text.size());
+  } catch (const FileError& e) {
+    throw Error(std::string("resume: ") + e.what());
+  }
   std::vector<LedgerEntry> entries;
   try {
-    const nlohmann::json j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+    const nlohmann::json j = nlohmann::json::parse(text);
     for (const nlohmann::json& item : j.at("entries")) {
       LedgerEntry e;
       e.index = json_integer(item, "index", file);

@@ -16,6 +16,9 @@
 namespace baton::trainer {
 namespace {
 
+// A micro-batch size left null: no limit (one micro-batch per call).
+constexpr int64_t kUnsetMicroBatch = int64_t{1} << 30;
+
 // Reads keys, recording every problem instead of stopping at the first. A
 // key that is missing, null or of another type reads as T{} and marks the
 // read as failed, so that no check runs on such stand-ins.
@@ -283,10 +286,10 @@ void read_actor(Reader& r, TrainerSettings& s) {
         {"tools", tools::tool_schemas_for_template(tools::load_tool_config(mt.tool_config_path))}};
   s.rollout_dtype = read_dtype(r, ro + ".dtype");
   o.rollout.log_prob_micro_batch_size =
-      r.get_optional<int64_t>(ro + ".log_prob_micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
+      r.get_optional<int64_t>(ro + ".log_prob_micro_batch_size_per_gpu").value_or(kUnsetMicroBatch);
   o.ref_log_prob_micro_batch_size =
       r.get_optional<int64_t>(ref + ".log_prob_micro_batch_size_per_gpu")
-          .value_or(int64_t{1} << 30);
+          .value_or(kUnsetMicroBatch);
   s.rollout_log_prob_budget = {r.get<bool>(ro + ".log_prob_use_dynamic_bsz"),
                                r.get<int64_t>(ro + ".log_prob_max_token_len_per_gpu")};
   s.ref_log_prob_budget = {r.get<bool>(ref + ".log_prob_use_dynamic_bsz"),
@@ -335,7 +338,7 @@ void read_reward_model(Reader& r, TrainerSettings& s) {
   s.rm_centralized = r.get<bool>("reward_model.centralized");
   s.rm_prefetch = r.get<bool>("reward_model.prefetch");
   s.rm.micro_batch_size =
-      r.get_optional<int64_t>("reward_model.micro_batch_size_per_gpu").value_or(int64_t{1} << 30);
+      r.get_optional<int64_t>("reward_model.micro_batch_size_per_gpu").value_or(kUnsetMicroBatch);
   s.rm_budget = {r.get<bool>("reward_model.use_dynamic_bsz"),
                  r.get<int64_t>("reward_model.forward_max_token_len_per_gpu")};
 }
@@ -377,11 +380,10 @@ void derive_worker_options(TrainerSettings& s) {
   if (s.remove_padding) {
     // The padded micro-batch's tokens, packed: as many whole sequences as fit.
     const int64_t longest = s.dataset.max_prompt_length + s.max_response_length;
-    constexpr int64_t kUnset = int64_t{1} << 30;  // a log-prob micro-batch size left null
     if (!s.actor_train.budget.on) a.update.max_token_len = a.update.micro_batch_size * longest;
-    if (!s.rollout_log_prob_budget.on && a.rollout.log_prob_micro_batch_size < kUnset)
+    if (!s.rollout_log_prob_budget.on && a.rollout.log_prob_micro_batch_size < kUnsetMicroBatch)
       a.rollout.log_prob_max_token_len = a.rollout.log_prob_micro_batch_size * longest;
-    if (!s.ref_log_prob_budget.on && a.ref_log_prob_micro_batch_size < kUnset)
+    if (!s.ref_log_prob_budget.on && a.ref_log_prob_micro_batch_size < kUnsetMicroBatch)
       a.ref_log_prob_max_token_len = a.ref_log_prob_micro_batch_size * longest;
   }
   if (s.use_critic) {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "base/atomic_file.h"
+#include "base/checksum_manifest.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "engine/io/hf_model.h"
@@ -573,14 +574,21 @@ void export_hf_model(RoleModel& role, const std::string& dir) {
       engine::save_peft_adapter(out / "adapter", adapter);
     }
     baton::remove_tree(shards);
-    // The source directory's other files (tokenizer, generation config).
+    // The source directory's other files (tokenizer, generation config),
+    // listed in the export's checksum manifest with the weights.
+    ChecksumManifest manifest = ChecksumManifest::read(out).value_or(ChecksumManifest());
     for (const auto& e : fs::directory_iterator(role.options().path)) {
       const std::string name = e.path().filename().string();
-      if (!e.is_regular_file() || name == "config.json" ||
+      if (!e.is_regular_file() || name == "config.json" || name == kChecksumManifestFile ||
           name.find(".safetensors") != std::string::npos)
         continue;
-      fs::copy_file(e.path(), out / name, fs::copy_options::overwrite_existing);
+      const FileChecksum sum = copy_file_atomically(e.path(), out / name);
+      try {
+        manifest.add(name, sum);
+      } catch (const InvalidArgument&) {  // a name with a space: copied, not listed
+      }
     }
+    manifest.write(out);
   });
 }
 
